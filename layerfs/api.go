@@ -1,0 +1,121 @@
+package layerfs
+
+import (
+	"os"
+	"time"
+)
+
+// DefaultRoot is where a node keeps its layers, cache heads and volumes.
+const DefaultRoot = "/var/lib/layercache"
+
+// DefaultMaxLayers is the head depth above which a cache should be squashed.
+const DefaultMaxLayers = 32
+
+// Options configure a Store. The zero value of every field but Root is usable.
+type Options struct {
+	// Root is the store's directory; it must be on a filesystem that can host
+	// overlay upper directories (ext4, xfs with d_type, tmpfs, btrfs).
+	Root string
+	// MaxLayers is the head depth above which NeedsSquash is reported.
+	MaxLayers int
+	// Progress, if set, receives progress of long operations (squash, gc).
+	Progress func(Progress)
+}
+
+// Progress reports how far a long operation has come.
+type Progress struct {
+	Op    string // "squash" or "gc"
+	Cache string // NAMESPACE/NAME, if the operation is about one cache
+	Done  int64  // entries (squash) or items (gc) handled so far
+	Total int64  // 0 when unknown
+}
+
+// MountOptions describe the volume to create.
+type MountOptions struct {
+	// Cache the volume is a copy-on-write view of.
+	Cache CacheRef
+	// ReadOnly volumes are writable scratch views that can never be committed
+	// (mode "read" in the design).
+	ReadOnly bool
+	// Root directory ownership and mode of the merged view; Mode 0 means 0777.
+	UID, GID int
+	Mode     os.FileMode
+	// Writer names who uses the volume (a pod), recorded as the cache's last
+	// writer on commit.
+	Writer string
+}
+
+// Volume is a provisioned copy-on-write view of a cache.
+type Volume struct {
+	ID             string    `json:"id"`
+	Cache          CacheRef  `json:"cache"`
+	ReadOnly       bool      `json:"readOnly,omitempty"`
+	Writer         string    `json:"writer,omitempty"`
+	BaseGeneration int64     `json:"baseGeneration"`
+	Layers         []string  `json:"layers"` // lower layers, newest first
+	Created        time.Time `json:"created"`
+	// MergedPath is where the view is mounted.
+	MergedPath string `json:"mergedPath"`
+	// Mounted tells whether the overlay is currently mounted at MergedPath.
+	Mounted bool `json:"mounted"`
+}
+
+// CommitResult tells what a Commit did.
+type CommitResult struct {
+	Generation int64  `json:"generation"`
+	Layer      string `json:"layer,omitempty"` // empty when nothing changed
+	Bytes      int64  `json:"bytes"`
+	// NeedsSquash is true when the head is now deeper than Options.MaxLayers.
+	NeedsSquash bool `json:"needsSquash,omitempty"`
+	// Dropped is true when the cache was removed while the volume was in use,
+	// so its changes were discarded as the removal asked.
+	Dropped bool `json:"dropped,omitempty"`
+}
+
+// LayerInfo describes one committed layer.
+type LayerInfo struct {
+	ID      string    `json:"id"`
+	Bytes   int64     `json:"bytes"`
+	Files   int64     `json:"files"`
+	Created time.Time `json:"created"`
+}
+
+// CacheInfo is what List and Inspect report about one cache.
+type CacheInfo struct {
+	Cache      CacheRef    `json:"cache"`
+	Generation int64       `json:"generation"`
+	Layers     []LayerInfo `json:"layers"` // newest first
+	Bytes      int64       `json:"bytes"`
+	LastUsed   time.Time   `json:"lastUsed"`
+	LastWriter string      `json:"lastWriter,omitempty"`
+	Volumes    []string    `json:"volumes,omitempty"` // volumes using the cache
+}
+
+// SquashResult tells what a Squash did.
+type SquashResult struct {
+	Squashed  bool   `json:"squashed"` // false when the head was shallow enough
+	Layer     string `json:"layer,omitempty"`
+	OldLayers int    `json:"oldLayers"`
+	Entries   int64  `json:"entries"`
+}
+
+// GCOptions bound the store; zero values disable a bound.
+type GCOptions struct {
+	MaxAge   time.Duration // remove caches unused for longer
+	MaxBytes int64         // remove least recently used caches while larger
+}
+
+// GCResult tells what a GC removed.
+type GCResult struct {
+	RemovedCaches []CacheRef `json:"removedCaches,omitempty"`
+	RemovedLayers int        `json:"removedLayers"`
+	FreedBytes    int64      `json:"freedBytes"`
+}
+
+// RecoverResult tells what Recover repaired.
+type RecoverResult struct {
+	Remounted     []string `json:"remounted,omitempty"`
+	RolledForward []string `json:"rolledForward,omitempty"` // interrupted commits finished
+	RemovedTemp   int      `json:"removedTemp"`
+	RemovedLayers int      `json:"removedLayers"`
+}

@@ -1,0 +1,35 @@
+// Package layerfs is the node-local layered cache store.
+//
+// A cache is an ordered list of immutable overlayfs layers (its head). A
+// volume is an overlay mount whose lower layers are the cache's head at mount
+// time and whose upper layer is private to the volume; committing a volume
+// turns its upper layer into the cache's newest layer. Mount and commit are
+// renames and mounts: no byte of the cache is copied.
+//
+// Layout under the root:
+//
+//	layers/<id>/                         immutable layers in overlay format
+//	caches/<namespace>/<name>/head.json  generation and layer list
+//	volumes/<id>/{upper,work,merged,volume.json}
+//	locks/                               flock files
+//
+// Every on-disk change is atomic (build in a new-* temp path, fsync, rename),
+// and every operation takes flock locks so that several processes (the node
+// agent and the CLI) can use one store at once.
+//
+// Store methods (see store.go and friends):
+//
+//	Open(ctx, Options) (*Store, error)
+//	Mount(ctx, volumeID, MountOptions) (*Volume, error)
+//	Commit(ctx, volumeID) (CommitResult, error)
+//	Discard(ctx, volumeID) error
+//	Volume(ctx, volumeID) (*Volume, error) / Volumes(ctx) ([]Volume, error)
+//	Squash(ctx, CacheRef, maxLayers) (SquashResult, error)
+//	GC(ctx, GCOptions) (GCResult, error)
+//	Remove(ctx, CacheRef) error
+//	List(ctx) ([]CacheInfo, error) / Inspect(ctx, CacheRef) (CacheInfo, error)
+//	Recover(ctx) (RecoverResult, error)
+//
+// Errors: ErrNotFound (errors.Is) for unknown volumes and caches,
+// *InvalidNameError for bad names, ErrBusy when a mount is still in use.
+package layerfs
