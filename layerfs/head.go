@@ -1,0 +1,83 @@
+package layerfs
+
+import (
+	"errors"
+	"os"
+	"time"
+)
+
+// head is a cache's state: caches/<namespace>/<name>/head.json. It is the
+// single source of truth for which layers a cache has.
+type head struct {
+	Cache CacheRef `json:"cache"`
+	// UID names this incarnation of the cache, so that a volume mounted
+	// before the cache was removed cannot commit into its successor.
+	UID        string      `json:"uid"`
+	Generation int64       `json:"generation"`
+	Layers     []LayerInfo `json:"layers"` // newest first
+	Created    time.Time   `json:"created"`
+	LastUsed   time.Time   `json:"lastUsed"`
+	LastWriter string      `json:"lastWriter,omitempty"`
+}
+
+func (h *head) layerIDs() []string {
+	ids := make([]string, len(h.Layers))
+	for i, l := range h.Layers {
+		ids[i] = l.ID
+	}
+	return ids
+}
+
+func (h *head) hasLayer(id string) bool {
+	for _, l := range h.Layers {
+		if l.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *head) bytes() int64 {
+	var n int64
+	for _, l := range h.Layers {
+		n += l.Bytes
+	}
+	return n
+}
+
+// readHead loads a cache's head; ErrNotFound if the cache does not exist.
+func (s *Store) readHead(c CacheRef) (*head, error) {
+	var h head
+	if err := readJSON(s.headPath(c), &h); err != nil {
+		return nil, err
+	}
+	return &h, nil
+}
+
+// readOrNewHead loads a cache's head, or returns a fresh empty one.
+func (s *Store) readOrNewHead(c CacheRef) (*head, error) {
+	h, err := s.readHead(c)
+	if errors.Is(err, ErrNotFound) {
+		now := time.Now().UTC()
+		return &head{Cache: c, UID: randomID(), Created: now, LastUsed: now}, nil
+	}
+	return h, err
+}
+
+func (s *Store) writeHead(h *head) error {
+	if err := os.MkdirAll(s.cacheDir(h.Cache), 0o711); err != nil {
+		return err
+	}
+	return writeJSONAtomic(s.headPath(h.Cache), h)
+}
+
+func (s *Store) lowerDirs(ids []string) []string {
+	if len(ids) == 0 {
+		return []string{s.emptyLayer()}
+	}
+	dirs := make([]string, len(ids))
+	for i, id := range ids {
+		dirs[i] = s.layerDir(id)
+	}
+	return dirs
+}

@@ -1,0 +1,177 @@
+package layerfs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/containerd/continuity/sysx"
+	"golang.org/x/sys/unix"
+)
+
+// requireRoot fails (never skips) a test that needs real mounts.
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: this test makes real overlay mounts; run `make test` as root")
+	}
+}
+
+// newTestStore opens a store in a fresh temp root and unmounts everything
+// under it when the test ends, so a failed test leaves no mounts behind.
+func newTestStore(t testing.TB, opts Options) *Store {
+	t.Helper()
+	requireRoot(t)
+	if opts.Root == "" {
+		opts.Root = t.TempDir()
+	}
+	t.Cleanup(func() {
+		if err := unmountAll(opts.Root); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	s, err := Open(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return s
+}
+
+func mustMount(t testing.TB, s *Store, id, cache string) string {
+	t.Helper()
+	v, err := s.Mount(context.Background(), id, MountOptions{Cache: mustRef(t, cache)})
+	if err != nil {
+		t.Fatalf("Mount(%s, %s): %v", id, cache, err)
+	}
+	return v.MergedPath
+}
+
+func mustCommit(t testing.TB, s *Store, id string) CommitResult {
+	t.Helper()
+	res, err := s.Commit(context.Background(), id)
+	if err != nil {
+		t.Fatalf("Commit(%s): %v", id, err)
+	}
+	return res
+}
+
+func mustRef(t testing.TB, s string) CacheRef {
+	t.Helper()
+	ref, err := ParseCacheRef(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+func writeFile(t testing.TB, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readFile(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func assertMissing(t testing.TB, path string) {
+	t.Helper()
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Errorf("%s exists (err=%v), want it absent", path, err)
+	}
+}
+
+// view mounts a fresh volume of cache, snapshots it and discards it.
+func view(t testing.TB, s *Store, cache string) map[string]string {
+	t.Helper()
+	id := "view-" + randomID()
+	merged := mustMount(t, s, id, cache)
+	snap := snapshot(t, merged)
+	if err := s.Discard(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// snapshot describes every entry of a tree: type, mode, owner, size,
+// content hash, symlink target, device number, xattrs and hardlink group.
+// Two trees are equal for users exactly when their snapshots are.
+func snapshot(t testing.TB, root string) map[string]string {
+	t.Helper()
+	snap := map[string]string{}
+	groups := map[uint64]string{} // inode -> first path, for hardlinks
+	err := filepath.Walk(root, func(path string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err != nil {
+			return err
+		}
+		desc := fmt.Sprintf("mode=%o uid=%d gid=%d", st.Mode, st.Uid, st.Gid)
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			sum := sha256.Sum256(data)
+			desc += fmt.Sprintf(" size=%d sha=%s mtime=%d", st.Size, hex.EncodeToString(sum[:8]), st.Mtim.Nano())
+			if st.Nlink > 1 {
+				if first, ok := groups[st.Ino]; ok {
+					desc += " link=" + first
+				} else {
+					groups[st.Ino] = rel
+				}
+			}
+		case unix.S_IFLNK:
+			target, _ := os.Readlink(path)
+			desc += " -> " + target
+		case unix.S_IFCHR, unix.S_IFBLK:
+			desc += fmt.Sprintf(" rdev=%d", st.Rdev)
+		}
+		keys, _ := sysx.LListxattr(path)
+		sort.Strings(keys)
+		for _, k := range keys {
+			v, _ := sysx.LGetxattr(path, k)
+			desc += fmt.Sprintf(" %s=%q", k, v)
+		}
+		snap[rel] = desc
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+func diffSnapshots(want, got map[string]string) string {
+	var b strings.Builder
+	for k, v := range want {
+		if got[k] != v {
+			fmt.Fprintf(&b, "%s:\n  want %s\n  got  %s\n", k, v, got[k])
+		}
+	}
+	for k, v := range got {
+		if _, ok := want[k]; !ok {
+			fmt.Fprintf(&b, "%s: unexpected %s\n", k, v)
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,85 @@
+package layerfs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// fileLock is an flock on a lock file. flock works across processes, so the
+// CLI and the node agent can share a store.
+type fileLock struct {
+	f    *os.File
+	path string
+}
+
+// maxLockAttempts bounds the retries when a lock file is replaced under us.
+const maxLockAttempts = 100
+
+// lockFile takes an exclusive (or shared) flock on path, creating the file.
+// Lock files of removed objects are unlinked by their last holder, so after
+// taking the lock we check that path still names the locked inode; if not,
+// the object was removed meanwhile and we try again on the new file.
+func lockFile(ctx context.Context, path string, shared bool) (*fileLock, error) {
+	how := unix.LOCK_EX
+	if shared {
+		how = unix.LOCK_SH
+	}
+	for range maxLockAttempts {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("open lock %s: %w", path, err)
+		}
+		if err := flockContext(ctx, f, how); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if sameFile(f, path) {
+			return &fileLock{f: f, path: path}, nil
+		}
+		f.Close()
+	}
+	return nil, fmt.Errorf("lock %s: the lock file kept being replaced", path)
+}
+
+// flockContext polls a non-blocking flock so that a waiting caller can be
+// cancelled; a blocking flock cannot be interrupted by a context.
+func flockContext(ctx context.Context, f *os.File, how int) error {
+	delay := time.Millisecond
+	for {
+		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if err != unix.EWOULDBLOCK && err != unix.EINTR {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for lock: %w", ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 100*time.Millisecond)
+	}
+}
+
+func sameFile(f *os.File, path string) bool {
+	var held, named unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &held) != nil || unix.Stat(path, &named) != nil {
+		return false
+	}
+	return held.Dev == named.Dev && held.Ino == named.Ino
+}
+
+// unlock releases the lock.
+func (l *fileLock) unlock() { l.f.Close() }
+
+// removeAndUnlock unlinks the lock file of a removed object, then releases
+// it; waiters notice the unlinked inode and retry on a fresh file.
+func (l *fileLock) removeAndUnlock() {
+	os.Remove(l.path)
+	l.f.Close()
+}

@@ -1,0 +1,75 @@
+package layerfs
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestMountSpecOptions(t *testing.T) {
+	tests := []struct {
+		name string
+		spec mountSpec
+		want string
+	}{
+		{
+			name: "volume",
+			spec: mountSpec{Lower: []string{"/r/layers/b", "/r/layers/a"}, Upper: "/r/v/upper", Work: "/r/v/work"},
+			want: "lowerdir=/r/layers/b:/r/layers/a,upperdir=/r/v/upper,workdir=/r/v/work,index=off,redirect_dir=off,metacopy=off",
+		},
+		{
+			name: "read-only view for squash",
+			spec: mountSpec{Lower: []string{"/r/layers/b", "/r/layers/a"}},
+			want: "lowerdir=/r/layers/b:/r/layers/a,index=off,redirect_dir=off,metacopy=off",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.spec.data(); got != tt.want {
+				t.Errorf("data() = %q, want %q", got, tt.want)
+			}
+			cmd := tt.spec.command("/mnt")
+			if !strings.HasPrefix(cmd, "mount -t overlay overlay -o "+tt.want) || !strings.HasSuffix(cmd, " /mnt") {
+				t.Errorf("command() = %q", cmd)
+			}
+		})
+	}
+}
+
+// Options are last-wins in the kernel: the self-containment features must
+// come after everything else.
+func TestMountSpecFeaturesComeLast(t *testing.T) {
+	opts := mountSpec{Lower: []string{"/a"}, Upper: "/u", Work: "/w"}.options()
+	tail := opts[len(opts)-len(overlayFeatures):]
+	for i, f := range overlayFeatures {
+		if tail[i] != f {
+			t.Fatalf("options %v do not end with %v", opts, overlayFeatures)
+		}
+	}
+}
+
+func TestMountSpecValidate(t *testing.T) {
+	deep := make([]string, maxOverlayDepth+1)
+	for i := range deep {
+		deep[i] = "/l"
+	}
+	tests := []struct {
+		name    string
+		spec    mountSpec
+		wantErr string
+	}{
+		{"no layers", mountSpec{}, "at least one lower layer"},
+		{"too deep", mountSpec{Lower: deep}, "squash the cache"},
+		{"at the limit", mountSpec{Lower: deep[1:]}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.spec.validate()
+			if tt.wantErr == "" && err != nil {
+				t.Fatalf("validate() = %v", err)
+			}
+			if tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Fatalf("validate() = %v, want %q", err, tt.wantErr)
+			}
+		})
+	}
+}

@@ -1,0 +1,119 @@
+package layerfs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Recover repairs the store after a crash or reboot: it removes temp files
+// and directories, finishes commits that were interrupted after their intent
+// was recorded, remounts volumes whose mounts are gone, and removes layers
+// nothing references. Run it at start-up, before serving.
+func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
+	var res RecoverResult
+	removed, err := s.removeTemp(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.RemovedTemp = removed
+	recs, err := s.volumeRecords()
+	if err != nil {
+		return res, err
+	}
+	for _, r := range recs {
+		switch {
+		case r.State == stateCommitting:
+			if _, err := s.Commit(ctx, r.ID); err != nil {
+				return res, fmt.Errorf("recover: finish commit of volume %q: %w", r.ID, err)
+			}
+			res.RolledForward = append(res.RolledForward, r.ID)
+		case !r.Mounted:
+			if _, err := s.Mount(ctx, r.ID, MountOptions{Cache: r.Cache}); err != nil {
+				return res, fmt.Errorf("recover: %w", err)
+			}
+			res.Remounted = append(res.Remounted, r.ID)
+		}
+	}
+	swept, err := s.sweepLayers(ctx)
+	res.RemovedLayers = swept.RemovedLayers
+	return res, err
+}
+
+// removeTemp removes what interrupted operations left: new-* builds, temp
+// files of atomic writes, squash views and trash. It holds the store lock
+// exclusively so that no operation in another process is building them.
+func (s *Store) removeTemp(ctx context.Context) (int, error) {
+	l, err := s.lockStore(ctx, true)
+	if err != nil {
+		return 0, err
+	}
+	defer l.unlock()
+	var leftovers []string
+	for _, dir := range []string{s.layersDir(), s.volumesDir()} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return 0, err
+		}
+		for _, e := range entries {
+			if isTemp(e.Name()) {
+				leftovers = append(leftovers, filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	tmps, err := os.ReadDir(s.tmpDir())
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range tmps {
+		leftovers = append(leftovers, filepath.Join(s.tmpDir(), e.Name()))
+	}
+	leftovers = append(leftovers, s.atomicWriteLeftovers()...)
+	for _, p := range leftovers {
+		if err := unmountAll(p); err != nil {
+			return 0, err
+		}
+		if err := os.RemoveAll(p); err != nil {
+			return 0, fmt.Errorf("remove leftover %s: %w", p, err)
+		}
+	}
+	return len(leftovers), nil
+}
+
+// atomicWriteLeftovers finds .NAME.tmp-* files next to heads and volume
+// records.
+func (s *Store) atomicWriteLeftovers() []string {
+	var found []string
+	for _, pattern := range []string{
+		filepath.Join(s.cachesDir(), "*", "*", ".*.tmp-*"),
+		filepath.Join(s.volumesDir(), "*", ".*.tmp-*"),
+	} {
+		m, _ := filepath.Glob(pattern)
+		found = append(found, m...)
+	}
+	return found
+}
+
+// unmountAll unmounts every mount at or below dir (squash views of a
+// crashed process), deepest first.
+func unmountAll(dir string) error {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var targets []string
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
+			targets = append(targets, fields[4])
+		}
+	}
+	for i := len(targets) - 1; i >= 0; i-- {
+		if err := unmount(targets[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,164 @@
+package layerfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+)
+
+// Squash merges a cache's layers into one when the head is deeper than
+// maxLayers (Options.MaxLayers if 0). The merge copies the kernel's own
+// read-only overlay view of the chain, so whiteouts and opaque directories
+// are honoured exactly as mounts see them. It runs without the cache lock;
+// commits that land meanwhile stay on top. Old layers are removed once no
+// volume uses them.
+func (s *Store) Squash(ctx context.Context, cache CacheRef, maxLayers int) (SquashResult, error) {
+	if err := cache.Validate(); err != nil {
+		return SquashResult{}, err
+	}
+	if maxLayers <= 0 {
+		maxLayers = s.opts.MaxLayers
+	}
+	res, err := s.squash(ctx, cache, maxLayers)
+	if err != nil || !res.Squashed {
+		return res, err
+	}
+	if _, err := s.sweepLayers(ctx); err != nil {
+		return res, fmt.Errorf("squashed cache %s, but removing its old layers failed (gc retries): %w", cache, err)
+	}
+	return res, nil
+}
+
+func (s *Store) squash(ctx context.Context, cache CacheRef, maxLayers int) (res SquashResult, err error) {
+	storeLock, err := s.lockStore(ctx, false)
+	if err != nil {
+		return res, err
+	}
+	defer storeLock.unlock()
+	h, err := s.lockedHead(ctx, cache)
+	if err != nil {
+		return res, err
+	}
+	if len(h.Layers) <= maxLayers || len(h.Layers) < 2 {
+		return res, nil
+	}
+	old := h.Layers
+	layer, err := s.mergeLayers(ctx, cache, h.layerIDs())
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(s.layerDir(layer.ID))
+		}
+	}()
+	if err = s.swapInSquashed(ctx, h, old, layer); err != nil {
+		return res, err
+	}
+	return SquashResult{Squashed: true, Layer: layer.ID, OldLayers: len(old), Entries: layer.Files}, nil
+}
+
+func (s *Store) lockedHead(ctx context.Context, cache CacheRef) (*head, error) {
+	l, err := s.lockCache(ctx, cache)
+	if err != nil {
+		return nil, err
+	}
+	defer l.unlock()
+	return s.readHead(cache)
+}
+
+// mergeLayers builds one new layer equal to the merged view of ids.
+func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (layer LayerInfo, err error) {
+	work, err := os.MkdirTemp(s.tmpDir(), "squash-")
+	if err != nil {
+		return layer, fmt.Errorf("squash %s: %w", cache, err)
+	}
+	defer os.RemoveAll(work)
+	view := filepath.Join(work, "view")
+	if err := os.Mkdir(view, 0o700); err != nil {
+		return layer, err
+	}
+	if err := (mountSpec{Lower: s.lowerDirs(ids)}).mount(view); err != nil {
+		return layer, fmt.Errorf("squash %s: mount its layers read-only: %w", cache, err)
+	}
+	defer unmount(view)
+
+	tmp, err := os.MkdirTemp(s.layersDir(), "new-")
+	if err != nil {
+		return layer, fmt.Errorf("squash %s: %w", cache, err)
+	}
+	defer func() {
+		if tmp != "" {
+			os.RemoveAll(tmp)
+		}
+	}()
+	report := func(done int64) {
+		s.progress(Progress{Op: "squash", Cache: cache.String(), Done: done})
+	}
+	if err := copyTree(view, tmp, report); err != nil {
+		return layer, fmt.Errorf("squash %s: copy merged view: %w", cache, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return layer, err
+	}
+	if err := syncTree(tmp); err != nil {
+		return layer, fmt.Errorf("squash %s: %w", cache, err)
+	}
+	bytes, files, err := diskUsage(tmp)
+	if err != nil {
+		return layer, fmt.Errorf("squash %s: %w", cache, err)
+	}
+	layer = LayerInfo{ID: randomID(), Bytes: bytes, Files: files, Created: time.Now().UTC()}
+	if err := renameDurable(tmp, s.layerDir(layer.ID)); err != nil {
+		return layer, fmt.Errorf("squash %s: %w", cache, err)
+	}
+	tmp = ""
+	return layer, nil
+}
+
+// swapInSquashed replaces the squashed layers in the current head. Commits
+// that landed since are newer and stay on top; if the cache was removed or
+// rewritten meanwhile, the squash is abandoned.
+func (s *Store) swapInSquashed(ctx context.Context, before *head, old []LayerInfo, layer LayerInfo) error {
+	l, err := s.lockCache(ctx, before.Cache)
+	if err != nil {
+		return err
+	}
+	defer l.unlock()
+	h, err := s.readHead(before.Cache)
+	if err != nil {
+		return fmt.Errorf("squash %s: %w", before.Cache, err)
+	}
+	n := len(h.Layers) - len(old)
+	if h.UID != before.UID || n < 0 || !slices.EqualFunc(h.Layers[n:], old, func(a, b LayerInfo) bool { return a.ID == b.ID }) {
+		return fmt.Errorf("squash %s: the cache changed underneath (removed or squashed by another process); nothing was changed", before.Cache)
+	}
+	h.Layers = append(slices.Clone(h.Layers[:n]), layer)
+	return s.writeHead(h)
+}
+
+// syncTree fsyncs every regular file and directory of a new layer before it
+// is renamed into place, so a crash cannot expose a layer with lost data.
+func syncTree(dir string) error {
+	return filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.Type().IsRegular() && !d.IsDir() {
+			return nil
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := f.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
+			return fmt.Errorf("fsync %s: %w", path, err)
+		}
+		return nil
+	})
+}

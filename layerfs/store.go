@@ -1,0 +1,108 @@
+package layerfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Store is a layered cache store rooted at one directory.
+type Store struct {
+	root string
+	opts Options
+}
+
+// Open prepares the store's directories under opts.Root and proves with a
+// real test mount that the root can host overlay upper directories. A root
+// that can't is refused with a message that says what to fix.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if opts.Root == "" {
+		return nil, errors.New("store root is empty: pass --root DIR (default " + DefaultRoot + ")")
+	}
+	root, err := filepath.Abs(opts.Root)
+	if err != nil {
+		return nil, fmt.Errorf("store root %q: %w", opts.Root, err)
+	}
+	// Overlay mount options are comma- and colon-separated lists of paths.
+	if strings.ContainsAny(root, ",:\\\n") {
+		return nil, fmt.Errorf("store root %q contains ',', ':', '\\' or a newline, which overlay mount options cannot carry; choose another directory", root)
+	}
+	if opts.MaxLayers <= 0 {
+		opts.MaxLayers = DefaultMaxLayers
+	}
+	if opts.MaxLayers >= maxOverlayDepth {
+		return nil, fmt.Errorf("max layers %d is too deep: overlayfs stacks at most %d layers; use a value below that", opts.MaxLayers, maxOverlayDepth)
+	}
+	opts.Root = root
+	s := &Store{root: root, opts: opts}
+	for _, dir := range []string{root, s.layersDir(), s.cachesDir(), s.volumesDir(), s.locksDir(), s.tmpDir(), s.emptyLayer()} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("create store directory: %w", err)
+		}
+	}
+	if err := s.probe(ctx); err != nil {
+		return nil, fmt.Errorf("store root %s cannot host overlay volumes: %w", root, err)
+	}
+	return s, nil
+}
+
+// probe runs the overlay probe under the shared store lock, so that a
+// Recover in another process does not remove the probe's directory.
+func (s *Store) probe(ctx context.Context) error {
+	l, err := s.lockStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer l.unlock()
+	return probeOverlay(ctx, s.tmpDir())
+}
+
+// Root is the store's absolute root directory.
+func (s *Store) Root() string { return s.root }
+
+func (s *Store) layersDir() string  { return filepath.Join(s.root, "layers") }
+func (s *Store) cachesDir() string  { return filepath.Join(s.root, "caches") }
+func (s *Store) volumesDir() string { return filepath.Join(s.root, "volumes") }
+func (s *Store) locksDir() string   { return filepath.Join(s.root, "locks") }
+func (s *Store) tmpDir() string     { return filepath.Join(s.root, "tmp") }
+
+// emptyLayer is the lower layer of a cache without layers: overlayfs needs
+// at least one lower directory.
+func (s *Store) emptyLayer() string { return filepath.Join(s.root, "empty") }
+
+func (s *Store) layerDir(id string) string { return filepath.Join(s.layersDir(), id) }
+func (s *Store) cacheDir(c CacheRef) string {
+	return filepath.Join(s.cachesDir(), c.Namespace, c.Name)
+}
+func (s *Store) headPath(c CacheRef) string  { return filepath.Join(s.cacheDir(c), "head.json") }
+func (s *Store) volumeDir(id string) string  { return filepath.Join(s.volumesDir(), id) }
+func (s *Store) volumePath(id string) string { return filepath.Join(s.volumeDir(id), "volume.json") }
+
+// Locks. The store lock is shared by operations that create references to
+// layers (mount, commit, squash) and exclusive for the sweep that deletes
+// unreferenced layers, so a layer is never deleted between being created or
+// chosen and being recorded. Order: store, volume, cache.
+func (s *Store) lockStore(ctx context.Context, exclusive bool) (*fileLock, error) {
+	return lockFile(ctx, filepath.Join(s.locksDir(), "store"), !exclusive)
+}
+
+func (s *Store) lockVolume(ctx context.Context, id string) (*fileLock, error) {
+	return lockFile(ctx, filepath.Join(s.locksDir(), "volume-"+id), false)
+}
+
+func (s *Store) lockCache(ctx context.Context, c CacheRef) (*fileLock, error) {
+	// '_' cannot occur in a DNS-1123 label, so the name is unambiguous.
+	return lockFile(ctx, filepath.Join(s.locksDir(), "cache-"+c.Namespace+"_"+c.Name), false)
+}
+
+func (s *Store) progress(p Progress) {
+	if s.opts.Progress != nil {
+		s.opts.Progress(p)
+	}
+}
+
+// isTemp tells whether a directory entry is a build in progress.
+func isTemp(name string) bool { return strings.HasPrefix(name, "new-") || strings.HasPrefix(name, ".") }

@@ -1,0 +1,494 @@
+package layerfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+)
+
+// volume states recorded in volume.json
+const (
+	stateMounted    = "mounted"
+	stateCommitting = "committing" // the upper dir is being turned into CommitLayer
+)
+
+// volumeRecord is volumes/<id>/volume.json.
+type volumeRecord struct {
+	Volume
+	CacheUID    string      `json:"cacheUID"`
+	State       string      `json:"state"`
+	CommitLayer *LayerInfo  `json:"commitLayer,omitempty"`
+	RootMode    os.FileMode `json:"rootMode"`
+	RootUID     int         `json:"rootUID"`
+	RootGID     int         `json:"rootGID"`
+}
+
+func (s *Store) upperDir(id string) string  { return filepath.Join(s.volumeDir(id), "upper") }
+func (s *Store) workDir(id string) string   { return filepath.Join(s.volumeDir(id), "work") }
+func (s *Store) mergedDir(id string) string { return filepath.Join(s.volumeDir(id), "merged") }
+
+func (s *Store) volumeSpec(r *volumeRecord) mountSpec {
+	return mountSpec{Lower: s.lowerDirs(r.Layers), Upper: s.upperDir(r.ID), Work: s.workDir(r.ID)}
+}
+
+func (s *Store) readVolume(id string) (*volumeRecord, error) {
+	var r volumeRecord
+	if err := readJSON(s.volumePath(id), &r); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil, fmt.Errorf("volume %q: %w", id, ErrNotFound)
+		}
+		return nil, err
+	}
+	r.MergedPath = s.mergedDir(id)
+	r.Mounted = isMountPoint(r.MergedPath)
+	return &r, nil
+}
+
+// Mount creates volume volumeID as a copy-on-write view of opts.Cache and
+// mounts it; an unknown cache starts empty. Mounting an existing volume again
+// returns it, remounting it if its mount is gone (after a reboot).
+func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (*Volume, error) {
+	if err := ValidateName("volume", volumeID); err != nil {
+		return nil, err
+	}
+	if err := opts.Cache.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Mode == 0 {
+		opts.Mode = 0o777
+	}
+	if opts.Mode&^os.ModePerm != 0 || opts.UID < 0 || opts.GID < 0 {
+		return nil, fmt.Errorf("invalid volume root ownership uid=%d gid=%d mode=%o: use ids >= 0 and a permission mode like 0777", opts.UID, opts.GID, opts.Mode)
+	}
+	storeLock, err := s.lockStore(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	defer storeLock.unlock()
+	volLock, err := s.lockVolume(ctx, volumeID)
+	if err != nil {
+		return nil, err
+	}
+	if r, err := s.readVolume(volumeID); err == nil {
+		defer volLock.unlock()
+		if r.Cache != opts.Cache {
+			return nil, fmt.Errorf("volume %q already exists for cache %s, not %s: use another volume name", volumeID, r.Cache, opts.Cache)
+		}
+		if err := s.ensureMounted(r); err != nil {
+			return nil, err
+		}
+		return &r.Volume, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		volLock.unlock()
+		return nil, err
+	}
+	r, err := s.newVolume(ctx, volumeID, opts)
+	if err != nil {
+		volLock.removeAndUnlock()
+		return nil, err
+	}
+	volLock.unlock()
+	return &r.Volume, nil
+}
+
+func (s *Store) ensureMounted(r *volumeRecord) error {
+	if r.State == stateCommitting {
+		return fmt.Errorf("volume %q is being committed; run recover to finish the commit", r.ID)
+	}
+	if r.Mounted {
+		return nil
+	}
+	if err := s.volumeSpec(r).mount(r.MergedPath); err != nil {
+		return fmt.Errorf("remount volume %q: %w", r.ID, err)
+	}
+	r.Mounted = true
+	return nil
+}
+
+// newVolume builds the volume directory next to its final place, renames it
+// in, then mounts; on any failure nothing of it remains.
+func (s *Store) newVolume(ctx context.Context, id string, opts MountOptions) (rec *volumeRecord, err error) {
+	h, err := s.touchHead(ctx, opts.Cache)
+	if err != nil {
+		return nil, err
+	}
+	r := &volumeRecord{
+		Volume: Volume{
+			ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
+			BaseGeneration: h.Generation, Layers: h.layerIDs(), Created: time.Now().UTC(),
+		},
+		CacheUID: h.UID, State: stateMounted,
+		RootMode: opts.Mode, RootUID: opts.UID, RootGID: opts.GID,
+	}
+	tmp, err := os.MkdirTemp(s.volumesDir(), "new-")
+	if err != nil {
+		return nil, fmt.Errorf("create volume %q: %w", id, err)
+	}
+	final := s.volumeDir(id)
+	defer func() {
+		if err != nil {
+			if tmp != "" {
+				os.RemoveAll(tmp)
+			}
+			unmount(s.mergedDir(id))
+			os.RemoveAll(final)
+		}
+	}()
+	if err = s.buildVolumeDir(tmp, r); err != nil {
+		return nil, fmt.Errorf("create volume %q: %w", id, err)
+	}
+	if err = renameDurable(tmp, final); err != nil {
+		return nil, fmt.Errorf("create volume %q: %w", id, err)
+	}
+	tmp = ""
+	r.MergedPath = s.mergedDir(id)
+	if err = s.volumeSpec(r).mount(r.MergedPath); err != nil {
+		return nil, fmt.Errorf("mount volume %q: %w", id, err)
+	}
+	r.Mounted = true
+	return r, nil
+}
+
+func (s *Store) buildVolumeDir(dir string, r *volumeRecord) error {
+	for _, sub := range []string{"upper", "work", "merged"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			return err
+		}
+	}
+	// The merged root takes the upper root's owner and mode.
+	upper := filepath.Join(dir, "upper")
+	if err := os.Chown(upper, r.RootUID, r.RootGID); err != nil {
+		return err
+	}
+	if err := os.Chmod(upper, r.RootMode); err != nil {
+		return err
+	}
+	return writeJSONAtomic(filepath.Join(dir, "volume.json"), r)
+}
+
+// touchHead records a use of the cache, creating it if needed, and returns
+// its head.
+func (s *Store) touchHead(ctx context.Context, c CacheRef) (*head, error) {
+	l, err := s.lockCache(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	defer l.unlock()
+	h, err := s.readOrNewHead(c)
+	if err != nil {
+		return nil, err
+	}
+	h.LastUsed = time.Now().UTC()
+	if err := s.writeHead(h); err != nil {
+		return nil, fmt.Errorf("record use of cache %s: %w", c, err)
+	}
+	return h, nil
+}
+
+// Commit unmounts the volume and makes its upper directory the cache's
+// newest layer. A volume without changes adds no layer. If anything fails
+// the upper directory is kept and the volume stays (re)mounted, so the
+// commit can be retried.
+func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, error) {
+	if err := ValidateName("volume", volumeID); err != nil {
+		return CommitResult{}, err
+	}
+	res, r, err := s.commit(ctx, volumeID)
+	if err == nil {
+		s.sweepIfOrphaned(r)
+	}
+	return res, err
+}
+
+func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *volumeRecord, error) {
+	storeLock, err := s.lockStore(ctx, false)
+	if err != nil {
+		return CommitResult{}, nil, err
+	}
+	defer storeLock.unlock()
+	volLock, err := s.lockVolume(ctx, volumeID)
+	if err != nil {
+		return CommitResult{}, nil, err
+	}
+	r, err := s.readVolume(volumeID)
+	if err != nil {
+		releaseOnError(volLock, err)
+		return CommitResult{}, nil, err
+	}
+	if r.ReadOnly {
+		volLock.unlock()
+		return CommitResult{}, nil, fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
+	}
+	if r.State != stateCommitting {
+		if err := s.prepareCommit(r); err != nil {
+			volLock.unlock()
+			return CommitResult{}, nil, err
+		}
+	}
+	res, err := s.finishCommit(ctx, r)
+	if err != nil {
+		volLock.unlock()
+		return res, nil, err
+	}
+	volLock.removeAndUnlock()
+	return res, r, nil
+}
+
+// prepareCommit unmounts the volume and records the commit's intent, so that
+// a crash from here on is rolled forward by Recover.
+func (s *Store) prepareCommit(r *volumeRecord) (err error) {
+	if err := unmount(r.MergedPath); err != nil {
+		return fmt.Errorf("commit volume %q: %w", r.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			r.State = stateMounted
+			r.CommitLayer = nil
+			s.ensureMounted(r) // best effort: the caller can retry either way
+		}
+	}()
+	empty, err := dirIsEmpty(s.upperDir(r.ID))
+	if err != nil {
+		return fmt.Errorf("commit volume %q: %w", r.ID, err)
+	}
+	r.State = stateCommitting
+	if !empty {
+		bytes, files, err := diskUsage(s.upperDir(r.ID))
+		if err != nil {
+			return fmt.Errorf("commit volume %q: measure upper layer: %w", r.ID, err)
+		}
+		r.CommitLayer = &LayerInfo{ID: randomID(), Bytes: bytes, Files: files, Created: time.Now().UTC()}
+	}
+	r.Mounted = false
+	if err := writeJSONAtomic(s.volumePath(r.ID), r); err != nil {
+		return fmt.Errorf("commit volume %q: %w", r.ID, err)
+	}
+	return nil
+}
+
+// finishCommit moves the upper dir into layers/ and appends it to the head.
+// Every step checks whether it already happened, so it can be replayed after
+// a crash at any point.
+func (s *Store) finishCommit(ctx context.Context, r *volumeRecord) (CommitResult, error) {
+	cacheLock, err := s.lockCache(ctx, r.Cache)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	defer cacheLock.unlock()
+	h, err := s.readHead(r.Cache)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return CommitResult{}, err
+	}
+	if h == nil || h.UID != r.CacheUID {
+		// The cache was removed while the volume was in use: the removal
+		// asked for its contents to go, so this volume's changes go too.
+		if r.CommitLayer != nil && (h == nil || !h.hasLayer(r.CommitLayer.ID)) {
+			os.RemoveAll(s.layerDir(r.CommitLayer.ID))
+		}
+		return CommitResult{Dropped: true}, s.removeVolumeDir(r.ID)
+	}
+	res := CommitResult{Generation: h.Generation}
+	if l := r.CommitLayer; l != nil {
+		res.Layer, res.Bytes = l.ID, l.Bytes
+		if !h.hasLayer(l.ID) {
+			if err := s.landLayer(r, h); err != nil {
+				return CommitResult{}, err
+			}
+		}
+		res.Generation = h.Generation
+	}
+	res.NeedsSquash = len(h.Layers) > s.opts.MaxLayers
+	return res, s.removeVolumeDir(r.ID)
+}
+
+func (s *Store) landLayer(r *volumeRecord, h *head) error {
+	l := r.CommitLayer
+	if _, err := os.Lstat(s.layerDir(l.ID)); errors.Is(err, os.ErrNotExist) {
+		if err := renameDurable(s.upperDir(r.ID), s.layerDir(l.ID)); err != nil {
+			return fmt.Errorf("commit volume %q: move upper layer into the store: %w", r.ID, err)
+		}
+	}
+	h.Layers = append([]LayerInfo{*l}, h.Layers...)
+	h.Generation++
+	h.LastUsed = time.Now().UTC()
+	h.LastWriter = r.Writer
+	if h.LastWriter == "" {
+		h.LastWriter = r.ID
+	}
+	if err := s.writeHead(h); err != nil {
+		// The layer stays at its final place; the recorded intent lets a
+		// retry or Recover append it.
+		return fmt.Errorf("commit volume %q: write head of cache %s: %w", r.ID, r.Cache, err)
+	}
+	return nil
+}
+
+// Discard unmounts and removes the volume; its changes are lost. A volume
+// caught mid-commit is rolled back unless its layer already landed.
+func (s *Store) Discard(ctx context.Context, volumeID string) error {
+	if err := ValidateName("volume", volumeID); err != nil {
+		return err
+	}
+	volLock, err := s.lockVolume(ctx, volumeID)
+	if err != nil {
+		return err
+	}
+	r, err := s.readVolume(volumeID)
+	if err != nil {
+		releaseOnError(volLock, err)
+		return err
+	}
+	if err := unmount(r.MergedPath); err != nil {
+		volLock.unlock()
+		return fmt.Errorf("discard volume %q: %w", volumeID, err)
+	}
+	if r.State == stateCommitting && r.CommitLayer != nil {
+		if err := s.rollBackCommit(ctx, r); err != nil {
+			volLock.unlock()
+			return err
+		}
+	}
+	if err := s.removeVolumeDir(volumeID); err != nil {
+		volLock.unlock()
+		return err
+	}
+	volLock.removeAndUnlock()
+	s.sweepIfOrphaned(r)
+	return nil
+}
+
+// releaseOnError releases a lock after a failed lookup; the lock file of an
+// object that does not exist is removed so unknown names leave no trace.
+func releaseOnError(l *fileLock, err error) {
+	if errors.Is(err, ErrNotFound) {
+		l.removeAndUnlock()
+		return
+	}
+	l.unlock()
+}
+
+// sweepIfOrphaned removes the layers an ended volume was the last user of
+// (its cache was squashed or removed meanwhile). It never waits: if another
+// operation holds the store, the next sweep or GC removes them.
+func (s *Store) sweepIfOrphaned(r *volumeRecord) {
+	h, err := s.readHead(r.Cache)
+	for _, id := range r.Layers {
+		if err != nil || !h.hasLayer(id) {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // one attempt at the lock, no waiting
+			s.sweepLayers(ctx)
+			return
+		}
+	}
+}
+
+func (s *Store) rollBackCommit(ctx context.Context, r *volumeRecord) error {
+	cacheLock, err := s.lockCache(ctx, r.Cache)
+	if err != nil {
+		return err
+	}
+	defer cacheLock.unlock()
+	h, err := s.readHead(r.Cache)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	if h == nil || !h.hasLayer(r.CommitLayer.ID) {
+		return os.RemoveAll(s.layerDir(r.CommitLayer.ID))
+	}
+	return nil
+}
+
+// removeVolumeDir removes a volume's directory; the record goes first, so a
+// crash midway leaves no half volume that Volumes would report.
+func (s *Store) removeVolumeDir(id string) error {
+	dir := s.volumeDir(id)
+	if err := os.Remove(s.volumePath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove volume %q: %w", id, err)
+	}
+	if err := syncDir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove volume %q: %w", id, err)
+	}
+	return nil
+}
+
+// Volume reports one volume.
+func (s *Store) Volume(ctx context.Context, volumeID string) (*Volume, error) {
+	if err := ValidateName("volume", volumeID); err != nil {
+		return nil, err
+	}
+	r, err := s.readVolume(volumeID)
+	if err != nil {
+		return nil, err
+	}
+	return &r.Volume, nil
+}
+
+// Volumes reports every volume, sorted by id.
+func (s *Store) Volumes(ctx context.Context) ([]Volume, error) {
+	recs, err := s.volumeRecords()
+	if err != nil {
+		return nil, err
+	}
+	vols := make([]Volume, len(recs))
+	for i, r := range recs {
+		vols[i] = r.Volume
+	}
+	return vols, nil
+}
+
+func (s *Store) volumeRecords() ([]*volumeRecord, error) {
+	entries, err := os.ReadDir(s.volumesDir())
+	if err != nil {
+		return nil, err
+	}
+	var recs []*volumeRecord
+	for _, e := range entries {
+		if isTemp(e.Name()) || ValidateName("volume", e.Name()) != nil {
+			continue
+		}
+		r, err := s.readVolume(e.Name())
+		if errors.Is(err, ErrNotFound) {
+			continue // being created or removed
+		}
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, r)
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].ID < recs[j].ID })
+	return recs, nil
+}
+
+// MountCommand returns the `mount -t overlay ...` line equivalent to the
+// volume's mount, for debugging.
+func (s *Store) MountCommand(ctx context.Context, volumeID string) (string, error) {
+	if err := ValidateName("volume", volumeID); err != nil {
+		return "", err
+	}
+	r, err := s.readVolume(volumeID)
+	if err != nil {
+		return "", err
+	}
+	return s.volumeSpec(r).command(r.MergedPath), nil
+}
+
+func dirIsEmpty(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	_, err = f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	return false, err
+}
