@@ -62,9 +62,10 @@ type Volume struct {
 
 // CommitResult tells what a Commit did.
 type CommitResult struct {
-	Generation int64  `json:"generation"`
-	Layer      string `json:"layer,omitempty"` // empty when nothing changed
-	Bytes      int64  `json:"bytes"`
+	Cache      CacheRef `json:"cache"`
+	Generation int64    `json:"generation"`
+	Layer      string   `json:"layer,omitempty"` // empty when nothing changed
+	Bytes      int64    `json:"bytes"`
 	// NeedsSquash is true when the head is now deeper than Options.MaxLayers.
 	NeedsSquash bool `json:"needsSquash,omitempty"`
 	// Dropped is true when the cache was removed while the volume was in use,

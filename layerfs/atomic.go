@@ -38,9 +38,11 @@ func writeJSONAtomic(path string, v any) (err error) {
 	if err = tmp.Close(); err != nil {
 		return fmt.Errorf("close %s: %w", tmp.Name(), err)
 	}
+	faultPoint()
 	if err = os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("rename %s into place: %w", path, err)
 	}
+	faultPoint()
 	return syncDir(dir)
 }
 
@@ -48,7 +50,7 @@ func writeJSONAtomic(path string, v any) (err error) {
 func readJSON(path string, v any) error {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("%s: %w", path, ErrNotFound)
+		return ErrNotFound // callers name the object
 	}
 	if err != nil {
 		return err
@@ -74,9 +76,11 @@ func syncDir(dir string) error {
 
 // renameDurable renames oldPath to newPath and fsyncs both parents.
 func renameDurable(oldPath, newPath string) error {
+	faultPoint()
 	if err := os.Rename(oldPath, newPath); err != nil {
 		return err
 	}
+	faultPoint()
 	if err := syncDir(filepath.Dir(newPath)); err != nil {
 		return err
 	}

@@ -41,6 +41,7 @@ func copyTree(src, dst string, report func(done int64)) error {
 		if first, ok := links[key]; ok {
 			return os.Link(first, target)
 		}
+		faultPoint()
 		if err := copyEntry(path, target, &st, rel == "."); err != nil {
 			return err
 		}

@@ -207,6 +207,7 @@ func (s *Store) moveUnreferenced(ctx context.Context) ([]string, error) {
 			continue
 		}
 		dst := filepath.Join(s.tmpDir(), "trash-"+e.Name())
+		faultPoint()
 		if err := os.Rename(s.layerDir(e.Name()), dst); err != nil {
 			return trash, fmt.Errorf("move unreferenced layer %s aside: %w", e.Name(), err)
 		}

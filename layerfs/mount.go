@@ -137,6 +137,7 @@ func unmount(target string) error {
 		if !isMountPoint(target) {
 			return nil
 		}
+		faultPoint()
 		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
 		if errors.Is(err, unix.EBUSY) {
 			return fmt.Errorf("unmount %s: the volume is still in use (a process has files open or a bind mount remains): %w", target, ErrBusy)

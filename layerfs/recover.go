@@ -58,7 +58,7 @@ func (s *Store) removeTemp(ctx context.Context) (int, error) {
 			return 0, err
 		}
 		for _, e := range entries {
-			if isTemp(e.Name()) {
+			if isTemp(e.Name()) || (dir == s.volumesDir() && !exists(s.volumePath(e.Name()))) {
 				leftovers = append(leftovers, filepath.Join(dir, e.Name()))
 			}
 		}
@@ -80,6 +80,11 @@ func (s *Store) removeTemp(ctx context.Context) (int, error) {
 		}
 	}
 	return len(leftovers), nil
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 // atomicWriteLeftovers finds .NAME.tmp-* files next to heads and volume

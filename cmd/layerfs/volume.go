@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/layercache/layercache/layerfs"
+)
+
+type mountOptions struct {
+	cache    string
+	readOnly bool
+	uid, gid int
+	mode     string
+	writer   string
+}
+
+func newMountCommand(g *globalOptions) *cobra.Command {
+	o := &mountOptions{}
+	cmd := &cobra.Command{
+		Use:   "mount VOLUME --cache NAMESPACE/NAME",
+		Short: "Create a volume of a cache and print its merged path",
+		Long: `Create VOLUME as a copy-on-write view of a cache and print the path where
+it is mounted. The volume sees the cache's committed layers; what is written
+to it stays private until 'layerfs commit'. An unknown cache starts empty.
+Mounting an existing volume again prints its path and changes nothing.` + exitStatusHelp,
+		Example: `  dir=$(layerfs mount build-42 --cache ci/maven --uid 1000 --gid 1000)
+  layerfs mount pr-7 --cache ci/maven --read-only`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			volumeID, opts, err := o.validate(args)
+			if err != nil {
+				return usage(cmd, err)
+			}
+			store, err := g.open(cmd.Context(), nil)
+			if err != nil {
+				return err
+			}
+			return runMount(cmd.Context(), cmd.OutOrStdout(), store, volumeID, opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.cache, "cache", "", "cache the volume is a view of, as NAMESPACE/NAME (required)")
+	f.BoolVar(&o.readOnly, "read-only", false, "never commit this volume (it is still writable scratch space)")
+	f.IntVar(&o.uid, "uid", 0, "owner of the volume's root directory")
+	f.IntVar(&o.gid, "gid", 0, "group of the volume's root directory")
+	f.StringVar(&o.mode, "mode", "0777", "octal mode of the volume's root directory")
+	f.StringVar(&o.writer, "writer", "", "who uses the volume (for example NAMESPACE/POD), recorded as the cache's last writer")
+	return cmd
+}
+
+func (o *mountOptions) validate(args []string) (string, layerfs.MountOptions, error) {
+	if err := wantArgs(args, "VOLUME"); err != nil {
+		return "", layerfs.MountOptions{}, err
+	}
+	volumeID := args[0]
+	if err := layerfs.ValidateName("volume", volumeID); err != nil {
+		return "", layerfs.MountOptions{}, err
+	}
+	if o.cache == "" {
+		return "", layerfs.MountOptions{}, fmt.Errorf("--cache is required; name the cache as NAMESPACE/NAME, for example --cache default/maven")
+	}
+	cache, err := layerfs.ParseCacheRef(o.cache)
+	if err != nil {
+		return "", layerfs.MountOptions{}, fmt.Errorf("--cache: %w", err)
+	}
+	if o.uid < 0 || o.gid < 0 {
+		return "", layerfs.MountOptions{}, fmt.Errorf("--uid %d --gid %d: ids must not be negative", o.uid, o.gid)
+	}
+	mode, err := parseMode(o.mode)
+	if err != nil {
+		return "", layerfs.MountOptions{}, err
+	}
+	return volumeID, layerfs.MountOptions{
+		Cache:    cache,
+		ReadOnly: o.readOnly,
+		UID:      o.uid,
+		GID:      o.gid,
+		Mode:     mode,
+		Writer:   o.writer,
+	}, nil
+}
+
+// parseMode parses an octal mode such as 0777, 755 or 01777. Go keeps the
+// setuid, setgid and sticky bits apart from the permission bits, so they are
+// moved to their os.FileMode places.
+func parseMode(s string) (os.FileMode, error) {
+	digits := strings.TrimPrefix(strings.TrimPrefix(s, "0o"), "0O")
+	bits, err := strconv.ParseUint(digits, 8, 32)
+	if err != nil || bits > 0o7777 {
+		return 0, fmt.Errorf("--mode %q is not an octal file mode; use for example 0777, 0755 or 01777", s)
+	}
+	if bits == 0 {
+		// The store reads a zero mode as "default 0777"; refuse it rather
+		// than give the caller the opposite of what was asked.
+		return 0, fmt.Errorf("--mode %q would leave the volume unusable; use for example 0777 or 0700", s)
+	}
+	mode := os.FileMode(bits & 0o777)
+	if bits&0o4000 != 0 {
+		mode |= os.ModeSetuid
+	}
+	if bits&0o2000 != 0 {
+		mode |= os.ModeSetgid
+	}
+	if bits&0o1000 != 0 {
+		mode |= os.ModeSticky
+	}
+	return mode, nil
+}
+
+func runMount(ctx context.Context, w io.Writer, store *layerfs.Store, volumeID string, opts layerfs.MountOptions) error {
+	vol, err := store.Mount(ctx, volumeID, opts)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, vol.MergedPath)
+	return err
+}
+
+func newCommitCommand(g *globalOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:   "commit VOLUME",
+		Short: "Commit a volume as its cache's newest layer and print the generation",
+		Long: `Unmount VOLUME, turn what was written to it into the newest layer of its
+cache, and print the cache's generation. A volume without changes adds no
+layer; the unchanged generation is printed and a note goes to stderr. If the
+cache was removed while the volume was in use, the changes are dropped as
+the removal asked. A failed commit keeps the volume's changes; fix the cause
+and commit again.` + exitStatusHelp,
+		Example: `  gen=$(layerfs commit build-42)`,
+		Args:    cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := wantArgs(args, "VOLUME"); err != nil {
+				return usage(cmd, err)
+			}
+			if err := layerfs.ValidateName("volume", args[0]); err != nil {
+				return usage(cmd, err)
+			}
+			store, err := g.open(cmd.Context(), nil)
+			if err != nil {
+				return err
+			}
+			return runCommit(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), store, args[0])
+		},
+	}
+}
+
+func runCommit(ctx context.Context, stdout, stderr io.Writer, store *layerfs.Store, volumeID string) error {
+	res, err := store.Commit(ctx, volumeID)
+	if err != nil {
+		return err
+	}
+	return reportCommit(stdout, stderr, volumeID, res)
+}
+
+// reportCommit prints the generation on stdout, always, so that scripts can
+// read it, and what else happened on stderr.
+func reportCommit(stdout, stderr io.Writer, volumeID string, res layerfs.CommitResult) error {
+	switch {
+	case res.Dropped:
+		fmt.Fprintf(stderr, "layerfs: cache %s was removed while volume %s was in use; its changes were dropped\n", res.Cache, volumeID)
+	case res.Layer == "":
+		fmt.Fprintf(stderr, "layerfs: volume %s had no changes; cache %s stays at generation %d\n", volumeID, res.Cache, res.Generation)
+	case res.NeedsSquash:
+		fmt.Fprintf(stderr, "layerfs: cache %s has more layers than the squash limit; run 'layerfs squash %s'\n", res.Cache, res.Cache)
+	}
+	_, err := fmt.Fprintln(stdout, res.Generation)
+	return err
+}
+
+func newDiscardCommand(g *globalOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:   "discard VOLUME",
+		Short: "Unmount a volume and throw away its changes",
+		Long: `Unmount VOLUME and remove it with everything written to it. The cache is
+not changed. Prints the volume's name.` + exitStatusHelp,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := wantArgs(args, "VOLUME"); err != nil {
+				return usage(cmd, err)
+			}
+			if err := layerfs.ValidateName("volume", args[0]); err != nil {
+				return usage(cmd, err)
+			}
+			store, err := g.open(cmd.Context(), nil)
+			if err != nil {
+				return err
+			}
+			return runDiscard(cmd.Context(), cmd.OutOrStdout(), store, args[0])
+		},
+	}
+}
+
+func runDiscard(ctx context.Context, w io.Writer, store *layerfs.Store, volumeID string) error {
+	if err := store.Discard(ctx, volumeID); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, volumeID)
+	return err
+}

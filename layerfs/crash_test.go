@@ -1,0 +1,185 @@
+package layerfs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// The crash tests run an operation in a child process (this test binary,
+// re-executed) that kills itself with SIGKILL at its Nth fault point, for
+// N = 1, 2, ... until the operation completes without reaching N. After
+// each crash the parent checks that the cache is at its old or its new
+// state, never in between, and that Recover finishes or rolls back the
+// operation and leaves nothing behind.
+
+const (
+	envCrashOp   = "LAYERFS_CRASH_OP"
+	envCrashRoot = "LAYERFS_CRASH_ROOT"
+	envCrashAt   = "LAYERFS_CRASH_AT"
+)
+
+func TestMain(m *testing.M) {
+	if op := os.Getenv(envCrashOp); op != "" {
+		os.Exit(crashChild(op))
+	}
+	os.Exit(m.Run())
+}
+
+type crashOp struct {
+	name  string
+	setup func(t testing.TB, s *Store)
+	run   func(ctx context.Context, s *Store) error
+}
+
+var crashOps = []crashOp{
+	{
+		name: "commit",
+		setup: func(t testing.TB, s *Store) {
+			buildChain(t, s, "ns/c", layerSteps[:2])
+			merged := mustMount(t, s, "pending", "ns/c")
+			layerSteps[2](t, merged)
+			fixTimes(t, merged)
+		},
+		run: func(ctx context.Context, s *Store) error {
+			_, err := s.Commit(ctx, "pending")
+			return err
+		},
+	},
+	{
+		name:  "squash",
+		setup: func(t testing.TB, s *Store) { buildChain(t, s, "ns/c", layerSteps) },
+		run: func(ctx context.Context, s *Store) error {
+			_, err := s.Squash(ctx, CacheRef{"ns", "c"}, 1)
+			return err
+		},
+	},
+	{
+		name: "remove",
+		setup: func(t testing.TB, s *Store) {
+			buildChain(t, s, "ns/c", layerSteps)
+		},
+		run: func(ctx context.Context, s *Store) error { return s.Remove(ctx, CacheRef{"ns", "c"}) },
+	},
+}
+
+func crashChild(opName string) int {
+	at, _ := strconv.Atoi(os.Getenv(envCrashAt))
+	steps := 0
+	faultPoint = func() {
+		steps++
+		if steps == at {
+			unix.Kill(os.Getpid(), unix.SIGKILL)
+		}
+	}
+	ctx := context.Background()
+	s, err := Open(ctx, Options{Root: os.Getenv(envCrashRoot)})
+	if err == nil {
+		for _, op := range crashOps {
+			if op.name == opName {
+				err = op.run(ctx, s)
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crash child:", err)
+		return 3
+	}
+	return 0
+}
+
+// runCrashChild reports whether the child was killed before it finished.
+func runCrashChild(t *testing.T, op, root string, at int) bool {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envCrashOp+"="+op, envCrashRoot+"="+root, envCrashAt+"="+strconv.Itoa(at))
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		return false
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+		return true
+	}
+	t.Fatalf("crash child (%s at step %d) failed: %v\n%s", op, at, err, out)
+	return false
+}
+
+type cacheState struct {
+	generation int64
+	layers     int
+	view       map[string]string // nil when the cache does not exist
+}
+
+func observe(t *testing.T, s *Store) cacheState {
+	t.Helper()
+	info, err := s.Inspect(context.Background(), CacheRef{"ns", "c"})
+	if err != nil {
+		return cacheState{}
+	}
+	return cacheState{info.Generation, len(info.Layers), view(t, s, "ns/c")}
+}
+
+func (c cacheState) matches(o cacheState) bool {
+	return c.generation == o.generation && c.layers == o.layers && (c.view == nil) == (o.view == nil) && diffSnapshots(c.view, o.view) == ""
+}
+
+func TestCrashAtEveryStep(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	for _, op := range crashOps {
+		t.Run(op.name, func(t *testing.T) {
+			ref := newTestStore(t, Options{})
+			op.setup(t, ref)
+			before := observe(t, ref)
+			must(t, op.run(ctx, ref))
+			after := observe(t, ref)
+			if before.matches(after) {
+				t.Fatalf("%s changed nothing observable; the test would prove nothing", op.name)
+			}
+			crashes := 0
+			for at := 1; at < 1000; at++ {
+				s := newTestStore(t, Options{})
+				op.setup(t, s)
+				killed := runCrashChild(t, op.name, s.Root(), at)
+				if got := observe(t, s); !got.matches(before) && !got.matches(after) {
+					t.Fatalf("crash at step %d: cache is neither old (%+v) nor new (%+v): %+v", at, before, after, got)
+				}
+				if _, err := s.Recover(ctx); err != nil {
+					t.Fatalf("crash at step %d: Recover: %v", at, err)
+				}
+				got := observe(t, s)
+				if !got.matches(before) && !got.matches(after) {
+					t.Fatalf("crash at step %d: after Recover the cache is neither old nor new: %+v", at, got)
+				}
+				finishPending(t, s)
+				if got := observe(t, s); op.name == "commit" && !got.matches(after) {
+					t.Fatalf("crash at step %d: the retried commit did not land: %+v", at, got)
+				}
+				assertNoOrphans(t, s)
+				if !killed {
+					break
+				}
+				crashes++
+			}
+			if crashes < 3 {
+				t.Fatalf("only %d crash points exercised", crashes)
+			}
+			t.Logf("%s: recovered from a crash at each of %d steps", op.name, crashes)
+		})
+	}
+}
+
+// finishPending commits a volume whose commit never recorded its intent:
+// it is still a mounted volume, and its upper layer must be intact.
+func finishPending(t *testing.T, s *Store) {
+	t.Helper()
+	if _, err := s.Volume(context.Background(), "pending"); err == nil {
+		mustCommit(t, s, "pending")
+	}
+}
