@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // writeJSONAtomic replaces path with v as JSON: write a temp file in the same
@@ -70,6 +72,19 @@ func syncDir(dir string) error {
 	defer d.Close()
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// syncFS flushes the filesystem that holds path.
+func syncFS(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return fmt.Errorf("syncfs %s: %w", path, err)
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package layerfs
 
 import (
-	"errors"
 	"os"
 	"time"
 )
@@ -52,16 +51,6 @@ func (s *Store) readHead(c CacheRef) (*head, error) {
 		return nil, err
 	}
 	return &h, nil
-}
-
-// readOrNewHead loads a cache's head, or returns a fresh empty one.
-func (s *Store) readOrNewHead(c CacheRef) (*head, error) {
-	h, err := s.readHead(c)
-	if errors.Is(err, ErrNotFound) {
-		now := time.Now().UTC()
-		return &head{Cache: c, UID: randomID(), Created: now, LastUsed: now}, nil
-	}
-	return h, err
 }
 
 func (s *Store) writeHead(h *head) error {

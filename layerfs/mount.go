@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -18,6 +19,13 @@ const maxOverlayDepth = 500
 // become a lower layer of other mounts: no redirects or metacopy files that
 // point into the layers below, no index tied to this mount.
 var overlayFeatures = []string{"index=off", "redirect_dir=off", "metacopy=off"}
+
+// volatileFeature drops every sync to the upper filesystem while a volume
+// is mounted. A build cache needs durability only once it is committed, and
+// Commit fsyncs exactly the upper layer's files then. Without it, each
+// unmount syncs the whole filesystem under the store, which on a busy node
+// means waiting for every other pod's writes.
+const volatileFeature = "volatile"
 
 // mountSpec is an overlay mount described as data, so that it can be tested
 // without root and printed for debugging.
@@ -34,7 +42,14 @@ func (m mountSpec) options() []string {
 	}
 	// Features come last: the kernel takes the last value of an option, and
 	// nothing may turn them back on.
-	return append(opts, overlayFeatures...)
+	return append(opts, m.features()...)
+}
+
+func (m mountSpec) features() []string {
+	if m.Upper == "" {
+		return overlayFeatures
+	}
+	return append(slices.Clone(overlayFeatures), volatileFeature)
 }
 
 // data is the option string for mount(2).
@@ -106,8 +121,14 @@ func (m mountSpec) fsmount(target string) error {
 			return err
 		}
 	}
-	for _, f := range overlayFeatures {
-		k, v, _ := strings.Cut(f, "=")
+	for _, f := range m.features() {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			if err := unix.FsconfigSetFlag(fsfd, k); err != nil {
+				return fmt.Errorf("fsconfig %s: %w", k, err)
+			}
+			continue
+		}
 		if err := set(k, v); err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package layerfs
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -14,7 +15,7 @@ func TestMountSpecOptions(t *testing.T) {
 		{
 			name: "volume",
 			spec: mountSpec{Lower: []string{"/r/layers/b", "/r/layers/a"}, Upper: "/r/v/upper", Work: "/r/v/work"},
-			want: "lowerdir=/r/layers/b:/r/layers/a,upperdir=/r/v/upper,workdir=/r/v/work,index=off,redirect_dir=off,metacopy=off",
+			want: "lowerdir=/r/layers/b:/r/layers/a,upperdir=/r/v/upper,workdir=/r/v/work,index=off,redirect_dir=off,metacopy=off,volatile",
 		},
 		{
 			name: "read-only view for squash",
@@ -38,12 +39,10 @@ func TestMountSpecOptions(t *testing.T) {
 // Options are last-wins in the kernel: the self-containment features must
 // come after everything else.
 func TestMountSpecFeaturesComeLast(t *testing.T) {
-	opts := mountSpec{Lower: []string{"/a"}, Upper: "/u", Work: "/w"}.options()
-	tail := opts[len(opts)-len(overlayFeatures):]
-	for i, f := range overlayFeatures {
-		if tail[i] != f {
-			t.Fatalf("options %v do not end with %v", opts, overlayFeatures)
-		}
+	spec := mountSpec{Lower: []string{"/a"}, Upper: "/u", Work: "/w"}
+	opts, features := spec.options(), spec.features()
+	if !slices.Equal(opts[len(opts)-len(features):], features) {
+		t.Fatalf("options %v do not end with %v", opts, features)
 	}
 }
 

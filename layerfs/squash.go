@@ -2,7 +2,6 @@ package layerfs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -105,7 +104,7 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 	if err := ctx.Err(); err != nil {
 		return layer, err
 	}
-	if err := syncTree(tmp); err != nil {
+	if err := syncFS(tmp); err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
 	bytes, files, err := diskUsage(tmp)
@@ -139,26 +138,4 @@ func (s *Store) swapInSquashed(ctx context.Context, before *head, old []LayerInf
 	}
 	h.Layers = append(slices.Clone(h.Layers[:n]), layer)
 	return s.writeHead(h)
-}
-
-// syncTree fsyncs every regular file and directory of a new layer before it
-// is renamed into place, so a crash cannot expose a layer with lost data.
-func syncTree(dir string) error {
-	return filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if !d.Type().IsRegular() && !d.IsDir() {
-			return nil
-		}
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := f.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
-			return fmt.Errorf("fsync %s: %w", path, err)
-		}
-		return nil
-	})
 }

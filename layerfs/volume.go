@@ -103,6 +103,11 @@ func (s *Store) ensureMounted(r *volumeRecord) error {
 	if r.Mounted {
 		return nil
 	}
+	// A volatile overlay that was not unmounted cleanly (a crash) marks its
+	// work directory, and the kernel refuses to reuse it until it is reset.
+	if err := resetDir(s.workDir(r.ID)); err != nil {
+		return fmt.Errorf("remount volume %q: reset work directory: %w", r.ID, err)
+	}
 	if err := s.volumeSpec(r).mount(r.MergedPath); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
@@ -182,12 +187,14 @@ func (s *Store) touchHead(ctx context.Context, c CacheRef) (*head, error) {
 		return nil, err
 	}
 	defer l.unlock()
-	h, err := s.readOrNewHead(c)
-	if err != nil {
-		return nil, err
-	}
+	h, err := s.readHead(c)
 	now := time.Now().UTC()
-	if h.Generation > 0 && now.Sub(h.LastUsed) < lastUsedGranularity {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		h = &head{Cache: c, UID: randomID(), Created: now}
+	case err != nil:
+		return nil, fmt.Errorf("cache %s: %w", c, err)
+	case now.Sub(h.LastUsed) < lastUsedGranularity:
 		return h, nil // recent enough for GC; spare the hot path two fsyncs
 	}
 	h.LastUsed = now
@@ -265,6 +272,12 @@ func (s *Store) prepareCommit(r *volumeRecord) (err error) {
 	}
 	r.State = stateCommitting
 	if !empty {
+		// The volume was mounted volatile: its data reaches the disk here,
+		// before any record points at it. One syncfs beats an fsync per
+		// file for the thousands of small files a build writes.
+		if err := syncFS(s.upperDir(r.ID)); err != nil {
+			return fmt.Errorf("commit volume %q: %w", r.ID, err)
+		}
 		bytes, files, err := diskUsage(s.upperDir(r.ID))
 		if err != nil {
 			return fmt.Errorf("commit volume %q: measure upper layer: %w", r.ID, err)
@@ -487,6 +500,20 @@ func (s *Store) MountCommand(ctx context.Context, volumeID string) (string, erro
 		return "", err
 	}
 	return s.volumeSpec(r).command(r.MergedPath), nil
+}
+
+// resetDir empties dir, keeping dir itself.
+func resetDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func dirIsEmpty(dir string) (bool, error) {
