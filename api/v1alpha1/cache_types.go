@@ -1,0 +1,125 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// CacheSpec is what the owner of a cache decides about it.
+type CacheSpec struct {
+	// Readers are the namespaces whose PVCs may mount this cache read-only
+	// (annotation layercache.dev/cache: NAMESPACE/NAME). Only the cache's own
+	// namespace can write it.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Readers []string `json:"readers,omitempty"`
+
+	// Retention bounds how long and how large the cache is kept on each node.
+	// +optional
+	Retention *Retention `json:"retention,omitempty"`
+}
+
+// Retention bounds a cache on each node. Node agents enforce it when they
+// garbage-collect their store.
+type Retention struct {
+	// MaxAge removes the cache from a node that has not used it for this long,
+	// for example "168h".
+	// +optional
+	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
+
+	// MaxSize squashes or drops the cache on a node once it is larger than
+	// this, for example "20Gi".
+	// +optional
+	MaxSize *resource.Quantity `json:"maxSize,omitempty"`
+}
+
+// CacheStatus is the cache's state on every node that holds it. Each node
+// agent owns its own entry of Nodes (server-side apply, field manager
+// layercache-node-<node>); the manager derives the other fields from Nodes.
+type CacheStatus struct {
+	// Nodes has one entry per node that holds the cache.
+	// +optional
+	// +listType=map
+	// +listMapKey=node
+	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
+
+	// Generation is the newest generation on any node.
+	// +optional
+	Generation int64 `json:"generation,omitempty"`
+
+	// Size is the total size over all nodes, human-readable (for example
+	// "1.5Gi").
+	// +optional
+	Size string `json:"size,omitempty"`
+
+	// NodeCount is the number of entries in Nodes. It exists for the printer
+	// column: a JSONPath column can show only one element of a list.
+	// +optional
+	NodeCount int32 `json:"nodeCount,omitempty"`
+
+	// LastUsed is the latest LastUsed over all nodes.
+	// +optional
+	LastUsed *metav1.Time `json:"lastUsed,omitempty"`
+}
+
+// NodeCacheStatus is the cache's state on one node.
+type NodeCacheStatus struct {
+	// Node is the name of the Node.
+	Node string `json:"node"`
+
+	// Generation counts the commits on this node; 0 is the empty cache.
+	Generation int64 `json:"generation"`
+
+	// Layers is the number of layers in the cache's head on this node.
+	Layers int32 `json:"layers"`
+
+	// SizeBytes is the size of the cache's layers on this node.
+	SizeBytes int64 `json:"sizeBytes"`
+
+	// LastUsed is when a volume of the cache was last mounted or committed
+	// on this node.
+	// +optional
+	LastUsed *metav1.Time `json:"lastUsed,omitempty"`
+
+	// LastWriter is the PVC (NAMESPACE/NAME) whose commit produced the
+	// current generation on this node.
+	// +optional
+	LastWriter string `json:"lastWriter,omitempty"`
+}
+
+// Cache is a named build cache. PVCs of the layercache StorageClass name it
+// with the layercache.dev/cache annotation; node agents create it on first
+// use and report its per-node state. Deleting it clears it on every node.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,categories=layercache
+// +kubebuilder:printcolumn:name="Generation",type=integer,JSONPath=`.status.generation`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.size`
+// +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodeCount`
+// +kubebuilder:printcolumn:name="Last Used",type=date,JSONPath=`.status.lastUsed`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Cache struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec CacheSpec `json:"spec,omitempty"`
+	// +optional
+	Status CacheStatus `json:"status,omitempty"`
+}
+
+// CacheList is a list of Caches.
+//
+// +kubebuilder:object:root=true
+type CacheList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Cache `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Cache{}, &CacheList{})
+}

@@ -1,0 +1,460 @@
+// Package config holds the deploy package (kpt package and kustomizations);
+// this test checks that it renders and keeps the promises other parts rely
+// on: the e2e overlay's host networking, the node agent's host root
+// propagation, least-privilege RBAC, setters that agree with the values, and
+// kpt and kustomize applying the same objects.
+package config
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+const (
+	namespace = "layercache-system"
+	hostRoot  = "/var/lib/layercache"
+	e2eImage  = "localhost/layercache:dev"
+)
+
+// rendered is the output of one kustomization, decoded into typed objects.
+type rendered struct {
+	objs []runtime.Object
+}
+
+func render(t *testing.T, dir string) rendered {
+	t.Helper()
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	m, err := k.Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	out, err := m.AsYaml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rendered{objs: decodeAll(t, out)}
+}
+
+func decodeAll(t *testing.T, data []byte) []runtime.Object {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decoder := serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()
+	var objs []runtime.Object
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := decoder.Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("decoding %s: %v", doc, err)
+		}
+		objs = append(objs, obj)
+	}
+}
+
+func find[T runtime.Object](t *testing.T, r rendered, name string) T {
+	t.Helper()
+	for _, o := range r.objs {
+		if typed, ok := o.(T); ok && objName(o) == name {
+			return typed
+		}
+	}
+	var zero T
+	t.Fatalf("no %T %s in the rendered package", zero, name)
+	return zero
+}
+
+func objName(o runtime.Object) string {
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+	if err != nil {
+		return ""
+	}
+	return (&unstructured.Unstructured{Object: u}).GetName()
+}
+
+func TestDefault(t *testing.T) {
+	r := render(t, "default")
+
+	ns := find[*corev1.Namespace](t, r, namespace)
+	if ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Errorf("namespace %s: the node agent is privileged, so the namespace must allow it: labels %v", namespace, ns.Labels)
+	}
+
+	sc := find[*storagev1.StorageClass](t, r, v1alpha1.StorageClassName)
+	if sc.Provisioner != v1alpha1.ProvisionerName || sc.VolumeBindingMode == nil || *sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer ||
+		sc.ReclaimPolicy == nil || *sc.ReclaimPolicy != corev1.PersistentVolumeReclaimDelete {
+		t.Errorf("StorageClass = %+v, want provisioner %s, WaitForFirstConsumer, Delete", sc, v1alpha1.ProvisionerName)
+	}
+
+	crd := find[*apiextensionsv1.CustomResourceDefinition](t, r, "caches.layercache.dev")
+	if crd.Spec.Scope != apiextensionsv1.NamespaceScoped || crd.Spec.Names.Kind != "Cache" {
+		t.Errorf("CRD scope %s kind %s, want Namespaced Cache", crd.Spec.Scope, crd.Spec.Names.Kind)
+	}
+	var columns []string
+	for _, c := range crd.Spec.Versions[0].AdditionalPrinterColumns {
+		columns = append(columns, c.Name)
+	}
+	if want := []string{"Generation", "Size", "Nodes", "Last Used", "Age"}; !slices.Equal(columns, want) {
+		t.Errorf("printer columns = %q, want %q", columns, want)
+	}
+
+	ds := find[*appsv1.DaemonSet](t, r, "layercache-node")
+	spec := ds.Spec.Template.Spec
+	c := spec.Containers[0]
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Errorf("node agent is not privileged; it mounts overlay filesystems")
+	}
+	if !slices.Contains(c.Args, "--root="+hostRoot) || c.Args[0] != "node" {
+		t.Errorf("node agent args = %q, want node --root=%s", c.Args, hostRoot)
+	}
+	for _, want := range []string{"--node-name=$(NODE_NAME)", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081"} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("node agent args = %q, want %s", c.Args, want)
+		}
+	}
+	if len(c.Env) == 0 || c.Env[0].Name != "NODE_NAME" || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("node agent env = %+v, want NODE_NAME from spec.nodeName", c.Env)
+	}
+	if len(c.VolumeMounts) != 1 || len(spec.Volumes) != 1 {
+		t.Fatalf("node agent mounts %+v volumes %+v, want the host root only", c.VolumeMounts, spec.Volumes)
+	}
+	m, v := c.VolumeMounts[0], spec.Volumes[0]
+	// PVs carry host paths, so the agent must see the root where the host does.
+	if m.MountPath != hostRoot || v.HostPath == nil || v.HostPath.Path != hostRoot {
+		t.Errorf("host root mounted at %s from %+v, want %s at the same path", m.MountPath, v.HostPath, hostRoot)
+	}
+	if m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
+		t.Errorf("host root propagation = %v, want Bidirectional so mounts reach the kubelet", m.MountPropagation)
+	}
+	checkProbes(t, "node agent", c, 8081)
+
+	dep := find[*appsv1.Deployment](t, r, "layercache-manager")
+	mc := dep.Spec.Template.Spec.Containers[0]
+	if mc.Args[0] != "manager" {
+		t.Errorf("manager args = %q, want manager first", mc.Args)
+	}
+	for _, want := range []string{"--metrics-bind-address=:8082", "--health-probe-bind-address=:8083"} {
+		if !slices.Contains(mc.Args, want) {
+			t.Errorf("manager args = %q, want %s (the node agent uses 8080 and 8081 on the same host)", mc.Args, want)
+		}
+	}
+	psc, sc2 := dep.Spec.Template.Spec.SecurityContext, mc.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
+		t.Errorf("manager pod security context = %+v, want non-root with a numeric user", psc)
+	}
+	if sc2 == nil || sc2.ReadOnlyRootFilesystem == nil || !*sc2.ReadOnlyRootFilesystem || sc2.AllowPrivilegeEscalation == nil || *sc2.AllowPrivilegeEscalation {
+		t.Errorf("manager container security context = %+v, want a read-only root and no privilege escalation", sc2)
+	}
+	checkProbes(t, "manager", mc, 8083)
+
+	for _, sa := range []struct{ pod corev1.PodSpec }{{spec}, {dep.Spec.Template.Spec}} {
+		find[*corev1.ServiceAccount](t, r, sa.pod.ServiceAccountName)
+	}
+}
+
+func checkProbes(t *testing.T, who string, c corev1.Container, port int32) {
+	t.Helper()
+	var health int32
+	for _, p := range c.Ports {
+		if p.Name == "health" {
+			health = p.ContainerPort
+		}
+	}
+	if health != port {
+		t.Errorf("%s health port = %d, want %d", who, health, port)
+	}
+	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.String() != "health" {
+			t.Errorf("%s probe = %+v, want an HTTP probe on the health port", who, p)
+		}
+	}
+}
+
+// The local e2e cluster's API server is at 127.0.0.1:6443 and there is no
+// registry (team conventions).
+func TestE2EOverlay(t *testing.T) {
+	r := render(t, "e2e")
+	dep := find[*appsv1.Deployment](t, r, "layercache-manager")
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 1 {
+		t.Errorf("manager replicas = %v, want 1", dep.Spec.Replicas)
+	}
+	ds := find[*appsv1.DaemonSet](t, r, "layercache-node")
+	for name, spec := range map[string]corev1.PodSpec{"manager": dep.Spec.Template.Spec, "node agent": ds.Spec.Template.Spec} {
+		if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+			t.Errorf("%s: hostNetwork %v dnsPolicy %s, want true and ClusterFirstWithHostNet", name, spec.HostNetwork, spec.DNSPolicy)
+		}
+		c := spec.Containers[0]
+		if c.Image != e2eImage || c.ImagePullPolicy != corev1.PullNever {
+			t.Errorf("%s: image %s pull %s, want %s and Never", name, c.Image, c.ImagePullPolicy, e2eImage)
+		}
+		env := map[string]string{}
+		for _, e := range c.Env {
+			env[e.Name] = e.Value
+		}
+		if env["KUBERNETES_SERVICE_HOST"] != "127.0.0.1" || env["KUBERNETES_SERVICE_PORT"] != "6443" {
+			t.Errorf("%s: env %v, want KUBERNETES_SERVICE_HOST=127.0.0.1 and KUBERNETES_SERVICE_PORT=6443", name, env)
+		}
+	}
+	hasNodeName := slices.ContainsFunc(ds.Spec.Template.Spec.Containers[0].Env, func(e corev1.EnvVar) bool {
+		return e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil
+	})
+	if !hasNodeName {
+		t.Errorf("the e2e overlay dropped NODE_NAME")
+	}
+}
+
+// permission is one thing a component must be allowed to do.
+type permission struct{ group, resource, verb string }
+
+func TestRBAC(t *testing.T) {
+	r := render(t, "default")
+	tests := []struct {
+		role, account string
+		must          []permission
+		mustNot       []permission
+	}{{
+		role: "layercache-node", account: "layercache-node",
+		must: []permission{
+			{"", "persistentvolumeclaims", "watch"}, {"", "persistentvolumeclaims", "update"},
+			{"", "persistentvolumes", "create"}, {"", "persistentvolumes", "delete"}, {"", "persistentvolumes", "patch"},
+			{"storage.k8s.io", "storageclasses", "watch"}, {"", "nodes", "get"},
+			{"layercache.dev", "caches", "create"}, {"layercache.dev", "caches", "watch"}, {"layercache.dev", "caches/status", "patch"},
+			{"", "events", "create"},
+		},
+		mustNot: []permission{{"", "pods", "list"}, {"", "persistentvolumeclaims", "delete"}, {"layercache.dev", "caches", "delete"}, {"", "secrets", "get"}},
+	}, {
+		role: "layercache-manager", account: "layercache-manager",
+		must: []permission{
+			{"", "pods", "watch"}, {"", "persistentvolumeclaims", "delete"}, {"", "persistentvolumeclaims", "patch"},
+			{"", "persistentvolumes", "patch"}, {"storage.k8s.io", "storageclasses", "watch"}, {"", "nodes", "watch"},
+			{"layercache.dev", "caches", "patch"}, {"layercache.dev", "caches/status", "patch"},
+			{"", "events", "create"}, {"events.k8s.io", "events", "create"},
+		},
+		mustNot: []permission{{"", "persistentvolumes", "create"}, {"", "persistentvolumes", "delete"}, {"", "pods", "delete"}, {"coordination.k8s.io", "leases", "create"}, {"", "secrets", "get"}},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.role, func(t *testing.T) {
+			role := find[*rbacv1.ClusterRole](t, r, tc.role)
+			for _, rule := range role.Rules {
+				for _, s := range slices.Concat(rule.Verbs, rule.Resources, rule.APIGroups) {
+					if s == "*" {
+						t.Errorf("rule %+v uses a wildcard", rule)
+					}
+				}
+			}
+			for _, p := range tc.must {
+				if !allows(role.Rules, p) {
+					t.Errorf("%s cannot %s %s in group %q", tc.role, p.verb, p.resource, p.group)
+				}
+			}
+			for _, p := range tc.mustNot {
+				if allows(role.Rules, p) {
+					t.Errorf("%s can %s %s in group %q, which it does not need", tc.role, p.verb, p.resource, p.group)
+				}
+			}
+			binding := find[*rbacv1.ClusterRoleBinding](t, r, tc.role)
+			if binding.RoleRef.Name != tc.role || len(binding.Subjects) != 1 ||
+				binding.Subjects[0].Name != tc.account || binding.Subjects[0].Namespace != namespace {
+				t.Errorf("binding %+v, want %s bound to %s/%s", binding, tc.role, namespace, tc.account)
+			}
+		})
+	}
+
+	// Leader election stays in the manager's namespace.
+	role := find[*rbacv1.Role](t, r, "layercache-manager-leader-election")
+	if role.Namespace != namespace || !allows(role.Rules, permission{"coordination.k8s.io", "leases", "update"}) {
+		t.Errorf("leader election role = %+v, want leases in %s", role, namespace)
+	}
+	binding := find[*rbacv1.RoleBinding](t, r, "layercache-manager-leader-election")
+	if binding.Namespace != namespace || binding.Subjects[0].Name != "layercache-manager" {
+		t.Errorf("leader election binding = %+v", binding)
+	}
+}
+
+func allows(rules []rbacv1.PolicyRule, p permission) bool {
+	for _, r := range rules {
+		if slices.Contains(r.APIGroups, p.group) && slices.Contains(r.Resources, p.resource) && slices.Contains(r.Verbs, p.verb) {
+			return true
+		}
+	}
+	return false
+}
+
+// packageFiles returns the YAML files of the kpt package with their parsed
+// documents.
+func packageFiles(t *testing.T) map[string][]map[string]any {
+	t.Helper()
+	files := map[string][]map[string]any{}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || (filepath.Ext(path) != ".yaml" && d.Name() != "Kptfile") {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for doc := range strings.SplitSeq(string(data), "\n---\n") {
+			var m map[string]any
+			if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			if m != nil {
+				files[path] = append(files[path], m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+func isLocalConfig(m map[string]any) bool {
+	meta, _ := m["metadata"].(map[string]any)
+	ann, _ := meta["annotations"].(map[string]any)
+	v, ok := ann["config.kubernetes.io/local-config"]
+	return ok && v != "false"
+}
+
+// `kpt live apply config` reads every YAML file of the package except local
+// config; `kubectl apply -k config/default` reads the kustomization. Both
+// must apply the same objects.
+func TestKptAndKustomizeApplyTheSame(t *testing.T) {
+	var fromKpt []string
+	for path, docs := range packageFiles(t) {
+		for _, m := range docs {
+			// kpt keeps its inventory (ResourceGroup) apart from what it applies.
+			if isLocalConfig(m) || m["kind"] == "ResourceGroup" {
+				continue
+			}
+			meta, _ := m["metadata"].(map[string]any)
+			fromKpt = append(fromKpt, fmt.Sprintf("%s %v/%v", m["kind"], meta["namespace"], meta["name"]))
+			if m["kind"] == "Kustomization" || m["kind"] == "Kptfile" {
+				t.Errorf("%s: %s is not marked local config, so kpt would apply it", path, m["kind"])
+			}
+		}
+	}
+	var fromKustomize []string
+	for _, o := range render(t, "default").objs {
+		u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj := &unstructured.Unstructured{Object: u}
+		ns := any(obj.GetNamespace())
+		if obj.GetNamespace() == "" {
+			ns = nil
+		}
+		fromKustomize = append(fromKustomize, fmt.Sprintf("%s %v/%v", kindOf(o), ns, obj.GetName()))
+	}
+	slices.Sort(fromKpt)
+	slices.Sort(fromKustomize)
+	if !slices.Equal(fromKpt, fromKustomize) {
+		t.Errorf("kpt applies\n  %s\nkustomize applies\n  %s", strings.Join(fromKpt, "\n  "), strings.Join(fromKustomize, "\n  "))
+	}
+}
+
+func kindOf(o runtime.Object) string {
+	t := fmt.Sprintf("%T", o)
+	return t[strings.LastIndex(t, ".")+1:]
+}
+
+// kptSet matches a field that a setter sets: `value # kpt-set: template`.
+var kptSet = regexp.MustCompile(`^\s*(?:-\s+)?(?:[\w.-]+:\s+)?(\S+)\s+# kpt-set: (\S+)$`)
+
+// The values in the package must be what apply-setters would write from
+// setters.yaml, so the package as committed is already rendered.
+func TestSettersAgreeWithValues(t *testing.T) {
+	setters := packageFiles(t)["setters.yaml"]
+	if len(setters) != 1 {
+		t.Fatalf("setters.yaml has %d documents, want 1", len(setters))
+	}
+	data, _ := setters[0]["data"].(map[string]any)
+	want := map[string]string{"image": e2eImage, "namespace": namespace, "host-root": hostRoot}
+	for k, v := range want {
+		if data[k] != v {
+			t.Errorf("setter %s = %v, want %s", k, data[k], v)
+		}
+	}
+	used := map[string]bool{}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || (filepath.Ext(path) != ".yaml" && d.Name() != "Kptfile") {
+			return err
+		}
+		f, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(f), "\n") {
+			if !strings.Contains(line, "# kpt-set:") || strings.HasPrefix(strings.TrimSpace(line), "#") {
+				continue
+			}
+			m := kptSet.FindStringSubmatch(line)
+			if m == nil {
+				t.Errorf("%s:%d: cannot parse setter line %q", path, i+1, line)
+				continue
+			}
+			value := regexp.MustCompile(`\$\{([\w-]+)\}`).ReplaceAllStringFunc(m[2], func(ref string) string {
+				name := ref[2 : len(ref)-1]
+				used[name] = true
+				v, ok := data[name].(string)
+				if !ok {
+					t.Errorf("%s:%d: setter %s is not in setters.yaml", path, i+1, name)
+				}
+				return v
+			})
+			if m[1] != value {
+				t.Errorf("%s:%d: value %s, but setter gives %s", path, i+1, m[1], value)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range data {
+		if !used[name] {
+			t.Errorf("setter %s is used by no field", name)
+		}
+	}
+}
