@@ -1,0 +1,243 @@
+package provisioner
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+)
+
+// StorageClass parameters.
+const (
+	paramUID  = "uid"
+	paramGID  = "gid"
+	paramMode = "mode"
+)
+
+// Event reasons; they double as the reason label of the failures metric
+// (lower-cased), so keep the set small and fixed.
+const (
+	reasonInvalidAnnotation   = "InvalidAnnotation"
+	reasonInvalidStorageClass = "InvalidStorageClass"
+	reasonCacheAccessDenied   = "CacheAccessDenied"
+	reasonCacheDeleting       = "CacheDeleting"
+	reasonModeForcedRead      = "ModeForcedRead"
+	reasonMountFailed         = "MountFailed"
+	reasonCommitted           = "Committed"
+	reasonCommitDropped       = "CommitDropped"
+	reasonDiscarded           = "Discarded"
+	reasonCommitFailed        = "CommitFailed"
+	reasonDiscardFailed       = "DiscardFailed"
+	reasonInvalidVolume       = "InvalidVolumeAnnotations"
+	reasonRemountFailed       = "RemountFailed"
+	reasonRetention           = "RetentionExceeded"
+)
+
+// claimError is a claim that cannot be provisioned as it stands. Reason is
+// the Event reason; the message names the input, its value and the fix.
+type claimError struct {
+	Reason  string
+	Message string
+}
+
+func (e *claimError) Error() string { return e.Message }
+
+func annotationError(key, value, fix string) error {
+	return &claimError{Reason: reasonInvalidAnnotation,
+		Message: fmt.Sprintf("annotation %s has value %q: %s", key, value, fix)}
+}
+
+func classError(class, format string, args ...any) error {
+	return &claimError{Reason: reasonInvalidStorageClass,
+		Message: fmt.Sprintf("StorageClass %q: ", class) + fmt.Sprintf(format, args...)}
+}
+
+// volumeRequest is what a claim and its class ask for, validated.
+type volumeRequest struct {
+	Cache  layerfs.CacheRef
+	Mode   string // v1alpha1.ModeWrite or ModeRead
+	Commit string // v1alpha1.Commit*
+	// ForcedRead is set when the class turned an explicit write into a read.
+	ForcedRead bool
+	UID, GID   int
+	Perm       os.FileMode
+	Writer     string
+}
+
+func (r volumeRequest) mountOptions() layerfs.MountOptions {
+	return layerfs.MountOptions{
+		Cache: r.Cache, ReadOnly: r.Mode == v1alpha1.ModeRead,
+		UID: r.UID, GID: r.GID, Mode: r.Perm, Writer: r.Writer,
+	}
+}
+
+// classParams are a StorageClass's parameters, validated.
+type classParams struct {
+	UID, GID  int
+	Perm      os.FileMode
+	ForceRead bool
+}
+
+// parseClass validates the class: late binding, no mount options, and known
+// parameters with valid values.
+func parseClass(class *storagev1.StorageClass) (classParams, error) {
+	var p classParams
+	if class.VolumeBindingMode == nil || *class.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
+		mode := storagev1.VolumeBindingImmediate
+		if class.VolumeBindingMode != nil {
+			mode = *class.VolumeBindingMode
+		}
+		return p, classError(class.Name, "volumeBindingMode is %s, but a layercache volume lives on the node that runs its pod; recreate the class with volumeBindingMode: WaitForFirstConsumer", mode)
+	}
+	if len(class.MountOptions) > 0 {
+		return p, classError(class.Name, "mountOptions %q are set, but layercache volumes are hostPath volumes, which take no mount options; remove mountOptions from the class", class.MountOptions)
+	}
+	var unknown []string
+	for k := range class.Parameters {
+		if k != paramUID && k != paramGID && k != paramMode {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return p, classError(class.Name, "unknown parameters %q; the valid parameters are uid, gid and mode", unknown)
+	}
+	var err error
+	if p.UID, err = parseID(class.Name, paramUID, class.Parameters[paramUID]); err != nil {
+		return p, err
+	}
+	if p.GID, err = parseID(class.Name, paramGID, class.Parameters[paramGID]); err != nil {
+		return p, err
+	}
+	switch v := class.Parameters[paramMode]; v {
+	case "":
+	case v1alpha1.ModeRead:
+		p.ForceRead = true
+	default:
+		perm, err := strconv.ParseUint(v, 8, 32)
+		if err != nil || perm > 0o7777 {
+			return p, classError(class.Name, "parameter mode has value %q: use an octal permission of the volume root such as \"0775\", or \"read\" to make every volume of the class a read-only view", v)
+		}
+		// Mode 0 would read as "default" to the store; a volume root nobody
+		// may enter is never what a class means, so refuse it.
+		if perm&0o777 == 0 {
+			return p, classError(class.Name, "parameter mode has value %q, which lets nobody use the volume; use a permission such as \"0775\"", v)
+		}
+		if perm&0o7000 != 0 {
+			return p, classError(class.Name, "parameter mode has value %q: setuid, setgid and sticky bits are not supported on the volume root; use a permission such as \"0775\"", v)
+		}
+		p.Perm = os.FileMode(perm)
+	}
+	return p, nil
+}
+
+func parseID(class, key, value string) (int, error) {
+	if value == "" {
+		return 0, nil
+	}
+	id, err := strconv.ParseUint(value, 10, 31)
+	if err != nil {
+		return 0, classError(class, "parameter %s has value %q: use a numeric id >= 0, for example %s: \"1000\"", key, value, key)
+	}
+	return int(id), nil
+}
+
+// parseClaim validates a claim's annotations against its class and returns
+// what to mount. It does not check access to another namespace's cache.
+func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams) (volumeRequest, error) {
+	req := volumeRequest{UID: class.UID, GID: class.GID, Perm: class.Perm, Writer: writerOf(claim)}
+	ann := claim.Annotations
+
+	raw, ok := ann[v1alpha1.AnnotationCache]
+	if !ok {
+		return req, &claimError{Reason: reasonInvalidAnnotation,
+			Message: fmt.Sprintf("annotation %s is missing: set it to the name of the cache to use, for example %s: maven", v1alpha1.AnnotationCache, v1alpha1.AnnotationCache)}
+	}
+	ref, err := parseCacheAnnotation(claim.Namespace, raw)
+	if err != nil {
+		return req, err
+	}
+	req.Cache = ref
+	own := ref.Namespace == claim.Namespace
+
+	switch m := ann[v1alpha1.AnnotationMode]; m {
+	case "":
+		req.Mode = v1alpha1.ModeWrite
+		if !own {
+			req.Mode = v1alpha1.ModeRead
+		}
+	case v1alpha1.ModeRead:
+		req.Mode = m
+	case v1alpha1.ModeWrite:
+		if !own {
+			return req, &claimError{Reason: reasonInvalidAnnotation,
+				Message: fmt.Sprintf("annotation %s is %q, but cache %s belongs to namespace %q and a claim may only read another namespace's cache; set %s: %s, or use a cache of namespace %q",
+					v1alpha1.AnnotationMode, m, ref, ref.Namespace, v1alpha1.AnnotationMode, v1alpha1.ModeRead, claim.Namespace)}
+		}
+		req.Mode = m
+	default:
+		return req, annotationError(v1alpha1.AnnotationMode, m,
+			fmt.Sprintf("use %q or %q, or remove the annotation (the default is write in the cache's own namespace and read for another namespace's cache)", v1alpha1.ModeWrite, v1alpha1.ModeRead))
+	}
+	if class.ForceRead && req.Mode == v1alpha1.ModeWrite {
+		req.Mode = v1alpha1.ModeRead
+		req.ForcedRead = ann[v1alpha1.AnnotationMode] == v1alpha1.ModeWrite
+	}
+
+	switch c := ann[v1alpha1.AnnotationCommit]; c {
+	case "":
+		req.Commit = v1alpha1.CommitOnSuccess
+	case v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever:
+		req.Commit = c
+	default:
+		return req, annotationError(v1alpha1.AnnotationCommit, c,
+			fmt.Sprintf("use %q, %q or %q, or remove the annotation (the default is %s)", v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnSuccess))
+	}
+	return req, nil
+}
+
+// parseCacheAnnotation reads NAME (a cache of the claim's namespace) or
+// NAMESPACE/NAME.
+func parseCacheAnnotation(claimNamespace, value string) (layerfs.CacheRef, error) {
+	fix := "use NAME for a cache of the claim's namespace or NAMESPACE/NAME for another namespace's cache, where both are DNS-1123 labels (lower-case letters, digits and '-', at most 63 characters)"
+	ref := layerfs.CacheRef{Namespace: claimNamespace, Name: value}
+	if ns, name, ok := strings.Cut(value, "/"); ok {
+		if strings.Contains(name, "/") {
+			return ref, annotationError(v1alpha1.AnnotationCache, value, "it has more than one '/'; "+fix)
+		}
+		ref = layerfs.CacheRef{Namespace: ns, Name: name}
+	}
+	if err := ref.Validate(); err != nil {
+		var invalid *layerfs.InvalidNameError
+		if errors.As(err, &invalid) {
+			return ref, annotationError(v1alpha1.AnnotationCache, value, fmt.Sprintf("the %s name %q is not valid (%s); %s", invalid.Kind, invalid.Value, invalid.Reason, fix))
+		}
+		return ref, annotationError(v1alpha1.AnnotationCache, value, fix)
+	}
+	return ref, nil
+}
+
+// writerOf names who will write through the volume: the pod that owns a
+// generic ephemeral volume's claim, else the claim itself.
+func writerOf(claim *corev1.PersistentVolumeClaim) string {
+	for _, o := range claim.OwnerReferences {
+		if o.Kind == "Pod" && o.APIVersion == "v1" {
+			return claim.Namespace + "/" + o.Name
+		}
+	}
+	return claim.Namespace + "/" + claim.Name
+}
+
+// readerGranted tells whether a Cache lets namespace read it.
+func readerGranted(cache *v1alpha1.Cache, namespace string) bool {
+	return slices.Contains(cache.Spec.Readers, namespace)
+}
