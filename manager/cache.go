@@ -177,22 +177,7 @@ func derivedStatus(in v1alpha1.CacheStatus, gone map[string]bool) v1alpha1.Cache
 	}
 	out.NodeCount = int32(len(out.Nodes))
 	if len(out.Nodes) > 0 {
-		out.Size = humanBytes(total)
+		out.Size = v1alpha1.FormatSize(total)
 	}
 	return out
-}
-
-// humanBytes formats a byte count for the printer column: "0B", "512B",
-// "1.5GiB".
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 5; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

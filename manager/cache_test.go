@@ -203,21 +203,3 @@ func TestCachesOnNode(t *testing.T) {
 		t.Errorf("cachesOnNode(node-b) = %v, want [%s/npm]", got, ns)
 	}
 }
-
-func TestHumanBytes(t *testing.T) {
-	for _, tc := range []struct {
-		in   int64
-		want string
-	}{
-		{0, "0B"},
-		{1023, "1023B"},
-		{1024, "1.0KiB"},
-		{1536 * 1024 * 1024, "1.5GiB"},
-		{5 << 40, "5.0TiB"},
-		{1<<63 - 1, "8.0EiB"},
-	} {
-		if got := humanBytes(tc.in); got != tc.want {
-			t.Errorf("humanBytes(%d) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"flag"
+	"context"
 
-	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	"k8s.io/klog/v2"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/layercache/layercache/provisioner"
@@ -14,7 +11,7 @@ import (
 
 func newNodeCommand() *cobra.Command {
 	opts := provisioner.DefaultOptions()
-	var zapOpts zap.Options
+	var logOpts zap.Options
 	cmd := &cobra.Command{
 		Use:   "node",
 		Short: "Run the per-node provisioner (a DaemonSet)",
@@ -27,16 +24,12 @@ node in its Cache resource.`,
 			if err := opts.Validate(); err != nil {
 				return err
 			}
-			logger := zap.New(zap.UseFlagOptions(&zapOpts))
-			ctrllog.SetLogger(logger)
-			// The provisioner library logs through klog.
-			klog.SetLogger(logger)
-			return provisioner.Run(logr.NewContext(cmd.Context(), logger), opts)
+			return runLogged(cmd.Context(), &logOpts, func(ctx context.Context) error {
+				return provisioner.Run(ctx, opts)
+			})
 		},
 	}
 	opts.AddFlags(cmd.Flags())
-	logFlags := flag.NewFlagSet("log", flag.ContinueOnError)
-	zapOpts.BindFlags(logFlags)
-	cmd.Flags().AddGoFlagSet(logFlags)
+	addLogFlags(cmd, &logOpts)
 	return cmd
 }

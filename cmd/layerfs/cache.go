@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 )
 
@@ -104,7 +105,7 @@ func writeCaches(w io.Writer, format string, caches []layerfs.CacheInfo, now tim
 	fmt.Fprintln(t, "CACHE\tGENERATION\tLAYERS\tSIZE\tLAST USED\tVOLUMES")
 	for _, c := range caches {
 		fmt.Fprintf(t, "%s\t%d\t%d\t%s\t%s\t%d\n",
-			c.Cache, c.Generation, len(c.Layers), formatBytes(c.Bytes), formatAge(c.LastUsed, now), len(c.Volumes))
+			c.Cache, c.Generation, len(c.Layers), v1alpha1.FormatSize(c.Bytes), formatAge(c.LastUsed, now), len(c.Volumes))
 	}
 	return t.Flush()
 }
@@ -220,7 +221,7 @@ func writeCacheInfo(w io.Writer, format string, info layerfs.CacheInfo, now time
 	fmt.Fprintf(t, "Cache:\t%s\n", info.Cache)
 	fmt.Fprintf(t, "Generation:\t%d\n", info.Generation)
 	fmt.Fprintf(t, "Layers:\t%d\n", len(info.Layers))
-	fmt.Fprintf(t, "Size:\t%s (%d bytes)\n", formatBytes(info.Bytes), info.Bytes)
+	fmt.Fprintf(t, "Size:\t%s (%d bytes)\n", v1alpha1.FormatSize(info.Bytes), info.Bytes)
 	fmt.Fprintf(t, "Last used:\t%s\n", formatTime(info.LastUsed, now))
 	fmt.Fprintf(t, "Last writer:\t%s\n", cmp.Or(info.LastWriter, "-"))
 	fmt.Fprintf(t, "Volumes:\t%s\n", cmp.Or(strings.Join(info.Volumes, ", "), "-"))
@@ -234,7 +235,7 @@ func writeCacheInfo(w io.Writer, format string, info layerfs.CacheInfo, now time
 	t = newTable(w)
 	fmt.Fprintln(t, "LAYER\tSIZE\tFILES\tCREATED")
 	for _, l := range info.Layers {
-		fmt.Fprintf(t, "%s\t%s\t%d\t%s\n", l.ID, formatBytes(l.Bytes), l.Files, formatAge(l.Created, now))
+		fmt.Fprintf(t, "%s\t%s\t%d\t%s\n", l.ID, v1alpha1.FormatSize(l.Bytes), l.Files, formatAge(l.Created, now))
 	}
 	return t.Flush()
 }

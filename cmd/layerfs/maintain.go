@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 )
 
@@ -134,7 +135,7 @@ func writeGCResult(w io.Writer, res layerfs.GCResult) error {
 	if res.RemovedLayers > 0 {
 		removed = append(removed, count(res.RemovedLayers, "layer"))
 	}
-	_, err := fmt.Fprintf(w, "gc: removed %s, freed %s\n", cmp.Or(strings.Join(removed, " and "), "nothing"), formatBytes(res.FreedBytes))
+	_, err := fmt.Fprintf(w, "gc: removed %s, freed %s\n", cmp.Or(strings.Join(removed, " and "), "nothing"), v1alpha1.FormatSize(res.FreedBytes))
 	return err
 }
 

@@ -47,21 +47,6 @@ func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
 }
 
-// formatBytes prints a size in binary units, the same units --max-bytes
-// accepts (Ki, Mi, Gi).
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 5; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
 // formatAge prints how long ago t was, the way kubectl prints ages.
 func formatAge(t, now time.Time) string {
 	if t.IsZero() {

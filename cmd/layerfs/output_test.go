@@ -330,27 +330,6 @@ func TestSummaries(t *testing.T) {
 	}
 }
 
-func TestFormatBytes(t *testing.T) {
-	tests := []struct {
-		in   int64
-		want string
-	}{
-		{0, "0B"},
-		{1023, "1023B"},
-		{1024, "1.0KiB"},
-		{1536, "1.5KiB"},
-		{10 << 20, "10.0MiB"},
-		{50 << 30, "50.0GiB"},
-		{3 << 40, "3.0TiB"},
-		{1 << 62, "4.0EiB"},
-	}
-	for _, tt := range tests {
-		if got := formatBytes(tt.in); got != tt.want {
-			t.Errorf("formatBytes(%d) = %q, want %q", tt.in, got, tt.want)
-		}
-	}
-}
-
 func TestFormatAge(t *testing.T) {
 	tests := []struct {
 		t    time.Time
