@@ -25,6 +25,7 @@ lint: ## gofmt and go vet
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./e2e/...
+	$(GO) vet -tags e2e,benchpeer ./e2e/bench/
 
 .PHONY: test
 test: test-unit e2e ## everything: unit and root tests, then e2e on a local cluster
@@ -96,3 +97,9 @@ undeploy: $(BIN)/kpt ## delete every Cache (node agents clear them from the node
 		set -x; $(KUBECTL) delete caches.layercache.dev --all --all-namespaces --wait --timeout=$(DEPLOY_TIMEOUT); \
 	fi
 	$(BIN)/kpt live destroy config
+
+##@ Benchmarks against peers
+
+.PHONY: bench-e2e
+bench-e2e: up ## layercache vs rancher/local-path-provisioner on the local cluster: medians and ratios in _output/bench (BENCH_RUNS=5)
+	e2e/bench/run.sh

@@ -242,6 +242,24 @@ func TestE2EOverlay(t *testing.T) {
 	}
 }
 
+// With several nodes on one host network the node agents must not bind
+// fixed host ports; everything else is the e2e overlay.
+func TestE2EMultinodeOverlay(t *testing.T) {
+	r := render(t, "e2e-multinode")
+	c := find[*appsv1.DaemonSet](t, r, "layercache-node").Spec.Template.Spec.Containers[0]
+	for _, want := range []string{"--metrics-bind-address=0", "--health-probe-bind-address=0"} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("node agent args %v lack %s", c.Args, want)
+		}
+	}
+	if len(c.Ports) > 0 || c.LivenessProbe != nil || c.ReadinessProbe != nil {
+		t.Errorf("node agent still has ports %v or probes", c.Ports)
+	}
+	if c.Image != e2eImage {
+		t.Errorf("image %s, want the e2e overlay's %s", c.Image, e2eImage)
+	}
+}
+
 // permission is one thing a component must be allowed to do.
 type permission struct{ group, resource, verb string }
 

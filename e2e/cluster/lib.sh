@@ -1,0 +1,148 @@
+# Shared by the e2e cluster scripts (sourced, not run).
+#
+# Layout (everything the cluster writes is under $CLUSTER_DIR, removed by
+# down.sh; build outputs under $BIN_DIR and $IMAGES_DIR are kept as caches):
+#   _output/bin/             kube-apiserver, kube-controller-manager,
+#                            kube-scheduler, kubelet, kubectl (pinned build)
+#   _output/images/          image archives and the binaries in them
+#   _output/cluster/         kubeconfig, cluster.json, pki/, etcd/, logs/,
+#                            pids/, state/ (what up.sh changed on the host),
+#                            node<N>/ (containerd, kubelet, CNI, layercache)
+
+REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CLUSTER_LIB=$REPO_DIR/e2e/cluster
+OUT_DIR=$REPO_DIR/_output
+BIN_DIR=$OUT_DIR/bin
+IMAGES_DIR=$OUT_DIR/images
+CLUSTER_DIR=$OUT_DIR/cluster
+LOG_DIR=$CLUSTER_DIR/logs
+PID_DIR=$CLUSTER_DIR/pids
+STATE_DIR=$CLUSTER_DIR/state
+PKI_DIR=$CLUSTER_DIR/pki
+KUBECONFIG_FILE=$CLUSTER_DIR/kubeconfig
+# The pinned build; the kind backend, which does not build Kubernetes, falls
+# back to the kubectl on PATH.
+KUBECTL=$BIN_DIR/kubectl
+if [[ ! -x $KUBECTL ]] && command -v kubectl >/dev/null; then KUBECTL=$(command -v kubectl); fi
+
+# Every process the local cluster starts lives in this cgroup (in each v1
+# hierarchy), and so do the containers: runc places them below the cgroup
+# of containerd's shim. down.sh kills and removes the whole subtree.
+CGROUP_NAME=layercache-e2e
+
+# The node's store root, as the project's pods see it (design.md).
+LAYERCACHE_ROOT=/var/lib/layercache
+
+APISERVER_PORT=6443
+ETCD_CLIENT_PORT=12379
+ETCD_PEER_PORT=12380
+# Marks the lines up.sh adds to /etc/hosts.
+HOSTS_MARK="# layercache-e2e"
+
+IMAGE_LAYERCACHE=localhost/layercache:dev
+IMAGE_BUSYBOX=localhost/busybox:e2e
+IMAGE_PAUSE=localhost/pause:e2e
+
+image_archives() { echo "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/busybox.tar" "$IMAGES_DIR/layercache.tar"; }
+
+log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+require_root() {
+	[[ $(id -u) == 0 ]] || die "the local cluster needs root (it runs a kubelet and containerd); run: sudo $0 $*"
+}
+
+node_name() { echo "layercache-node$1"; }
+node_dir() { echo "$CLUSTER_DIR/node$1"; }
+kubelet_port() { echo $((10240 + 10 * $1)); }     # 10250, 10260, ...
+kubelet_healthz_port() { echo $((10238 + 10 * $1)); } # 10248, 10258, ...
+bridge_name() { echo "lce2e-br$1"; }
+pod_cidr() { echo "10.244.$1.0/24"; }
+containerd_sock() { echo "$(node_dir "$1")/containerd.sock"; }
+# Node N keeps its store in node_store N. The host sees it at node_host_root
+# N: node 1 at the host's own $LAYERCACHE_ROOT (a bind mount, as on a real
+# node), the others at their store directory. Inside its own mount
+# namespace every node sees its store at $LAYERCACHE_ROOT. Both are shared
+# mounts in one peer group, so a volume the node agent mounts is visible on
+# the host too.
+node_store() { echo "$(node_dir "$1")/layercache"; }
+node_host_root() {
+	if [[ $1 == 1 ]]; then echo "$LAYERCACHE_ROOT"; else node_store "$1"; fi
+}
+
+kubectl() { "$KUBECTL" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+
+# wait_for DESCRIPTION SECONDS COMMAND...: poll COMMAND once a second.
+wait_for() {
+	local what=$1 timeout=$2 i
+	shift 2
+	for ((i = 0; i < timeout; i++)); do
+		if "$@" >/dev/null 2>&1; then return 0; fi
+		sleep 1
+	done
+	return 1
+}
+
+# cgroup_mounts prints the mount point of every cgroup hierarchy.
+cgroup_mounts() {
+	awk '{ for (i = 7; $i != "-"; i++) ; if ($(i+1) == "cgroup" || $(i+1) == "cgroup2") print $5 }' /proc/self/mountinfo
+}
+
+# cgroup_join PID: move PID into $CGROUP_NAME in every hierarchy.
+cgroup_join() {
+	local pid=$1 mnt dir
+	while read -r mnt; do
+		dir=$mnt/$CGROUP_NAME
+		mkdir -p "$dir"
+		# A new cpuset cgroup starts with no CPUs and cannot take tasks.
+		if [[ -f $dir/cpuset.cpus && -z $(<"$dir/cpuset.cpus") ]]; then
+			cat "$mnt/cpuset.cpus" >"$dir/cpuset.cpus"
+			cat "$mnt/cpuset.mems" >"$dir/cpuset.mems"
+		fi
+		echo "$pid" >"$dir/cgroup.procs"
+	done < <(cgroup_mounts)
+}
+
+# cgroup_pids prints every process in the cluster's cgroup subtree.
+cgroup_pids() {
+	local mnt
+	while read -r mnt; do
+		[[ -d $mnt/$CGROUP_NAME ]] || continue
+		find "$mnt/$CGROUP_NAME" -name cgroup.procs -exec cat {} + 2>/dev/null
+	done < <(cgroup_mounts) | sort -un
+}
+
+# launch NAME COMMAND...: start COMMAND as a daemon that outlives this
+# script, in the cluster's cgroup, in its own session, logging to
+# $LOG_DIR/NAME.log; its pid goes to $PID_DIR/NAME.pid.
+launch() {
+	local name=$1
+	shift
+	(
+		cgroup_join "$BASHPID"
+		exec setsid "$@"
+	) >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
+	echo $! >"$PID_DIR/$name.pid"
+}
+
+pid_alive() {
+	local f=$PID_DIR/$1.pid
+	[[ -f $f ]] && kill -0 "$(<"$f")" 2>/dev/null
+}
+
+# mounts_under PREFIX...: mount points at or below any PREFIX, or whose
+# source (bind mounts) or overlay options point into one, deepest first.
+mounts_under() {
+	awk -v prefixes="$*" '
+	function decode(s) { gsub(/\\040/, " ", s); gsub(/\\011/, "\t", s); gsub(/\\012/, "\n", s); gsub(/\\134/, "\\", s); return s }
+	function within(p, pre) { return p == pre || index(p, pre "/") == 1 }
+	BEGIN { n = split(prefixes, pre, " ") }
+	{
+		mp = decode($5); root = decode($4)
+		for (i = 7; $i != "-"; i++) ;
+		opts = $(i + 3)
+		for (j = 1; j <= n; j++) {
+			if (within(mp, pre[j]) || within(root, pre[j]) || index(opts, pre[j] "/") > 0) { print length(mp) "\t" mp; break }
+		}
+	}' /proc/self/mountinfo | sort -rn -k1,1 | cut -f2- | uniq
+}

@@ -1,0 +1,510 @@
+#!/usr/bin/env bash
+# Start the e2e cluster and deploy layercache into it.
+#
+#   up.sh [--nodes N] [--backend local|kind]
+#
+# local (default, what CI runs): a real cluster on this machine, as root,
+# from source-built Kubernetes binaries, Debian's containerd and etcd, and
+# images built without Docker. Running it again keeps a healthy cluster and
+# only rebuilds, reloads and redeploys the project. down.sh removes it all.
+# kind: the same images in a kind cluster, for machines with a Docker engine.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+NODES=1
+BACKEND=local
+while (($#)); do
+	case $1 in
+	--nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
+	--nodes=*) NODES=${1#*=}; shift ;;
+	--backend) BACKEND=${2:?--backend needs local or kind}; shift 2 ;;
+	--backend=*) BACKEND=${1#*=}; shift ;;
+	-h | --help) sed -n '2,10p' "$0"; exit 0 ;;
+	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind])" ;;
+	esac
+done
+[[ $NODES =~ ^[1-4]$ ]] || die "--nodes $NODES: want 1 to 4"
+[[ $BACKEND == local || $BACKEND == kind ]] || die "--backend $BACKEND: want local or kind"
+
+start=$SECONDS
+
+# --- host packages ----------------------------------------------------------
+
+apt_updated=
+apt_update_once() {
+	[[ -n $apt_updated ]] && return
+	log "apt-get update"
+	apt-get update -qq
+	apt_updated=1
+}
+
+install_packages() {
+	local missing=() pkg
+	command -v containerd >/dev/null || missing+=(containerd)
+	command -v runc >/dev/null || missing+=(runc)
+	[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
+	command -v etcd >/dev/null || missing+=(etcd-server)
+	((${#missing[@]})) || return 0
+	log "installing ${missing[*]}"
+	apt_update_once
+	# The packages would start system-wide containerd and etcd; this cluster
+	# runs its own, so keep the package scripts from starting services.
+	local policy=/usr/sbin/policy-rc.d made_policy=
+	if [[ ! -e $policy ]]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy"
+		chmod 755 "$policy"
+		made_policy=1
+	fi
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	[[ -z $made_policy ]] || rm -f "$policy"
+}
+
+busybox_binary() {
+	local dir=$IMAGES_DIR/busybox-static
+	if [[ ! -x $dir/bin/busybox ]]; then
+		log "fetching Debian's busybox-static"
+		apt-cache show busybox-static >/dev/null 2>&1 || apt_update_once
+		rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+		(cd "$dir.tmp" && apt-get download -qq busybox-static >/dev/null && dpkg-deb -x busybox-static_*.deb root)
+		rm -rf "$dir" && mv "$dir.tmp/root" "$dir" && rm -rf "$dir.tmp"
+	fi
+	echo "$dir/bin/busybox"
+}
+
+# --- binaries and images ----------------------------------------------------
+
+build_kubernetes() {
+	"$CLUSTER_LIB/build-kubernetes.sh"
+}
+
+build_images() {
+	local work=$IMAGES_DIR/bin busybox
+	mkdir -p "$work"
+	busybox=$(busybox_binary)
+	log "building images"
+	local cmds=(./cmd/layercache) files=(--file "$work/layercache:/layercache")
+	if [[ -d $REPO_DIR/cmd/layerfs ]]; then
+		cmds+=(./cmd/layerfs)
+		files+=(--file "$work/layerfs:/layerfs")
+	else
+		log "note: cmd/layerfs does not exist yet; $IMAGE_LAYERCACHE has /layercache only"
+	fi
+	(cd "$REPO_DIR" && CGO_ENABLED=0 go build -o "$work/" "${cmds[@]}" ./e2e/imagebuild/cmd/pause)
+	(cd "$REPO_DIR" && go build -o "$work/buildimage" ./e2e/imagebuild/cmd/buildimage)
+	"$work/buildimage" -o "$IMAGES_DIR/layercache.tar" --ref "$IMAGE_LAYERCACHE" "${files[@]}" --entrypoint /layercache >/dev/null
+	"$work/buildimage" -o "$IMAGES_DIR/busybox.tar" --ref "$IMAGE_BUSYBOX" --busybox "$busybox" --tmpdir /tmp \
+		--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/sh >/dev/null
+	"$work/buildimage" -o "$IMAGES_DIR/pause.tar" --ref "$IMAGE_PAUSE" --file "$work/pause:/pause" --entrypoint /pause >/dev/null
+}
+
+# --- certificates and kubeconfigs -------------------------------------------
+
+# cert NAME CN O EXTENSIONS: a P-256 key and a certificate signed by the CA.
+cert() {
+	local name=$1 cn=$2 o=$3 ext=$4 subj="/CN=$2"
+	[[ -z $o ]] || subj="/O=$o/CN=$cn"
+	openssl ecparam -name prime256v1 -genkey -noout -out "$PKI_DIR/$name.key" 2>/dev/null
+	openssl req -new -key "$PKI_DIR/$name.key" -subj "$subj" -out "$PKI_DIR/$name.csr" 2>/dev/null
+	printf '%s\n' "$ext" >"$PKI_DIR/$name.ext"
+	openssl x509 -req -in "$PKI_DIR/$name.csr" -CA "$PKI_DIR/ca.crt" -CAkey "$PKI_DIR/ca.key" -CAcreateserial \
+		-days 30 -extfile "$PKI_DIR/$name.ext" -out "$PKI_DIR/$name.crt" 2>/dev/null
+	rm -f "$PKI_DIR/$name.csr" "$PKI_DIR/$name.ext"
+}
+
+make_pki() {
+	mkdir -p "$PKI_DIR"
+	openssl ecparam -name prime256v1 -genkey -noout -out "$PKI_DIR/ca.key" 2>/dev/null
+	openssl req -x509 -new -key "$PKI_DIR/ca.key" -subj "/CN=layercache-e2e-ca" -days 30 \
+		-addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+		-out "$PKI_DIR/ca.crt" 2>/dev/null
+	local client="basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature
+extendedKeyUsage=clientAuth"
+	cert apiserver kube-apiserver "" "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+	cert admin kubernetes-admin system:masters "$client"
+	cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters "$client"
+	cert controller-manager system:kube-controller-manager "" "$client"
+	cert scheduler system:kube-scheduler "" "$client"
+	local n name
+	for ((n = 1; n <= NODES; n++)); do
+		name=$(node_name "$n")
+		cert "kubelet$n-client" "system:node:$name" system:nodes "$client"
+		cert "kubelet$n-serving" "$name" "" "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=DNS:$name,IP:127.0.0.1"
+	done
+	openssl ecparam -name prime256v1 -genkey -noout -out "$PKI_DIR/sa.key" 2>/dev/null
+	openssl ec -in "$PKI_DIR/sa.key" -pubout -out "$PKI_DIR/sa.pub" 2>/dev/null
+	chmod 600 "$PKI_DIR"/*.key
+}
+
+# kubeconfig FILE CERTNAME: a self-contained kubeconfig for one identity.
+kubeconfig() {
+	local file=$1 id=$2
+	cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: layercache-e2e
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority-data: $(base64 -w0 "$PKI_DIR/ca.crt")
+users:
+- name: $id
+  user:
+    client-certificate-data: $(base64 -w0 "$PKI_DIR/$id.crt")
+    client-key-data: $(base64 -w0 "$PKI_DIR/$id.key")
+contexts:
+- name: layercache-e2e
+  context:
+    cluster: layercache-e2e
+    user: $id
+current-context: layercache-e2e
+EOF
+	chmod 600 "$file"
+}
+
+# --- control plane ----------------------------------------------------------
+
+# check_ports_free fails early, naming the holder, when a port the cluster
+# listens on is taken (e.g. by another test's etcd or apiserver).
+check_ports_free() {
+	local p n used ports=("$ETCD_CLIENT_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" 10257 10259)
+	for ((n = 1; n <= NODES; n++)); do ports+=("$(kubelet_port "$n")" "$(kubelet_healthz_port "$n")"); done
+	for p in "${ports[@]}"; do
+		used=$(ss -Hltnp "sport = :$p" 2>/dev/null)
+		[[ -z $used ]] || die "port $p is in use, the cluster needs it: $used"
+	done
+}
+
+start_control_plane() {
+	log "starting etcd and the control plane"
+	launch etcd etcd --name e2e --data-dir "$CLUSTER_DIR/etcd" \
+		--listen-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+		--advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+		--listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+		--initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+		--initial-cluster "e2e=http://127.0.0.1:$ETCD_PEER_PORT"
+	etcd_ok() { pid_alive etcd && curl -sf "http://127.0.0.1:$ETCD_CLIENT_PORT/health"; }
+	wait_for etcd 60 etcd_ok || die "etcd did not become healthy; see $LOG_DIR/etcd.log"
+
+	# Loopback only: the apiserver advertises 127.0.0.1 and reaches kubelets
+	# by node name, which /etc/hosts resolves to 127.0.0.1. The kubernetes
+	# Service gets no endpoints (loopback is not a valid endpoint), so
+	# in-cluster clients use hostNetwork and KUBERNETES_SERVICE_HOST.
+	launch kube-apiserver "$BIN_DIR/kube-apiserver" \
+		--etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+		--bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address 127.0.0.1 \
+		--endpoint-reconciler-type none \
+		--tls-cert-file "$PKI_DIR/apiserver.crt" --tls-private-key-file "$PKI_DIR/apiserver.key" \
+		--client-ca-file "$PKI_DIR/ca.crt" \
+		--kubelet-client-certificate "$PKI_DIR/apiserver-kubelet-client.crt" \
+		--kubelet-client-key "$PKI_DIR/apiserver-kubelet-client.key" \
+		--kubelet-certificate-authority "$PKI_DIR/ca.crt" \
+		--kubelet-preferred-address-types Hostname \
+		--service-account-issuer https://kubernetes.default.svc.cluster.local \
+		--service-account-key-file "$PKI_DIR/sa.pub" \
+		--service-account-signing-key-file "$PKI_DIR/sa.key" \
+		--service-cluster-ip-range 10.96.0.0/16 \
+		--authorization-mode Node,RBAC \
+		--enable-admission-plugins NodeRestriction \
+		--allow-privileged \
+		--profiling=false
+	apiserver_ok() { pid_alive kube-apiserver && kubectl get --raw /readyz; }
+	wait_for kube-apiserver 180 apiserver_ok ||
+		die "kube-apiserver did not become ready; see $LOG_DIR/kube-apiserver.log"
+
+	kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" controller-manager
+	kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" scheduler
+	local cm=$CLUSTER_DIR/controller-manager.kubeconfig sched=$CLUSTER_DIR/scheduler.kubeconfig
+	launch kube-controller-manager "$BIN_DIR/kube-controller-manager" \
+		--kubeconfig "$cm" --authentication-kubeconfig "$cm" --authorization-kubeconfig "$cm" \
+		--bind-address 127.0.0.1 \
+		--service-account-private-key-file "$PKI_DIR/sa.key" --root-ca-file "$PKI_DIR/ca.crt" \
+		--use-service-account-credentials \
+		--service-cluster-ip-range 10.96.0.0/16 \
+		--leader-elect=false --profiling=false
+	launch kube-scheduler "$BIN_DIR/kube-scheduler" \
+		--kubeconfig "$sched" --authentication-kubeconfig "$sched" --authorization-kubeconfig "$sched" \
+		--bind-address 127.0.0.1 --leader-elect=false --profiling=false
+}
+
+# --- nodes ------------------------------------------------------------------
+
+# The kubelet tunes these host-wide sysctls on start; down.sh puts them back.
+KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
+
+prepare_host() {
+	local n name
+	if [[ ! -f $STATE_DIR/sysctl ]]; then
+		for name in "${KUBELET_SYSCTLS[@]}"; do echo "$name=$(sysctl -n "$name")"; done >"$STATE_DIR/sysctl"
+	fi
+	for ((n = 1; n <= NODES; n++)); do
+		name=$(node_name "$n")
+		if ! grep -qE "^127\.0\.0\.1[[:space:]]+$name([[:space:]]|\$)" /etc/hosts; then
+			# Appended in place: /etc/hosts may be a bind mount that a rename would break.
+			[[ -z $(tail -c1 /etc/hosts) ]] || echo >>/etc/hosts
+			echo "127.0.0.1 $name $HOSTS_MARK" >>/etc/hosts
+		fi
+	done
+	# containerd puts containers in cgroups /k8s.io/<id>.
+	if [[ ! -d /sys/fs/cgroup/pids/k8s.io ]]; then
+		touch "$STATE_DIR/created-cgroup-k8s.io"
+	fi
+	if [[ ! -d /run/containerd ]]; then
+		mkdir -p /run/containerd
+		touch "$STATE_DIR/created-run-containerd"
+	fi
+	if [[ ! -d $LAYERCACHE_ROOT ]]; then
+		mkdir -p "$LAYERCACHE_ROOT"
+		touch "$STATE_DIR/created-layercache-root"
+	fi
+	# Bidirectional mount propagation (the node agent mounts volumes for the
+	# kubelet) needs each store to be a shared mount.
+	local store host
+	for ((n = 1; n <= NODES; n++)); do
+		store=$(node_store "$n") host=$(node_host_root "$n")
+		mkdir -p "$store"
+		mount --bind "$store" "$host"
+		mount --make-rshared "$host"
+	done
+	touch "$STATE_DIR/mounted-layercache-root"
+}
+
+write_node_config() {
+	local n=$1 dir name sock
+	dir=$(node_dir "$n") name=$(node_name "$n") sock=$(containerd_sock "$n")
+	((${#sock} < 100)) || die "containerd socket path $sock is too long for a unix socket; clone the repository to a shorter path"
+	mkdir -p "$dir/containerd" "$dir/kubelet" "$dir/cni/net.d" "$dir/pod-logs"
+	kubeconfig "$dir/kubelet.kubeconfig" "kubelet$n-client"
+
+	cat >"$dir/containerd.toml" <<EOF
+version = 2
+root = "$dir/containerd/root"
+state = "$dir/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+
+[grpc]
+  address = "$sock"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$dir/containerd/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$IMAGE_PAUSE"
+  # runc cannot lower its oom_score_adj on this kind of host.
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "$dir/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$dir/cni/net.d"
+    max_conf_num = 1
+EOF
+
+	# Pods get an address on a private bridge and no route off it: nothing
+	# in a pod can send traffic beyond its node's pods.
+	cat >"$dir/cni/net.d/10-layercache-e2e.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "layercache-e2e",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$(bridge_name "$n")",
+      "isGateway": false,
+      "ipMasq": false,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "$(pod_cidr "$n")"}]],
+        "dataDir": "$dir/cni/ipam"
+      }
+    }
+  ]
+}
+EOF
+
+	cat >"$dir/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: $(kubelet_port "$n")
+healthzBindAddress: 127.0.0.1
+healthzPort: $(kubelet_healthz_port "$n")
+readOnlyPort: 0
+tlsCertFile: $PKI_DIR/kubelet$n-serving.crt
+tlsPrivateKeyFile: $PKI_DIR/kubelet$n-serving.key
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: $PKI_DIR/ca.crt
+authorization:
+  mode: Webhook
+containerRuntimeEndpoint: unix://$sock
+imageServiceEndpoint: unix://$sock
+cgroupDriver: cgroupfs
+failCgroupV1: false
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+podLogsDir: $dir/pod-logs
+# No host resolver in pods: nothing in them may resolve or reach other
+# hosts. The cluster DNS address is loopback, where nothing answers; it only
+# spares every pod a MissingClusterDNS event.
+resolvConf: ""
+clusterDNS: [127.0.0.1]
+clusterDomain: cluster.local
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%
+  nodefs.inodesFree: 1%
+  imagefs.available: 1%
+serializeImagePulls: false
+EOF
+}
+
+start_nodes() {
+	local n
+	for ((n = 1; n <= NODES; n++)); do
+		write_node_config "$n"
+		log "starting node $(node_name "$n")"
+		launch "node$n" unshare --mount --propagation unchanged "$CLUSTER_LIB/node.sh" "$n"
+	done
+	for ((n = 1; n <= NODES; n++)); do
+		wait_for "containerd of node $n" 60 ctr --address "$(containerd_sock "$n")" version ||
+			die "containerd of node $n did not start; see $LOG_DIR/node$n.log and $LOG_DIR/node$n-containerd.log"
+	done
+}
+
+load_images() {
+	local n archive
+	for ((n = 1; n <= NODES; n++)); do
+		for archive in $(image_archives); do
+			ctr --address "$(containerd_sock "$n")" -n k8s.io images import "$archive" >/dev/null ||
+				die "importing $archive into node $n failed"
+		done
+	done
+	log "images loaded: $IMAGE_LAYERCACHE $IMAGE_BUSYBOX $IMAGE_PAUSE"
+}
+
+write_cluster_info() {
+	local n nodes=()
+	for ((n = 1; n <= NODES; n++)); do
+		nodes+=("$(jq -n --arg name "$(node_name "$n")" --arg root "$(node_host_root "$n")" \
+			--argjson pid "$(<"$PID_DIR/node$n.pid")" --argjson port "$(kubelet_port "$n")" \
+			'{name: $name, hostRoot: $root, pid: $pid, kubeletPort: $port}')")
+	done
+	printf '%s\n' "${nodes[@]}" | jq -s --arg kc "$KUBECONFIG_FILE" \
+		'{backend: "local", kubeconfig: $kc, nodes: .}' >"$CLUSTER_DIR/cluster.json"
+}
+
+wait_nodes_ready() {
+	log "waiting for $NODES node(s) to be Ready"
+	nodes_registered() { [[ $(kubectl get nodes -o name | wc -l) -ge $NODES ]]; }
+	wait_for nodes 120 nodes_registered || die "the kubelet did not register; see $LOG_DIR/node*-kubelet.log"
+	kubectl wait --for=condition=Ready nodes --all --timeout=180s >/dev/null ||
+		die "nodes not Ready; see $LOG_DIR/node*-kubelet.log and: kubectl describe nodes"
+	wait_for "default service account" 60 kubectl -n default get serviceaccount default ||
+		die "the default ServiceAccount did not appear; see $LOG_DIR/kube-controller-manager.log"
+}
+
+# running_cluster_ok: the cluster from an earlier up.sh is complete, healthy
+# and has the node count asked for.
+running_cluster_ok() {
+	[[ -f $CLUSTER_DIR/cluster.json ]] || return 1
+	[[ $(jq '.nodes | length' "$CLUSTER_DIR/cluster.json") == "$NODES" ]] || return 1
+	local p
+	for p in etcd kube-apiserver kube-controller-manager kube-scheduler; do pid_alive "$p" || return 1; done
+	for ((p = 1; p <= NODES; p++)); do
+		pid_alive "node$p" || return 1
+		ctr --address "$(containerd_sock "$p")" version >/dev/null 2>&1 || return 1
+	done
+	kubectl get --raw /readyz >/dev/null 2>&1
+}
+
+up_local() {
+	require_root
+	[[ -d /sys/fs/cgroup/pids || -d /sys/fs/cgroup/memory ]] ||
+		die "the local cluster needs cgroup v1 hierarchies (this host has cgroup v2 only); use --backend kind"
+	install_packages
+	build_kubernetes
+	build_images
+
+	if running_cluster_ok; then
+		log "cluster already running; reloading images"
+	else
+		log "no healthy $NODES-node cluster running: starting one"
+		# Whatever an earlier, broken or differently sized cluster left.
+		"$CLUSTER_LIB/down.sh" >/dev/null
+		check_ports_free
+		mkdir -p "$LOG_DIR" "$PID_DIR" "$STATE_DIR"
+		make_pki
+		kubeconfig "$KUBECONFIG_FILE" admin
+		start_control_plane
+		prepare_host
+		start_nodes
+	fi
+	load_images
+	write_cluster_info
+	wait_nodes_ready
+}
+
+# deploy applies the project's e2e overlay, and restarts its pods when the
+# image changed (same tag, new content).
+deploy() {
+	# Nodes of one host share its network: with more than one, the node
+	# agents cannot each bind the same probe and metrics ports.
+	local name=e2e
+	((NODES > 1)) && name=e2e-multinode
+	local overlay=$REPO_DIR/config/$name
+	log "deploying config/$name"
+	mkdir -p "$STATE_DIR"
+	kubectl apply --server-side --force-conflicts -k "$overlay" >/dev/null
+	local digest stamp=$STATE_DIR/deployed-image
+	digest=$(sha256sum "$IMAGES_DIR/layercache.tar" | cut -d' ' -f1)
+	if [[ -f $stamp && $(<"$stamp") != "$digest" ]]; then
+		kubectl -n layercache-system rollout restart daemonset,deployment >/dev/null
+	fi
+	echo "$digest" >"$stamp"
+	# rollout status can pass while a crash-looping pod is briefly up; the
+	# Ready wait after it catches most of those.
+	if ! kubectl -n layercache-system rollout status daemonset,deployment --timeout=180s >/dev/null ||
+		! kubectl -n layercache-system wait --for=condition=Ready pods --all --timeout=60s >/dev/null; then
+		kubectl -n layercache-system get pods -o wide >&2 || true
+		kubectl -n layercache-system get events --sort-by=.lastTimestamp 2>&1 | tail -20 >&2 || true
+		die "layercache did not roll out in 180s (pods and events above; logs: kubectl -n layercache-system logs POD)"
+	fi
+}
+
+case $BACKEND in
+local)
+	up_local
+	deploy
+	;;
+kind)
+	build_images
+	"$CLUSTER_LIB/kind.sh" up "$NODES"
+	deploy
+	;;
+esac
+
+log "cluster up in $((SECONDS - start))s"
+echo "export KUBECONFIG=$KUBECONFIG_FILE"
