@@ -28,7 +28,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e,benchpeer ./e2e/bench/
 
 .PHONY: test
-test: test-unit e2e ## everything: unit and root tests, then e2e on a local cluster
+test: test-unit bench e2e ## everything: unit and real-mount tests, benchmarks, then e2e on a local cluster
 
 .PHONY: test-unit
 test-unit: ## unit tests and real-mount tests (needs root)
