@@ -199,6 +199,11 @@ func (o *inspectOptions) validate(args []string) (layerfs.CacheRef, error) {
 	if len(args) == 0 {
 		return layerfs.CacheRef{}, errors.New("missing argument NAMESPACE/NAME; name a cache, or a volume with --volume VOLUME")
 	}
+	return cacheArg(args)
+}
+
+// cacheArg checks the one positional argument NAMESPACE/NAME.
+func cacheArg(args []string) (layerfs.CacheRef, error) {
 	if err := wantArgs(args, "NAMESPACE/NAME"); err != nil {
 		return layerfs.CacheRef{}, err
 	}
@@ -297,10 +302,7 @@ keep working; their commits are dropped, and their layers are freed once
 they are gone.` + exitStatusHelp,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := wantArgs(args, "NAMESPACE/NAME"); err != nil {
-				return usage(cmd, err)
-			}
-			cache, err := layerfs.ParseCacheRef(args[0])
+			cache, err := cacheArg(args)
 			if err != nil {
 				return usage(cmd, err)
 			}

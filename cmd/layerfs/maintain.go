@@ -32,10 +32,7 @@ Progress is shown on stderr when it is a terminal.` + exitStatusHelp,
   layerfs squash ci/maven --max-layers 1   # squash whatever the depth`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := wantArgs(args, "NAMESPACE/NAME"); err != nil {
-				return usage(cmd, err)
-			}
-			cache, err := layerfs.ParseCacheRef(args[0])
+			cache, err := cacheArg(args)
 			if err != nil {
 				return usage(cmd, err)
 			}

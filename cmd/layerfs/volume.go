@@ -56,11 +56,8 @@ Mounting an existing volume again prints its path and changes nothing.` + exitSt
 }
 
 func (o *mountOptions) validate(args []string) (string, layerfs.MountOptions, error) {
-	if err := wantArgs(args, "VOLUME"); err != nil {
-		return "", layerfs.MountOptions{}, err
-	}
-	volumeID := args[0]
-	if err := layerfs.ValidateName("volume", volumeID); err != nil {
+	volumeID, err := volumeArg(args)
+	if err != nil {
 		return "", layerfs.MountOptions{}, err
 	}
 	if o.cache == "" {
@@ -136,17 +133,15 @@ and commit again.` + exitStatusHelp,
 		Example: `  gen=$(layerfs commit build-42)`,
 		Args:    cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := wantArgs(args, "VOLUME"); err != nil {
-				return usage(cmd, err)
-			}
-			if err := layerfs.ValidateName("volume", args[0]); err != nil {
+			volumeID, err := volumeArg(args)
+			if err != nil {
 				return usage(cmd, err)
 			}
 			store, err := g.open(cmd.Context(), nil)
 			if err != nil {
 				return err
 			}
-			return runCommit(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), store, args[0])
+			return runCommit(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), store, volumeID)
 		},
 	}
 }
@@ -182,17 +177,15 @@ func newDiscardCommand(g *globalOptions) *cobra.Command {
 not changed. Prints the volume's name.` + exitStatusHelp,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := wantArgs(args, "VOLUME"); err != nil {
-				return usage(cmd, err)
-			}
-			if err := layerfs.ValidateName("volume", args[0]); err != nil {
+			volumeID, err := volumeArg(args)
+			if err != nil {
 				return usage(cmd, err)
 			}
 			store, err := g.open(cmd.Context(), nil)
 			if err != nil {
 				return err
 			}
-			return runDiscard(cmd.Context(), cmd.OutOrStdout(), store, args[0])
+			return runDiscard(cmd.Context(), cmd.OutOrStdout(), store, volumeID)
 		},
 	}
 }
@@ -203,4 +196,12 @@ func runDiscard(ctx context.Context, w io.Writer, store *layerfs.Store, volumeID
 	}
 	_, err := fmt.Fprintln(w, volumeID)
 	return err
+}
+
+// volumeArg checks the one positional argument VOLUME.
+func volumeArg(args []string) (string, error) {
+	if err := wantArgs(args, "VOLUME"); err != nil {
+		return "", err
+	}
+	return args[0], layerfs.ValidateName("volume", args[0])
 }
