@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -183,6 +185,14 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg pr
 		// A commit is retried until it lands: giving up would strand the
 		// volume's changes.
 		controller.FailedDeleteThreshold(0),
+		// The library's default backoff grows to 1000s, so a claim refused
+		// for a missing grant, or a commit that failed once, would wait up
+		// to 17 minutes after the grant or the fix. Nothing tells the
+		// library that a Cache changed, so keep the retries frequent.
+		controller.RateLimiter(workqueue.NewTypedMaxOfRateLimiter(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](2*time.Second, 2*time.Minute),
+			&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+		)),
 		controller.MetricsInstance(lib),
 	)
 	return nil

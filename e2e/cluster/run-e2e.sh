@@ -8,4 +8,5 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export KUBECONFIG=$KUBECONFIG_FILE
 cd "$REPO_DIR"
 log "running e2e tests (KUBECONFIG=$KUBECONFIG)"
-go test -tags e2e -count=1 -timeout 40m "$@" ./e2e/...
+# The scenarios mostly wait on the cluster, so more run at once than cores.
+go test -tags e2e -count=1 -parallel 8 -timeout 40m "$@" ./e2e/...
