@@ -106,8 +106,6 @@ func volume(pvc *corev1.PersistentVolumeClaim) *corev1.PersistentVolume {
 	}
 }
 
-type podOpt func(*corev1.Pod)
-
 // pod uses the named claims; "eph:VOL" adds a generic ephemeral volume.
 func pod(name string, phase corev1.PodPhase, claims ...string) *corev1.Pod {
 	p := &corev1.Pod{
