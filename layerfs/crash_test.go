@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -45,6 +46,8 @@ var crashOps = []crashOp{
 			buildChain(t, s, "ns/c", layerSteps[:2])
 			merged := mustMount(t, s, "pending", "ns/c")
 			layerSteps[2](t, merged)
+			// A commit marker, which must not land even after a crash.
+			writeFile(t, filepath.Join(merged, ControlDir, "commit"), "")
 			fixTimes(t, merged)
 		},
 		run: func(ctx context.Context, s *Store) error {

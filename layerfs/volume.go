@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -266,7 +265,7 @@ func (s *Store) prepareCommit(r *volumeRecord) (err error) {
 			s.ensureMounted(r) // best effort: the caller can retry either way
 		}
 	}()
-	empty, err := dirIsEmpty(s.upperDir(r.ID))
+	empty, err := upperIsEmpty(s.upperDir(r.ID))
 	if err != nil {
 		return fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
@@ -330,6 +329,12 @@ func (s *Store) finishCommit(ctx context.Context, r *volumeRecord) (CommitResult
 func (s *Store) landLayer(r *volumeRecord, h *head) error {
 	l := r.CommitLayer
 	if _, err := os.Lstat(s.layerDir(l.ID)); errors.Is(err, os.ErrNotExist) {
+		// Stripped here, after the intent is recorded, rather than before
+		// the build's pods ended or the agent decided: a crash until now
+		// keeps the markers that decided to commit.
+		if err := stripControlDir(s.upperDir(r.ID)); err != nil {
+			return fmt.Errorf("commit volume %q: %w", r.ID, err)
+		}
 		if err := renameDurable(s.upperDir(r.ID), s.layerDir(l.ID)); err != nil {
 			return fmt.Errorf("commit volume %q: move upper layer into the store: %w", r.ID, err)
 		}
@@ -514,17 +519,4 @@ func resetDir(dir string) error {
 		}
 	}
 	return nil
-}
-
-func dirIsEmpty(dir string) (bool, error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	_, err = f.Readdirnames(1)
-	if errors.Is(err, io.EOF) {
-		return true, nil
-	}
-	return false, err
 }

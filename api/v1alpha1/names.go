@@ -31,10 +31,30 @@ const (
 	// AnnotationNode on a PV is the identity of the node agent that made it.
 	AnnotationNode = "layercache.dev/node"
 
-	// AnnotationPodOutcome on a PV is written by the manager before it
-	// releases the PVC: OutcomeSucceeded or OutcomeFailed. A PV released
-	// without it has an unknown outcome.
+	// AnnotationPodOutcome on a PV is the outcome of the pods that used
+	// the volume, OutcomeSucceeded or OutcomeFailed: written by the node
+	// agent when it ends a pod-owned volume at its pod's end, and by the
+	// manager before it releases a standalone claim. A PV whose volume ends
+	// without it had an unknown outcome.
 	AnnotationPodOutcome = "layercache.dev/pod-outcome"
+
+	// AnnotationResult on a PV is what became of its volume once its build
+	// ended: ResultCommitted, ResultDiscarded or ResultDropped. The node
+	// agent writes it with AnnotationCommittedGeneration.
+	AnnotationResult = "layercache.dev/result"
+
+	// AnnotationCommittedGeneration on a PV is the cache generation that
+	// holds the volume's changes, when AnnotationResult is ResultCommitted.
+	AnnotationCommittedGeneration = "layercache.dev/committed-generation"
+
+	// ControlDir is the directory at a volume's root through which a build
+	// talks to layercache. It never lands in the cache.
+	ControlDir = ".layercache"
+	// MarkerCommit and MarkerAbort are files in ControlDir. Under
+	// CommitOnMarker the volume is committed only if the build wrote
+	// MarkerCommit and not MarkerAbort.
+	MarkerCommit = ControlDir + "/commit"
+	MarkerAbort  = ControlDir + "/abort"
 
 	// FinalizerCleanup on a Cache is added by the manager and removed once no
 	// existing Node holds the cache any more.
@@ -49,9 +69,18 @@ const (
 	CommitOnSuccess = "on-success"
 	CommitAlways    = "always"
 	CommitNever     = "never"
+	// CommitOnMarker commits only if the build wrote MarkerCommit: for CI
+	// systems whose pods do not end with the job's result.
+	CommitOnMarker = "on-marker"
 
 	ReleaseOnPodExit = "on-pod-exit"
 
 	OutcomeSucceeded = "succeeded"
 	OutcomeFailed    = "failed"
+
+	ResultCommitted = "committed"
+	ResultDiscarded = "discarded"
+	// ResultDropped: the cache was deleted while the volume used it, so
+	// its changes went with it.
+	ResultDropped = "dropped"
 )

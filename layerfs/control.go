@@ -1,0 +1,82 @@
+package layerfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// ControlDir is the directory at a volume's root through which a build
+// talks to the node agent (commit markers). It is removed from the upper
+// layer before a commit, so it never lands in a cache.
+const ControlDir = ".layercache"
+
+// HasControlFile reports whether the build that used the volume wrote the
+// regular file ControlDir/name at the volume's root. Only the volume's own
+// upper layer counts: a control file can never come from the cache, as
+// commits strip the control directory. Ask after the volume's pods ended.
+func (s *Store) HasControlFile(ctx context.Context, volumeID, name string) (bool, error) {
+	if err := ValidateName("volume", volumeID); err != nil {
+		return false, err
+	}
+	if err := ValidateName("control file", name); err != nil {
+		return false, err
+	}
+	if _, err := s.readVolume(volumeID); err != nil {
+		return false, err
+	}
+	// Lstat each step: a build could have left a symlink at either place,
+	// which must neither count nor lead the agent out of the volume.
+	dir := filepath.Join(s.upperDir(volumeID), ControlDir)
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		return false, ignoreNotExist(err)
+	}
+	fi, err := os.Lstat(filepath.Join(dir, name))
+	if err != nil {
+		return false, ignoreNotExist(err)
+	}
+	return fi.Mode().IsRegular(), nil
+}
+
+func ignoreNotExist(err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// stripControlDir removes the control directory from an upper layer that is
+// about to become a layer, and makes the removal durable before the layer
+// is renamed into the store: a crash must not bring it back inside a layer.
+func stripControlDir(upper string) error {
+	dir := filepath.Join(upper, ControlDir)
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	faultPoint()
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove the control directory %s: %w", ControlDir, err)
+	}
+	return syncDir(upper)
+}
+
+// upperIsEmpty reports whether an upper layer holds nothing but the control
+// directory: such a volume commits no layer.
+func upperIsEmpty(upper string) (bool, error) {
+	f, err := os.Open(upper)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(2)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return len(names) == 1 && names[0] == ControlDir, nil
+}

@@ -1,0 +1,63 @@
+package layerfs
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestControlFiles(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name   string
+		write  func(t *testing.T, merged string)
+		commit bool // HasControlFile("commit")
+		layer  bool // the commit adds a layer
+	}{
+		{name: "none", write: func(t *testing.T, m string) { writeFile(t, filepath.Join(m, "f"), "x") }, layer: true},
+		{name: "marker only", write: func(t *testing.T, m string) { writeFile(t, filepath.Join(m, ControlDir, "commit"), "") }, commit: true},
+		{name: "marker and data", write: func(t *testing.T, m string) {
+			writeFile(t, filepath.Join(m, "f"), "x")
+			writeFile(t, filepath.Join(m, ControlDir, "commit"), "")
+		}, commit: true, layer: true},
+		{name: "marker is a directory", write: func(t *testing.T, m string) {
+			must(t, os.MkdirAll(filepath.Join(m, ControlDir, "commit"), 0o755))
+		}},
+		{name: "control dir is a symlink", write: func(t *testing.T, m string) {
+			writeFile(t, filepath.Join(m, "elsewhere", "commit"), "")
+			must(t, os.Symlink("elsewhere", filepath.Join(m, ControlDir)))
+		}, layer: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestStore(t, Options{})
+			tc.write(t, mustMount(t, s, "v1", "ns/c"))
+			got, err := s.HasControlFile(ctx, "v1", "commit")
+			must(t, err)
+			if got != tc.commit {
+				t.Errorf("HasControlFile(commit) = %v, want %v", got, tc.commit)
+			}
+			if abort, err := s.HasControlFile(ctx, "v1", "abort"); err != nil || abort {
+				t.Errorf("HasControlFile(abort) = %v, %v; want false", abort, err)
+			}
+			res := mustCommit(t, s, "v1")
+			if (res.Layer != "") != tc.layer {
+				t.Errorf("commit = %+v, want a layer: %v", res, tc.layer)
+			}
+			if _, ok := view(t, s, "ns/c")[ControlDir]; ok {
+				t.Errorf("the control directory landed in the cache")
+			}
+		})
+	}
+}
+
+func TestHasControlFileRefusesBadNames(t *testing.T) {
+	s := newTestStore(t, Options{})
+	mustMount(t, s, "v1", "ns/c")
+	for _, name := range []string{"../../etc", "a/b", ""} {
+		if _, err := s.HasControlFile(context.Background(), "v1", name); err == nil {
+			t.Errorf("HasControlFile(%q) succeeded, want an error", name)
+		}
+	}
+}
