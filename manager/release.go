@@ -43,19 +43,25 @@ const (
 	cacheLagWait = 2 * time.Second
 )
 
-// ReleaseReconciler ends the life of a layercache PVC once every pod that
-// used it has ended. The request names the PVC; the pods that use it bring
-// it here when they end.
+// ReleaseReconciler ends the life of a standalone layercache PVC (one that
+// no pod owns) once every pod that used it has ended. The request names the
+// PVC; the pods that use it bring it here when they end.
 //
-// For a claim whose pods have all ended it records the outcome on the bound
-// PV (failed if any pod of the last attempt failed), then, if the claim is
-// releasable (a generic ephemeral volume, or annotated
-// layercache.dev/release: on-pod-exit), deletes it, and once it is being
-// deleted lifts the kubernetes.io/pvc-protection finalizer: the
-// pvc-protection controller would keep that as long as a completed pod
-// object exists, and Job pods stay for a long time. A standalone claim
+// For such a claim whose pods have all ended it records the outcome on the
+// bound PV (failed if any pod of the last attempt failed), then, if the
+// claim is annotated layercache.dev/release: on-pod-exit, deletes it, and
+// once it is being deleted lifts the kubernetes.io/pvc-protection
+// finalizer: the pvc-protection controller would keep that as long as a
+// completed pod object exists, and Job pods stay for a long time. A claim
 // without the annotation is never deleted here, so a Job retry that reuses
 // it finds it.
+//
+// Claims owned by a pod (generic ephemeral volumes) are none of its
+// business: the node agent ends their volumes when their pod ends, and the
+// claims go away with their pods. Deleting one would fight the
+// ephemeral-volume controller, which recreates the claim of a pod that
+// still exists: a loop that floods the API server while a completed pod is
+// kept.
 type ReleaseReconciler struct {
 	// Client reads from the informer cache and writes to the API server.
 	Client client.Client
@@ -87,14 +93,16 @@ func (r *ReleaseReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if err != nil || !ours {
 		return reconcile.Result{}, err
 	}
-	owner := ephemeralOwner(&pvc)
-	releasable, err := isReleasable(&pvc, owner)
+	if podOwner(&pvc) != nil {
+		return reconcile.Result{}, nil
+	}
+	releasable, err := isReleasable(&pvc)
 	if err != nil {
 		r.Recorder.Eventf(&pvc, nil, corev1.EventTypeWarning, "InvalidAnnotation", "Release", "%s", err)
 		return reconcile.Result{}, reconcile.TerminalError(err)
 	}
 
-	users, err := r.claimUsers(ctx, &pvc, owner)
+	users, err := r.claimUsers(ctx, &pvc)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -103,7 +111,7 @@ func (r *ReleaseReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		return reconcile.Result{}, nil
 	}
 	if len(users.ended) == 0 {
-		return r.releaseUnused(ctx, &pvc, releasable, owner)
+		return r.releaseUnused(ctx, &pvc, releasable)
 	}
 
 	outcome, deciding := outcomeOf(users.ended)
@@ -144,9 +152,9 @@ func (r *ReleaseReconciler) isLayercache(ctx context.Context, pvc *corev1.Persis
 	return sc.Provisioner == v1alpha1.ProvisionerName, nil
 }
 
-// ephemeralOwner returns the pod that owns a generic ephemeral volume's
-// claim, or nil for a standalone claim.
-func ephemeralOwner(pvc *corev1.PersistentVolumeClaim) *metav1.OwnerReference {
+// podOwner returns the pod that controls the claim (a generic ephemeral
+// volume's), or nil.
+func podOwner(pvc *corev1.PersistentVolumeClaim) *metav1.OwnerReference {
 	ref := metav1.GetControllerOf(pvc)
 	if ref == nil || ref.Kind != "Pod" || ref.APIVersion != "v1" {
 		return nil
@@ -154,13 +162,13 @@ func ephemeralOwner(pvc *corev1.PersistentVolumeClaim) *metav1.OwnerReference {
 	return ref
 }
 
-func isReleasable(pvc *corev1.PersistentVolumeClaim, owner *metav1.OwnerReference) (bool, error) {
+func isReleasable(pvc *corev1.PersistentVolumeClaim) (bool, error) {
 	v, ok := pvc.Annotations[v1alpha1.AnnotationRelease]
 	if ok && v != v1alpha1.ReleaseOnPodExit {
 		return false, fmt.Errorf("claim %s/%s: annotation %s has the value %q; the only value is %q (release the claim when its pods have ended), or remove the annotation to keep the claim until you delete it",
 			pvc.Namespace, pvc.Name, v1alpha1.AnnotationRelease, v, v1alpha1.ReleaseOnPodExit)
 	}
-	return ok || owner != nil, nil
+	return ok, nil
 }
 
 type claimUsers struct {
@@ -170,12 +178,12 @@ type claimUsers struct {
 
 // claimUsers finds the pods in the informer cache that use this
 // incarnation of the claim.
-func (r *ReleaseReconciler) claimUsers(ctx context.Context, pvc *corev1.PersistentVolumeClaim, owner *metav1.OwnerReference) (claimUsers, error) {
+func (r *ReleaseReconciler) claimUsers(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (claimUsers, error) {
 	var pods corev1.PodList
 	if err := r.Client.List(ctx, &pods, client.InNamespace(pvc.Namespace), client.MatchingFields{indexPodClaims: pvc.Name}); err != nil {
 		return claimUsers{}, fmt.Errorf("listing the pods of claim %s/%s: %w", pvc.Namespace, pvc.Name, err)
 	}
-	return classify(pods.Items, pvc, owner), nil
+	return classify(pods.Items, pvc), nil
 }
 
 // classify sorts the pods that use this incarnation of the claim into
@@ -185,7 +193,7 @@ func (r *ReleaseReconciler) claimUsers(ctx context.Context, pvc *corev1.Persiste
 // earlier one. Binding (WaitForFirstConsumer) waits for a scheduled pod,
 // which starts after the claim was created, so start time against creation
 // time tells them apart.
-func classify(pods []corev1.Pod, pvc *corev1.PersistentVolumeClaim, owner *metav1.OwnerReference) claimUsers {
+func classify(pods []corev1.Pod, pvc *corev1.PersistentVolumeClaim) claimUsers {
 	var u claimUsers
 	for i := range pods {
 		pod := &pods[i]
@@ -195,8 +203,6 @@ func classify(pods []corev1.Pod, pvc *corev1.PersistentVolumeClaim, owner *metav
 		switch {
 		case !isTerminal(pod):
 			u.running = append(u.running, pod)
-		case owner != nil && pod.UID == owner.UID:
-			u.ended = append(u.ended, pod)
 		case pod.Status.StartTime != nil && !pod.Status.StartTime.Before(&pvc.CreationTimestamp):
 			u.ended = append(u.ended, pod)
 		}
@@ -205,9 +211,8 @@ func classify(pods []corev1.Pod, pvc *corev1.PersistentVolumeClaim, owner *metav
 }
 
 // releaseUnused handles a claim that no pod in the cache uses. Usually that
-// is a claim whose pod has not come yet (nothing to do), or an ephemeral
-// claim whose pod was deleted (the garbage collector and the pvc-protection
-// controller finish it). Two cases need the manager:
+// is a claim whose pod has not come yet (nothing to do). Two cases need the
+// manager:
 //   - a bound, releasable standalone claim was used (binding waits for a
 //     scheduled pod) by pods that were deleted before they were seen to end:
 //     it is released without an outcome;
@@ -215,16 +220,16 @@ func classify(pods []corev1.Pod, pvc *corev1.PersistentVolumeClaim, owner *metav
 //     for an ended pod of an earlier claim of the same name: it is lifted.
 //
 // Both wait until the API server confirms that no pod uses the claim.
-func (r *ReleaseReconciler) releaseUnused(ctx context.Context, pvc *corev1.PersistentVolumeClaim, releasable bool, owner *metav1.OwnerReference) (reconcile.Result, error) {
+func (r *ReleaseReconciler) releaseUnused(ctx context.Context, pvc *corev1.PersistentVolumeClaim, releasable bool) (reconcile.Result, error) {
 	deleting := !pvc.DeletionTimestamp.IsZero()
-	if owner != nil || (!deleting && (!releasable || pvc.Spec.VolumeName == "")) {
+	if !deleting && (!releasable || pvc.Spec.VolumeName == "") {
 		return reconcile.Result{}, nil
 	}
 	var pods corev1.PodList
 	if err := r.APIReader.List(ctx, &pods, client.InNamespace(pvc.Namespace)); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing the pods of namespace %s to confirm that claim %s is unused: %w", pvc.Namespace, pvc.Name, err)
 	}
-	if u := classify(pods.Items, pvc, owner); len(u.running)+len(u.ended) > 0 {
+	if u := classify(pods.Items, pvc); len(u.running)+len(u.ended) > 0 {
 		log.FromContext(ctx).V(1).Info("informer cache lags behind the pods of the claim")
 		return reconcile.Result{RequeueAfter: cacheLagWait}, nil
 	}
@@ -363,36 +368,22 @@ func isTerminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// claimNames lists the claims a pod uses, by name. A generic ephemeral
-// volume's claim is named <pod>-<volume>.
+// claimNames lists the claims a pod names by PersistentVolumeClaim volume
+// source: the standalone claims it may use. (Its generic ephemeral volumes'
+// claims are owned by it, which the node agent handles.)
 func claimNames(pod *corev1.Pod) []string {
 	var names []string
 	for _, v := range pod.Spec.Volumes {
-		switch {
-		case v.PersistentVolumeClaim != nil:
+		if v.PersistentVolumeClaim != nil {
 			names = append(names, v.PersistentVolumeClaim.ClaimName)
-		case v.Ephemeral != nil:
-			names = append(names, pod.Name+"-"+v.Name)
 		}
 	}
 	return names
 }
 
-// usesClaim reports whether the pod uses this claim. An ephemeral claim's
-// name can collide ("a-b"+"c" and "a"+"b-c"), so it must also be owned by
-// the pod, as Kubernetes itself checks.
+// usesClaim reports whether the pod names this claim.
 func usesClaim(pod *corev1.Pod, pvc *corev1.PersistentVolumeClaim) bool {
-	for _, v := range pod.Spec.Volumes {
-		switch {
-		case v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == pvc.Name:
-			return true
-		case v.Ephemeral != nil && pod.Name+"-"+v.Name == pvc.Name:
-			if owner := ephemeralOwner(pvc); owner != nil && owner.UID == pod.UID {
-				return true
-			}
-		}
-	}
-	return false
+	return slices.Contains(claimNames(pod), pvc.Name)
 }
 
 func podNames(pods []*corev1.Pod) string {

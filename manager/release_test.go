@@ -191,30 +191,27 @@ func TestRelease(t *testing.T) {
 		wantErr bool // a terminal error
 		requeue bool
 	}{{
-		name:    "ephemeral claim released when its pod succeeds",
-		claim:   eph,
-		pods:    []*corev1.Pod{pod("job-1-abcde", corev1.PodSucceeded, "eph:cache")},
-		outcome: v1alpha1.OutcomeSucceeded,
-		events:  []string{"Normal OutcomeRecorded Recorded pod outcome succeeded", "Normal Released Deleted the claim: every pod that used it has ended"},
-	}, {
-		name:    "ephemeral claim released when its pod fails",
-		claim:   eph,
-		pods:    []*corev1.Pod{pod("job-1-abcde", corev1.PodFailed, "eph:cache")},
-		outcome: v1alpha1.OutcomeFailed,
-		events:  []string{"Normal OutcomeRecorded Recorded pod outcome failed", "Normal Released"},
-	}, {
-		name:  "ephemeral claim kept while its pod runs",
+		// Regression: deleting the claim of a kept Job pod made the
+		// ephemeral-volume controller recreate it, over and over. The node
+		// agent ends such volumes; the manager writes nothing about them.
+		name:  "a pod's ephemeral claim is left to its pod when the pod succeeds",
 		claim: eph,
-		pods:  []*corev1.Pod{pod("job-1-abcde", corev1.PodRunning, "eph:cache")},
+		pods:  []*corev1.Pod{pod("job-1-abcde", corev1.PodSucceeded, "eph:cache")},
 		kept:  true,
 	}, {
-		name:  "ephemeral claim of another pod with a colliding name is not that pod's",
-		claim: claim("a-b-c", ownedBy("a-b")),
-		pods: []*corev1.Pod{
-			pod("a", corev1.PodSucceeded, "eph:b-c"),
-			pod("a-b", corev1.PodRunning, "eph:c"),
-		},
-		kept: true,
+		name:  "a pod's ephemeral claim is left to its pod when the pod fails",
+		claim: eph,
+		pods:  []*corev1.Pod{pod("job-1-abcde", corev1.PodFailed, "eph:cache")},
+		kept:  true,
+	}, {
+		name:  "a pod's ephemeral claim is left to its pod even when annotated for release",
+		claim: claim("job-1-abcde-cache", ownedBy("job-1-abcde"), annotated(v1alpha1.AnnotationRelease, v1alpha1.ReleaseOnPodExit)),
+		pods:  []*corev1.Pod{pod("job-1-abcde", corev1.PodSucceeded, "eph:cache")},
+		kept:  true,
+	}, {
+		name:  "a pod's ephemeral claim whose pod is gone is left to the garbage collector",
+		claim: eph,
+		kept:  true,
 	}, {
 		name:  "shared claim kept while one of its pods runs",
 		claim: onExit,
@@ -274,7 +271,7 @@ func TestRelease(t *testing.T) {
 		kept:  true,
 	}, {
 		name:    "claim of another class that names a cache counts as layercache",
-		claim:   claim("named", class("standard"), annotated(v1alpha1.AnnotationCache, "maven"), ownedBy("job-3")),
+		claim:   claim("named", class("standard"), annotated(v1alpha1.AnnotationCache, "maven"), annotated(v1alpha1.AnnotationRelease, v1alpha1.ReleaseOnPodExit)),
 		pods:    []*corev1.Pod{pod("job-3", corev1.PodSucceeded, "named")},
 		outcome: v1alpha1.OutcomeSucceeded,
 		events:  []string{"Normal OutcomeRecorded", "Normal Released"},
@@ -321,9 +318,9 @@ func TestRelease(t *testing.T) {
 		kept:  true,
 	}, {
 		name:    "volume not yet in the cache: wait",
-		claim:   eph,
+		claim:   onExit,
 		noPV:    true,
-		pods:    []*corev1.Pod{pod("job-1-abcde", corev1.PodSucceeded, "eph:cache")},
+		pods:    []*corev1.Pod{pod("build", corev1.PodSucceeded, "ws")},
 		kept:    true,
 		requeue: true,
 	}}
@@ -437,7 +434,7 @@ func TestSlimPodKeepsWhatReleaseReads(t *testing.T) {
 	if got, want := claimNames(slim), claimNames(full); !equalStrings(got, want) {
 		t.Errorf("claimNames = %q, want %q", got, want)
 	}
-	if len(slim.Spec.Volumes) != 2 || len(slim.Spec.Containers) != 0 || slim.Labels != nil || slim.ManagedFields != nil || slim.Status.Conditions != nil {
+	if len(slim.Spec.Volumes) != 1 || len(slim.Spec.Containers) != 0 || slim.Labels != nil || slim.ManagedFields != nil || slim.Status.Conditions != nil {
 		t.Errorf("slim pod keeps more than it needs: %+v", slim)
 	}
 	if isTerminal(slim) != isTerminal(full) || !slim.Status.StartTime.Equal(full.Status.StartTime) || slim.UID != full.UID {

@@ -17,8 +17,8 @@ import (
 
 // Field indexes on the manager's cache.
 const (
-	// indexPodClaims indexes pods by the names of the PVCs they use,
-	// including the generated names of their generic ephemeral volumes.
+	// indexPodClaims indexes pods by the names of the standalone PVCs they
+	// use.
 	indexPodClaims = "layercache.dev/claims"
 	// indexCacheNodes indexes Caches by the nodes in their status.
 	indexCacheNodes = "layercache.dev/nodes"
@@ -104,14 +104,9 @@ func slimPod(in any) (any, error) {
 		},
 	}
 	for _, v := range pod.Spec.Volumes {
-		switch {
-		case v.PersistentVolumeClaim != nil:
+		if v.PersistentVolumeClaim != nil {
 			out.Spec.Volumes = append(out.Spec.Volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{
 				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: v.PersistentVolumeClaim.ClaimName},
-			}})
-		case v.Ephemeral != nil:
-			out.Spec.Volumes = append(out.Spec.Volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{
-				Ephemeral: &corev1.EphemeralVolumeSource{},
 			}})
 		}
 	}

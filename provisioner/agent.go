@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/informers"
@@ -22,6 +23,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -42,6 +44,11 @@ import (
 
 // Component is the event source of the node agent.
 const Component = "layercache-node"
+
+// buildEndWorkers bounds the volumes ended at once. Builds that end
+// together then commit side by side; the store's locks keep each cache's
+// commits in order.
+const buildEndWorkers = 4
 
 // Run serves as the node agent until ctx ends: it recovers the store,
 // remounts the volumes of PVs bound on this node, then provisions and
@@ -132,9 +139,10 @@ type agent struct {
 	prov  *Provisioner
 	maint *maintainer
 
-	claimInformers, pvInformers informers.SharedInformerFactory
-	pvs                         corelisters.PersistentVolumeLister
-	controller                  *controller.ProvisionController
+	claimInformers, pvInformers, podInformers informers.SharedInformerFactory
+	pvs                                       corelisters.PersistentVolumeLister
+	controller                                *controller.ProvisionController
+	ends                                      *buildEnds
 
 	ready atomic.Bool
 }
@@ -147,14 +155,15 @@ func newAgent(opts Options, st store, c *caches, events record.EventRecorder, m 
 	maint.reports = newCacheQueue("report", maint.report)
 	prov := &Provisioner{
 		node: opts.NodeName, hostname: opts.NodeName, store: st, caches: c, events: events, metrics: m,
-		reports: maint.reports, squashes: newCacheQueue("squash", maint.squash),
+		reports: maint.reports, squashes: newCacheQueue("squash", maint.squash), seen: newOutcomes(),
 	}
 	return &agent{opts: opts, store: st, prov: prov, maint: maint}
 }
 
-// wire builds the provision controller on informers the agent shares: the
-// PV informer sees only this node's PVs (by label), which keeps the agent's
-// memory independent of the cluster's size.
+// wire builds the provision controller and the build-end watcher on
+// informers the agent shares: the PV and pod informers see only this node's
+// objects (by label and field), which keeps the agent's memory independent
+// of the cluster's size.
 func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg prometheus.Registerer) error {
 	resync := controller.DefaultResyncPeriod
 	a.claimInformers = informers.NewSharedInformerFactory(clientset, resync)
@@ -162,8 +171,19 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg pr
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.Set{labelNode: a.opts.NodeName}.String()
 		}))
+	a.podInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.opts.NodeName).String()
+		}))
 	pvInformer := a.pvInformers.Core().V1().PersistentVolumes()
 	a.pvs = pvInformer.Lister()
+	claimInformer := a.claimInformers.Core().V1().PersistentVolumeClaims()
+	if err := a.wireBuildEnds(clientset, pvInformer.Informer(), claimInformer.Lister()); err != nil {
+		return err
+	}
+	a.prov.getPod = func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+		return clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	}
 
 	lib := libmetrics.New("controller")
 	for _, c := range []prometheus.Collector{
@@ -177,7 +197,7 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg pr
 	}
 	a.controller = controller.NewProvisionController(ctx, clientset, v1alpha1.ProvisionerName, a.prov,
 		controller.LeaderElection(false),
-		controller.ClaimsInformer(a.claimInformers.Core().V1().PersistentVolumeClaims().Informer()),
+		controller.ClaimsInformer(claimInformer.Informer()),
 		controller.ClassesInformer(a.claimInformers.Storage().V1().StorageClasses().Informer()),
 		controller.VolumesInformer(pvInformer.Informer()),
 		// A PV deleted by hand still gets its volume committed or discarded.
@@ -198,6 +218,39 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg pr
 	return nil
 }
 
+// wireBuildEnds indexes this node's pods and PVs by claim and lets pods
+// that end queue their volumes.
+func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.SharedIndexInformer, claims corelisters.PersistentVolumeClaimLister) error {
+	podInformer := a.podInformers.Core().V1().Pods().Informer()
+	if err := podInformer.AddIndexers(cache.Indexers{indexClaim: podClaims}); err != nil {
+		return fmt.Errorf("index pods by claim: %w", err)
+	}
+	if err := pvInformer.AddIndexers(cache.Indexers{indexClaim: pvClaim}); err != nil {
+		return fmt.Errorf("index PVs by claim: %w", err)
+	}
+	a.ends = &buildEnds{
+		prov: a.prov, kube: clientset, pods: podInformer.GetIndexer(), claims: claims,
+		pvs: pvInformer.GetIndexer(), queue: newBuildEndQueue(), seen: a.prov.seen,
+	}
+	if _, err := podInformer.AddEventHandler(a.ends.handlers()); err != nil {
+		return fmt.Errorf("watch this node's pods: %w", err)
+	}
+	_, err := pvInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if pv, ok := obj.(*corev1.PersistentVolume); ok {
+				a.prov.seen.forget(pv.Name)
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("watch this node's PVs: %w", err)
+	}
+	return nil
+}
+
 // run recovers, remounts, then serves; it returns when ctx ends.
 func (a *agent) run(ctx context.Context) error {
 	logger := log.FromContext(ctx)
@@ -208,9 +261,11 @@ func (a *agent) run(ctx context.Context) error {
 	logger.Info("Recovered layer store", "remounted", len(res.Remounted), "rolledForward", len(res.RolledForward),
 		"removedTemp", res.RemovedTemp, "removedLayers", res.RemovedLayers)
 
-	a.claimInformers.Start(ctx.Done())
-	a.pvInformers.Start(ctx.Done())
-	for _, f := range []informers.SharedInformerFactory{a.claimInformers, a.pvInformers} {
+	factories := []informers.SharedInformerFactory{a.claimInformers, a.pvInformers, a.podInformers}
+	for _, f := range factories {
+		f.Start(ctx.Done())
+	}
+	for _, f := range factories {
 		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
 			if !ok {
 				return fmt.Errorf("sync %v informer: %w", typ, context.Cause(ctx))
@@ -227,6 +282,7 @@ func (a *agent) run(ctx context.Context) error {
 	go a.maint.reports.Run(ctx)
 	go a.prov.squashes.Run(ctx)
 	go a.periodic(ctx)
+	go a.ends.run(ctx, buildEndWorkers)
 	// On shutdown, let the operations in flight return before the process
 	// exits (the store would recover them, but finishing is cheaper).
 	var workers sync.WaitGroup

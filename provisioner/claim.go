@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"text/template"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -28,6 +29,7 @@ const (
 const (
 	reasonInvalidAnnotation   = "InvalidAnnotation"
 	reasonInvalidStorageClass = "InvalidStorageClass"
+	reasonCacheTemplate       = "CacheTemplateFailed"
 	reasonCacheAccessDenied   = "CacheAccessDenied"
 	reasonCacheDeleting       = "CacheDeleting"
 	reasonModeForcedRead      = "ModeForcedRead"
@@ -82,15 +84,25 @@ func (r volumeRequest) mountOptions() layerfs.MountOptions {
 
 // classParams are a StorageClass's parameters, validated.
 type classParams struct {
+	Name      string
 	UID, GID  int
 	Perm      os.FileMode
 	ForceRead bool
+	// CacheTemplate names the cache of claims without the cache
+	// annotation; nil if the class has none.
+	CacheTemplate *template.Template
+}
+
+// needsPod tells whether parseClaim needs the claim's owning pod.
+func (c classParams) needsPod(claim *corev1.PersistentVolumeClaim) bool {
+	_, annotated := claim.Annotations[v1alpha1.AnnotationCache]
+	return c.CacheTemplate != nil && !annotated
 }
 
 // parseClass validates the class: late binding, no mount options, and known
 // parameters with valid values.
 func parseClass(class *storagev1.StorageClass) (classParams, error) {
-	var p classParams
+	p := classParams{Name: class.Name}
 	if class.VolumeBindingMode == nil || *class.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
 		mode := storagev1.VolumeBindingImmediate
 		if class.VolumeBindingMode != nil {
@@ -103,15 +115,20 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	}
 	var unknown []string
 	for k := range class.Parameters {
-		if k != paramUID && k != paramGID && k != paramMode {
+		if k != paramUID && k != paramGID && k != paramMode && k != paramCache {
 			unknown = append(unknown, k)
 		}
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return p, classError(class.Name, "unknown parameters %q; the valid parameters are uid, gid and mode", unknown)
+		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid and mode", unknown)
 	}
 	var err error
+	if text, ok := class.Parameters[paramCache]; ok {
+		if p.CacheTemplate, err = parseCacheTemplate(class.Name, text); err != nil {
+			return p, err
+		}
+	}
 	if p.UID, err = parseID(class.Name, paramUID, class.Parameters[paramUID]); err != nil {
 		return p, err
 	}
@@ -152,17 +169,14 @@ func parseID(class, key, value string) (int, error) {
 }
 
 // parseClaim validates a claim's annotations against its class and returns
-// what to mount. It does not check access to another namespace's cache.
-func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams) (volumeRequest, error) {
+// what to mount. pod is the pod that owns the claim, if any; it matters only
+// when the class's cache template names the cache. It does not check access
+// to another namespace's cache.
+func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod) (volumeRequest, error) {
 	req := volumeRequest{UID: class.UID, GID: class.GID, Perm: class.Perm, Writer: writerOf(claim)}
 	ann := claim.Annotations
 
-	raw, ok := ann[v1alpha1.AnnotationCache]
-	if !ok {
-		return req, &claimError{Reason: reasonInvalidAnnotation,
-			Message: fmt.Sprintf("annotation %s is missing: set it to the name of the cache to use, for example %s: maven", v1alpha1.AnnotationCache, v1alpha1.AnnotationCache)}
-	}
-	ref, err := parseCacheAnnotation(claim.Namespace, raw)
+	ref, err := claimCache(claim, class, pod)
 	if err != nil {
 		return req, err
 	}
@@ -196,13 +210,38 @@ func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams) (volumeR
 	switch c := ann[v1alpha1.AnnotationCommit]; c {
 	case "":
 		req.Commit = v1alpha1.CommitOnSuccess
-	case v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever:
+	case v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker:
 		req.Commit = c
 	default:
 		return req, annotationError(v1alpha1.AnnotationCommit, c,
-			fmt.Sprintf("use %q, %q or %q, or remove the annotation (the default is %s)", v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnSuccess))
+			fmt.Sprintf("use %q, %q, %q or %q, or remove the annotation (the default is %s)",
+				v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker, v1alpha1.CommitOnSuccess))
 	}
 	return req, nil
+}
+
+// claimCache is the cache the claim names by annotation, or else the one
+// its class's template names for it. The annotation wins.
+func claimCache(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod) (layerfs.CacheRef, error) {
+	if raw, ok := claim.Annotations[v1alpha1.AnnotationCache]; ok {
+		return parseCacheAnnotation(claim.Namespace, raw)
+	}
+	if class.CacheTemplate == nil {
+		return layerfs.CacheRef{}, &claimError{Reason: reasonInvalidAnnotation,
+			Message: fmt.Sprintf("annotation %s is missing and StorageClass %q has no %s parameter: set the annotation to the name of the cache to use, for example %s: maven, or use a class whose %s parameter names it",
+				v1alpha1.AnnotationCache, class.Name, paramCache, v1alpha1.AnnotationCache, paramCache)}
+	}
+	raw, err := cacheFromTemplate(class.Name, class.CacheTemplate, templateData(claim, pod))
+	if err != nil {
+		return layerfs.CacheRef{}, err
+	}
+	ref, err := parseCacheAnnotation(claim.Namespace, raw)
+	if err != nil {
+		return ref, &claimError{Reason: reasonCacheTemplate,
+			Message: fmt.Sprintf("StorageClass %q: parameter %s %q named the cache %q for this claim, which is not valid: %v",
+				class.Name, paramCache, class.CacheTemplate.Root.String(), raw, err)}
+	}
+	return ref, nil
 }
 
 // parseCacheAnnotation reads NAME (a cache of the claim's namespace) or
@@ -229,10 +268,8 @@ func parseCacheAnnotation(claimNamespace, value string) (layerfs.CacheRef, error
 // writerOf names who will write through the volume: the pod that owns a
 // generic ephemeral volume's claim, else the claim itself.
 func writerOf(claim *corev1.PersistentVolumeClaim) string {
-	for _, o := range claim.OwnerReferences {
-		if o.Kind == "Pod" && o.APIVersion == "v1" {
-			return claim.Namespace + "/" + o.Name
-		}
+	if pod, ok := owningPod(claim); ok {
+		return claim.Namespace + "/" + pod.Name
 	}
 	return claim.Namespace + "/" + claim.Name
 }

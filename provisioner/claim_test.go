@@ -61,6 +61,7 @@ func TestParseClass(t *testing.T) {
 			}
 			got, err := parseClass(class)
 			checkClaimError(t, err, tt.wantErr, reasonInvalidStorageClass)
+			tt.want.Name = class.Name
 			if tt.wantErr == "" && got != tt.want {
 				t.Errorf("parseClass = %+v, want %+v", got, tt.want)
 			}
@@ -113,7 +114,7 @@ func TestParseClaim(t *testing.T) {
 			ann:   map[string]string{v1alpha1.AnnotationCache: "maven"},
 			class: classParams{UID: 1000, GID: 1000, Perm: 0o750},
 			want:  volumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success", UID: 1000, GID: 1000, Perm: 0o750}},
-		{name: "cache missing", ann: nil, wantErr: "annotation layercache.dev/cache is missing"},
+		{name: "cache missing", ann: nil, wantErr: `annotation layercache.dev/cache is missing and StorageClass "" has no cache parameter`},
 		{name: "cache empty", ann: map[string]string{v1alpha1.AnnotationCache: ""}, wantErr: `has value "": the cache name "" is not valid (it is empty)`},
 		{name: "cache upper case", ann: map[string]string{v1alpha1.AnnotationCache: "Maven"}, wantErr: "upper-case"},
 		{name: "cache path traversal", ann: map[string]string{v1alpha1.AnnotationCache: "../etc"}, wantErr: `namespace name ".." is not valid`},
@@ -125,12 +126,15 @@ func TestParseClaim(t *testing.T) {
 		{name: "bad mode", ann: map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationMode: "rw"},
 			wantErr: `annotation layercache.dev/mode has value "rw": use "write" or "read"`},
 		{name: "bad commit", ann: map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationCommit: "yes"},
-			wantErr: `annotation layercache.dev/commit has value "yes": use "on-success", "always" or "never"`},
+			wantErr: `annotation layercache.dev/commit has value "yes": use "on-success", "always", "never" or "on-marker"`},
+		{name: "commit on marker",
+			ann:  map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationCommit: "on-marker"},
+			want: volumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-marker"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			claim := testClaim("ci", tt.ann)
-			got, err := parseClaim(claim, tt.class)
+			got, err := parseClaim(claim, tt.class, nil)
 			checkClaimError(t, err, tt.wantErr, reasonInvalidAnnotation)
 			if tt.wantErr != "" {
 				return
@@ -148,7 +152,7 @@ func TestWriterOf(t *testing.T) {
 	if got := writerOf(claim); got != "ci/build-cache" {
 		t.Errorf("standalone claim: writer %q, want ci/build-cache", got)
 	}
-	claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "build-7x2k"}}
+	claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "build-7x2k", Controller: new(true)}}
 	if got := writerOf(claim); got != "ci/build-7x2k" {
 		t.Errorf("ephemeral claim: writer %q, want the owning pod ci/build-7x2k", got)
 	}

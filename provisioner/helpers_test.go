@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -121,6 +122,8 @@ type fakeStore struct {
 	commitErr error
 	gcRemoves []layerfs.CacheRef
 	maxLayers int
+	// control holds the control files each volume's build wrote.
+	control map[string][]string
 }
 
 func newFakeStore() *fakeStore {
@@ -129,6 +132,7 @@ func newFakeStore() *fakeStore {
 		caches:    map[layerfs.CacheRef]*layerfs.CacheInfo{},
 		mountOpts: map[string]layerfs.MountOptions{},
 		maxLayers: 2,
+		control:   map[string][]string{},
 	}
 }
 
@@ -224,6 +228,15 @@ func (s *fakeStore) Volume(_ context.Context, id string) (*layerfs.Volume, error
 	}
 	c := *v
 	return &c, nil
+}
+
+func (s *fakeStore) HasControlFile(_ context.Context, id, name string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.volumes[id]; !ok {
+		return false, fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
+	}
+	return slices.Contains(s.control[id], name), nil
 }
 
 func (s *fakeStore) Squash(_ context.Context, ref layerfs.CacheRef, _ int) (layerfs.SquashResult, error) {

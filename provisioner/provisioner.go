@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
@@ -31,7 +34,13 @@ type store interface {
 	List(ctx context.Context) ([]layerfs.CacheInfo, error)
 	Inspect(ctx context.Context, cache layerfs.CacheRef) (layerfs.CacheInfo, error)
 	Recover(ctx context.Context) (layerfs.RecoverResult, error)
+	HasControlFile(ctx context.Context, volumeID, name string) (bool, error)
 }
+
+// podGetter reads a pod from the API server. Provision needs the pod that
+// owns a claim before the scheduler binds it to this node, so the agent's
+// informer of this node's pods does not have it yet.
+type podGetter func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 
 // Provisioner provisions and deletes the layercache volumes of one node.
 type Provisioner struct {
@@ -41,6 +50,10 @@ type Provisioner struct {
 	caches   *caches
 	events   record.EventRecorder
 	metrics  *metrics
+	getPod   podGetter
+	// seen has the outcomes of pods that ended and went away before their
+	// volumes ended; nil when the agent does not watch pods.
+	seen *outcomes
 	// reports and squashes run off the critical path; nil in tests that
 	// don't look at them.
 	reports  *cacheQueue
@@ -129,46 +142,99 @@ func (p *Provisioner) admit(ctx context.Context, claim *corev1.PersistentVolumeC
 		return volumeRequest{}, &claimError{Reason: reasonInvalidStorageClass,
 			Message: fmt.Sprintf("claim has no selected node although StorageClass %q binds on first consumer; recreate the claim", opts.StorageClass.Name)}
 	}
-	req, err := parseClaim(claim, class)
+	var pod *corev1.Pod
+	if class.needsPod(claim) {
+		if pod, err = p.owningPod(ctx, claim); err != nil {
+			return volumeRequest{}, err
+		}
+	}
+	req, err := parseClaim(claim, class, pod)
 	if err != nil {
 		return req, err
 	}
 	return req, p.caches.authorize(ctx, claim.Namespace, req)
 }
 
-// Delete commits or discards a released volume, as its mode, its commit
-// policy and its pod's outcome say. A volume that is already gone counts as
-// done, so Delete is safe to call again after a failure or a restart.
+// Delete ends a released volume (see end) and lets the library delete its
+// PV. A volume already ended at its pod's end is gone from the store, so
+// this only cleans up; Delete is safe to call again after a failure or a
+// restart.
 func (p *Provisioner) Delete(ctx context.Context, pv *corev1.PersistentVolume) error {
 	if !p.ShouldDelete(ctx, pv) {
 		return &controller.IgnoredError{Reason: fmt.Sprintf("PV %s belongs to node %q, this is node %s", pv.Name, pv.Annotations[v1alpha1.AnnotationNode], p.node)}
 	}
+	_, err := p.end(ctx, pv, p.seen.get(pv.Name), pv)
+	return err
+}
+
+// ended is what end did to a volume.
+type ended struct {
+	// Result is v1alpha1.ResultCommitted, ResultDiscarded or ResultDropped;
+	// empty if the volume had already ended.
+	Result     string
+	Generation int64 // the cache's generation after a commit
+	Outcome    string
+}
+
+// end commits or discards the volume of a build that ended, as its mode,
+// its commit policy and the build's outcome say. outcome is what the agent
+// saw of the pods ("" to take the one recorded on the PV); subject is the
+// object the Event goes on. A volume that is no longer in the store had
+// already ended, and nothing is done.
+func (p *Provisioner) end(ctx context.Context, pv *corev1.PersistentVolume, outcome string, subject runtime.Object) (ended, error) {
 	logger := log.FromContext(ctx).WithValues("pv", pv.Name)
 	rec, err := parsePV(pv)
 	if err != nil {
 		p.events.Event(pv, corev1.EventTypeWarning, reasonInvalidVolume, err.Error())
 		p.metrics.fail(opCommit, reasonInvalidVolume)
-		return err
+		return ended{}, err
+	}
+	if outcome != "" {
+		rec.Outcome = outcome
+	}
+	if rec.Marker, err = p.readMarker(ctx, pv.Name, rec); errors.Is(err, layerfs.ErrNotFound) {
+		return ended{}, nil
+	} else if err != nil {
+		return ended{}, err
 	}
 	logger = logger.WithValues("cache", rec.Cache.String(), "mode", rec.Mode, "commit", rec.Commit, "outcome", rec.Outcome)
+	var res ended
 	if rec.shouldCommit() {
-		err = p.commit(ctx, logger, pv, rec)
+		res, err = p.commit(ctx, logger, pv.Name, rec, subject)
 	} else {
-		err = p.discard(ctx, logger, pv, rec)
+		res, err = p.discard(ctx, logger, pv.Name, rec, subject)
 	}
-	if err != nil {
-		return err
+	if err != nil || res.Result == "" {
+		return res, err
 	}
+	res.Outcome = rec.Outcome
 	p.reports.Add(rec.Cache)
-	return nil
+	return res, nil
 }
 
-func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, pv *corev1.PersistentVolume, rec provisioned) error {
+// readMarker reads the build's markers when the commit policy asks for
+// them. The pods have ended, so nothing changes them any more.
+func (p *Provisioner) readMarker(ctx context.Context, volume string, rec provisioned) (marker, error) {
+	if rec.Commit != v1alpha1.CommitOnMarker || rec.Mode != v1alpha1.ModeWrite {
+		return markerNone, nil
+	}
+	abort, err := p.store.HasControlFile(ctx, volume, path.Base(v1alpha1.MarkerAbort))
+	if err != nil || abort {
+		return markerAbort, err
+	}
+	commit, err := p.store.HasControlFile(ctx, volume, path.Base(v1alpha1.MarkerCommit))
+	if err != nil || !commit {
+		return markerNone, err
+	}
+	return markerCommit, nil
+}
+
+func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume string, rec provisioned, subject runtime.Object) (ended, error) {
 	start := time.Now()
-	res, err := p.store.Commit(ctx, pv.Name)
+	res, err := p.store.Commit(ctx, volume)
 	if errors.Is(err, layerfs.ErrNotFound) {
 		logger.Info("Volume already gone; nothing to commit")
-		return nil
+		return ended{}, nil
 	}
 	if err != nil {
 		reason := "error"
@@ -176,57 +242,63 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, pv *corev1
 			reason = "busy"
 		}
 		p.metrics.fail(opCommit, reason)
-		// The store keeps the upper layer on any failure; returning the
-		// error makes the library retry the commit with backoff.
-		msg := fmt.Sprintf("commit of volume %s into cache %s failed and is retried; the volume's changes are kept: %v", pv.Name, rec.Cache, err)
-		p.events.Event(pv, corev1.EventTypeWarning, reasonCommitFailed, msg)
-		return fmt.Errorf("commit volume %s into cache %s: %w", pv.Name, rec.Cache, err)
+		// The store keeps the upper layer on any failure; the caller
+		// retries with backoff.
+		msg := fmt.Sprintf("commit of volume %s into cache %s failed and is retried; the volume's changes are kept: %v", volume, rec.Cache, err)
+		p.events.Event(subject, corev1.EventTypeWarning, reasonCommitFailed, msg)
+		return ended{}, fmt.Errorf("commit volume %s into cache %s: %w", volume, rec.Cache, err)
 	}
 	p.metrics.commitSeconds.Observe(time.Since(start).Seconds())
+	out := ended{Result: v1alpha1.ResultCommitted, Generation: res.Generation}
 	switch {
 	case res.Dropped:
-		p.events.Eventf(pv, corev1.EventTypeNormal, reasonCommitDropped,
-			"cache %s was deleted while volume %s used it, so the volume's changes were dropped", rec.Cache, pv.Name)
+		out = ended{Result: v1alpha1.ResultDropped}
+		p.events.Eventf(subject, corev1.EventTypeNormal, reasonCommitDropped,
+			"cache %s was deleted while volume %s used it, so the volume's changes were dropped", rec.Cache, volume)
 	case res.Layer == "":
-		p.events.Eventf(pv, corev1.EventTypeNormal, reasonCommitted,
-			"volume %s had no changes; cache %s stays at generation %d", pv.Name, rec.Cache, res.Generation)
+		p.events.Eventf(subject, corev1.EventTypeNormal, reasonCommitted,
+			"volume %s had no changes; cache %s stays at generation %d", volume, rec.Cache, res.Generation)
 	default:
-		p.events.Eventf(pv, corev1.EventTypeNormal, reasonCommitted,
-			"committed volume %s as generation %d of cache %s (%d bytes)", pv.Name, res.Generation, rec.Cache, res.Bytes)
+		p.events.Eventf(subject, corev1.EventTypeNormal, reasonCommitted,
+			"committed volume %s as generation %d of cache %s (%d bytes)", volume, res.Generation, rec.Cache, res.Bytes)
 	}
 	logger.Info("Committed", "generation", res.Generation, "layer", res.Layer, "bytes", res.Bytes, "dropped", res.Dropped)
 	if res.NeedsSquash {
 		p.squashes.Add(rec.Cache)
 	}
-	return nil
+	return out, nil
 }
 
-func (p *Provisioner) discard(ctx context.Context, logger logr.Logger, pv *corev1.PersistentVolume, rec provisioned) error {
-	err := p.store.Discard(ctx, pv.Name)
+func (p *Provisioner) discard(ctx context.Context, logger logr.Logger, volume string, rec provisioned, subject runtime.Object) (ended, error) {
+	err := p.store.Discard(ctx, volume)
 	if errors.Is(err, layerfs.ErrNotFound) {
 		logger.Info("Volume already gone; nothing to discard")
-		return nil
+		return ended{}, nil
 	}
 	if err != nil {
 		p.metrics.fail(opDiscard, "error")
-		p.events.Eventf(pv, corev1.EventTypeWarning, reasonDiscardFailed, "discarding volume %s failed and is retried: %v", pv.Name, err)
-		return fmt.Errorf("discard volume %s of cache %s: %w", pv.Name, rec.Cache, err)
+		p.events.Eventf(subject, corev1.EventTypeWarning, reasonDiscardFailed, "discarding volume %s failed and is retried: %v", volume, err)
+		return ended{}, fmt.Errorf("discard volume %s of cache %s: %w", volume, rec.Cache, err)
 	}
-	p.events.Eventf(pv, corev1.EventTypeNormal, reasonDiscarded, "discarded volume %s: %s", pv.Name, discardWhy(rec))
-	logger.Info("Discarded", "why", discardWhy(rec))
-	return nil
+	why := rec.discardWhy()
+	p.events.Eventf(subject, corev1.EventTypeNormal, reasonDiscarded, "discarded volume %s: %s", volume, why)
+	logger.Info("Discarded", "why", why)
+	return ended{Result: v1alpha1.ResultDiscarded}, nil
 }
 
-// discardWhy explains to a user why a volume's changes were not kept.
-func discardWhy(rec provisioned) string {
-	switch {
-	case rec.Mode == v1alpha1.ModeRead:
-		return "it was a read-only view of cache " + rec.Cache.String()
-	case rec.Commit == v1alpha1.CommitNever:
-		return "its commit policy is never"
-	case rec.Outcome == v1alpha1.OutcomeFailed:
-		return "its pod failed and the commit policy is " + rec.Commit
-	default:
-		return "its pod's outcome is unknown and the commit policy is " + rec.Commit + " (only always commits without a recorded outcome)"
+// owningPod returns the pod that owns claim, or nil for a standalone claim.
+func (p *Provisioner) owningPod(ctx context.Context, claim *corev1.PersistentVolumeClaim) (*corev1.Pod, error) {
+	ref, ok := owningPod(claim)
+	if !ok {
+		return nil, nil
 	}
+	pod, err := p.getPod(ctx, claim.Namespace, ref.Name)
+	if err == nil && pod.UID != ref.UID {
+		err = apierrors.NewNotFound(corev1.Resource("pods"), ref.Name)
+	}
+	if err != nil {
+		// Retried; a pod that is gone takes its claim with it.
+		return nil, fmt.Errorf("get pod %s/%s, which owns claim %s, to evaluate the cache template: %w", claim.Namespace, ref.Name, claim.Name, err)
+	}
+	return pod, nil
 }

@@ -198,7 +198,7 @@ func TestProvisionOwnCache(t *testing.T) {
 	ctx := context.Background()
 	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationCommit: "always"},
 		map[string]string{"uid": "1000", "gid": "1001", "mode": "0750"})
-	opts.PVC.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "build-1"}}
+	opts.PVC.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "build-1", Controller: new(true)}}
 
 	pv, state, err := env.prov.Provision(ctx, opts)
 	if err != nil || state != controller.ProvisioningFinished {

@@ -78,14 +78,25 @@ func buildPV(s pvSpec) *corev1.PersistentVolume {
 	}
 }
 
-// provisioned is what a PV of this agent recorded at provisioning, plus the
-// pod outcome the manager recorded at release.
+// provisioned is what a PV of this agent recorded at provisioning, plus what
+// is known of its build's end: the pods' outcome (recorded on the PV, or
+// seen by the agent) and, under CommitOnMarker, the build's markers.
 type provisioned struct {
 	Cache   layerfs.CacheRef
 	Mode    string
 	Commit  string
 	Outcome string // v1alpha1.Outcome*, or "" when unknown
+	Marker  marker
 }
+
+// marker is what a build said through its volume's control directory.
+type marker int
+
+const (
+	markerNone   marker = iota // no v1alpha1.MarkerCommit
+	markerCommit               // v1alpha1.MarkerCommit and no MarkerAbort
+	markerAbort                // v1alpha1.MarkerAbort, whatever else
+)
 
 // parsePV reads back the annotations buildPV wrote. An error means someone
 // edited them; the message says which and how to repair it.
@@ -103,9 +114,10 @@ func parsePV(pv *corev1.PersistentVolume) (provisioned, error) {
 		return p, fmt.Errorf("PV %s: annotation %s has value %q: restore it to %q or %q", pv.Name, v1alpha1.AnnotationMode, p.Mode, v1alpha1.ModeWrite, v1alpha1.ModeRead)
 	}
 	switch p.Commit = ann[v1alpha1.AnnotationCommit]; p.Commit {
-	case v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever:
+	case v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker:
 	default:
-		return p, fmt.Errorf("PV %s: annotation %s has value %q: restore it to %q, %q or %q", pv.Name, v1alpha1.AnnotationCommit, p.Commit, v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever)
+		return p, fmt.Errorf("PV %s: annotation %s has value %q: restore it to %q, %q, %q or %q", pv.Name, v1alpha1.AnnotationCommit, p.Commit,
+			v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker)
 	}
 	// Any other outcome value is as good as none: the pod's result is unknown.
 	switch o := ann[v1alpha1.AnnotationPodOutcome]; o {
@@ -115,9 +127,10 @@ func parsePV(pv *corev1.PersistentVolume) (provisioned, error) {
 	return p, nil
 }
 
-// shouldCommit decides a released volume's fate: only writable volumes are
-// committed, and only when the policy accepts the pod's outcome. An unknown
-// outcome is committed only under "always".
+// shouldCommit decides the fate of a volume whose build ended: only
+// writable volumes are committed, and only when the policy accepts the
+// pods' outcome, or under on-marker the build's marker. An unknown outcome
+// is committed only under "always".
 func (p provisioned) shouldCommit() bool {
 	if p.Mode != v1alpha1.ModeWrite {
 		return false
@@ -127,6 +140,26 @@ func (p provisioned) shouldCommit() bool {
 		return true
 	case v1alpha1.CommitOnSuccess:
 		return p.Outcome == v1alpha1.OutcomeSucceeded
+	case v1alpha1.CommitOnMarker:
+		return p.Marker == markerCommit
 	}
 	return false
+}
+
+// discardWhy explains to a user why a volume's changes were not kept.
+func (p provisioned) discardWhy() string {
+	switch {
+	case p.Mode == v1alpha1.ModeRead:
+		return "it was a read-only view of cache " + p.Cache.String()
+	case p.Commit == v1alpha1.CommitNever:
+		return "its commit policy is never"
+	case p.Commit == v1alpha1.CommitOnMarker && p.Marker == markerAbort:
+		return "its build wrote " + v1alpha1.MarkerAbort + " and the commit policy is " + v1alpha1.CommitOnMarker
+	case p.Commit == v1alpha1.CommitOnMarker:
+		return "its build did not write " + v1alpha1.MarkerCommit + " and the commit policy is " + v1alpha1.CommitOnMarker
+	case p.Outcome == v1alpha1.OutcomeFailed:
+		return "its pod failed and the commit policy is " + p.Commit
+	default:
+		return "its pod's outcome is unknown and the commit policy is " + p.Commit + " (only always commits without a known outcome)"
+	}
 }

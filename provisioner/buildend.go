@@ -1,0 +1,321 @@
+package provisioner
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/component-helpers/storage/ephemeral"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+// indexClaim indexes pods by the claims they use and PVs by the claim they
+// are bound to, as NAMESPACE/NAME.
+const indexClaim = "claim"
+
+// buildEnds ends the volume of a claim owned by a pod as soon as that pod
+// has ended, on this node: the claim cannot outlive its pod, so the pod's
+// end is the build's end. Waiting for the claim to go away instead would
+// wait as long as users keep completed pods (hours), and deleting it early
+// would fight the controllers that own it (the ephemeral-volume controller
+// recreates the claim of a pod that still exists).
+//
+// Claims that outlive one pod (a workspace a PipelineRun owns, a standalone
+// claim reused by Job retries) are not touched here: they end when they are
+// released, through Provisioner.Delete.
+type buildEnds struct {
+	prov   *Provisioner
+	kube   kubernetes.Interface
+	pods   cache.Indexer // this node's pods
+	claims corelisters.PersistentVolumeClaimLister
+	pvs    cache.Indexer // this node's PVs
+	queue  workqueue.TypedRateLimitingInterface[string]
+	// seen keeps the outcome of pods that ended and went away, by PV name,
+	// until their PV is deleted: Delete then ends the volume as the pod did.
+	seen *outcomes
+}
+
+// outcomes is a small concurrent map of PV name to pod outcome.
+type outcomes struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func newOutcomes() *outcomes { return &outcomes{m: map[string]string{}} }
+
+func (o *outcomes) set(pv, outcome string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.m[pv] = outcome
+}
+
+// get returns the outcome seen for pv; "" if none, or on a nil map.
+func (o *outcomes) get(pv string) string {
+	if o == nil {
+		return ""
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.m[pv]
+}
+
+func (o *outcomes) forget(pv string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.m, pv)
+}
+
+// podEnded tells whether the kubelet reports the pod terminal with none of
+// its containers running. The store's own busy check cannot see a build
+// that still runs: containers reach the volume through bind mounts in their
+// own mount namespaces, which keep the overlay alive after the agent
+// unmounts its view. So only the kubelet's word that every container
+// stopped makes a commit safe.
+func podEnded(pod *corev1.Pod) bool {
+	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		return false
+	}
+	for _, list := range [][]corev1.ContainerStatus{
+		pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses, pod.Status.EphemeralContainerStatuses,
+	} {
+		for _, s := range list {
+			if s.State.Running != nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func podOutcome(pod *corev1.Pod) string {
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded:
+		return v1alpha1.OutcomeSucceeded
+	case corev1.PodFailed:
+		return v1alpha1.OutcomeFailed
+	}
+	return ""
+}
+
+// podClaims lists the claims a pod uses as NAMESPACE/NAME.
+func podClaims(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	var keys []string
+	for i := range pod.Spec.Volumes {
+		if name := claimOfVolume(pod, &pod.Spec.Volumes[i]); name != "" {
+			keys = append(keys, pod.Namespace+"/"+name)
+		}
+	}
+	return keys, nil
+}
+
+func claimOfVolume(pod *corev1.Pod, v *corev1.Volume) string {
+	switch {
+	case v.Ephemeral != nil:
+		return ephemeral.VolumeClaimName(pod, v)
+	case v.PersistentVolumeClaim != nil:
+		return v.PersistentVolumeClaim.ClaimName
+	}
+	return ""
+}
+
+func pvClaim(obj any) ([]string, error) {
+	pv, ok := obj.(*corev1.PersistentVolume)
+	if !ok || pv.Spec.ClaimRef == nil {
+		return nil, nil
+	}
+	return []string{pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name}, nil
+}
+
+// handlers are the pod informer's event handlers: a pod that ended, or
+// went away, queues the PVs of the claims it owned.
+func (b *buildEnds) handlers() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if pod, ok := obj.(*corev1.Pod); ok && podEnded(pod) {
+				b.podEnded(pod, false)
+			}
+		},
+		UpdateFunc: func(oldObj, obj any) {
+			old, ok1 := oldObj.(*corev1.Pod)
+			pod, ok2 := obj.(*corev1.Pod)
+			if ok1 && ok2 && podEnded(pod) && !podEnded(old) {
+				b.podEnded(pod, false)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if pod, ok := obj.(*corev1.Pod); ok {
+				b.podEnded(pod, true)
+			}
+		},
+	}
+}
+
+// podEnded queues the PVs of the claims pod owned. For a pod that went
+// away it remembers the outcome it last showed ("" if it was deleted
+// before it ended: unknown).
+func (b *buildEnds) podEnded(pod *corev1.Pod, gone bool) {
+	for i := range pod.Spec.Volumes {
+		v := &pod.Spec.Volumes[i]
+		name := claimOfVolume(pod, v)
+		if name == "" {
+			continue
+		}
+		claim, err := b.claims.PersistentVolumeClaims(pod.Namespace).Get(name)
+		switch {
+		case err == nil && !ownedBy(claim, pod.UID):
+			continue
+		case err != nil && v.Ephemeral == nil:
+			// A standalone claim that is gone was released: Delete ends it.
+			continue
+		}
+		objs, _ := b.pvs.ByIndex(indexClaim, pod.Namespace+"/"+name)
+		for _, obj := range objs {
+			pv := obj.(*corev1.PersistentVolume)
+			if gone {
+				if o := podOutcome(pod); o != "" && podEnded(pod) {
+					b.seen.set(pv.Name, o)
+				}
+			}
+			b.queue.Add(pv.Name)
+		}
+	}
+}
+
+func ownedBy(claim *corev1.PersistentVolumeClaim, uid types.UID) bool {
+	ref, ok := owningPod(claim)
+	return ok && ref.UID == uid
+}
+
+// run works the queue with workers goroutines until ctx ends.
+func (b *buildEnds) run(ctx context.Context, workers int) {
+	go func() {
+		<-ctx.Done()
+		b.queue.ShutDown()
+	}()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for b.next(ctx) {
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (b *buildEnds) next(ctx context.Context) bool {
+	name, shutdown := b.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer b.queue.Done(name)
+	if err := b.end(ctx, name); err != nil {
+		log.FromContext(ctx).Error(err, "Ending the volume of an ended pod; retrying", "pv", name)
+		b.queue.AddRateLimited(name)
+		return true
+	}
+	b.queue.Forget(name)
+	return true
+}
+
+// end ends the volume of PV name if its claim is owned by a pod that has
+// ended (or gone) and no other pod on this node uses it.
+func (b *buildEnds) end(ctx context.Context, name string) error {
+	obj, exists, err := b.pvs.GetByKey(name)
+	if err != nil || !exists {
+		return err
+	}
+	pv := obj.(*corev1.PersistentVolume)
+	if pv.Annotations[v1alpha1.AnnotationResult] != "" || pv.Spec.ClaimRef == nil ||
+		pv.Status.Phase == corev1.VolumeReleased || pv.Status.Phase == corev1.VolumeFailed {
+		return nil // ended already, or released: Delete ends it
+	}
+	ref := pv.Spec.ClaimRef
+	claim, err := b.claims.PersistentVolumeClaims(ref.Namespace).Get(ref.Name)
+	if apierrors.IsNotFound(err) {
+		return nil // the claim went away; its PV is released and Delete ends it
+	}
+	if err != nil || claim.UID != ref.UID {
+		return err
+	}
+	owner, ok := owningPod(claim)
+	if !ok {
+		return nil
+	}
+	outcome, ok := b.outcome(claim, owner.UID, pv.Name)
+	if !ok {
+		return nil // a pod still uses it; its end queues the PV again
+	}
+	res, err := b.prov.end(ctx, pv, outcome, claim)
+	if err != nil || res.Result == "" {
+		return err
+	}
+	return b.record(ctx, pv.Name, res)
+}
+
+// outcome returns the outcome of the claim's owner and false while any pod
+// of this node that uses the claim has not ended.
+func (b *buildEnds) outcome(claim *corev1.PersistentVolumeClaim, owner types.UID, pv string) (string, bool) {
+	objs, _ := b.pods.ByIndex(indexClaim, claim.Namespace+"/"+claim.Name)
+	outcome := b.seen.get(pv)
+	for _, obj := range objs {
+		pod := obj.(*corev1.Pod)
+		if !podEnded(pod) {
+			return "", false
+		}
+		if pod.UID == owner {
+			outcome = podOutcome(pod)
+		}
+	}
+	return outcome, true
+}
+
+// record writes what became of the volume on its PV, where an operator
+// looks (kubectl get pv -o yaml), and where the agent sees after a restart
+// that the volume already ended.
+func (b *buildEnds) record(ctx context.Context, pv string, res ended) error {
+	ann := map[string]string{v1alpha1.AnnotationResult: res.Result}
+	if res.Outcome != "" {
+		ann[v1alpha1.AnnotationPodOutcome] = res.Outcome
+	}
+	if res.Result == v1alpha1.ResultCommitted {
+		ann[v1alpha1.AnnotationCommittedGeneration] = strconv.FormatInt(res.Generation, 10)
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann}})
+	if err != nil {
+		return err
+	}
+	_, err = b.kube.CoreV1().PersistentVolumes().Patch(ctx, pv, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: Component})
+	if err != nil && !apierrors.IsNotFound(err) {
+		// The volume has ended; only the record is missing. Retrying the
+		// whole end would find the volume gone and record nothing, so log.
+		log.FromContext(ctx).Error(err, "Recording the end of a volume on its PV", "pv", pv, "result", res.Result)
+	}
+	return nil
+}
+
+// newBuildEndQueue retries a failed end (a commit that failed keeps the
+// volume's changes) from 1 s up to every 2 minutes, as long as it takes.
+func newBuildEndQueue() workqueue.TypedRateLimitingInterface[string] {
+	return workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 2*time.Minute),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "build-end"})
+}
