@@ -276,9 +276,9 @@ func TestRBAC(t *testing.T) {
 			{"", "persistentvolumes", "create"}, {"", "persistentvolumes", "delete"}, {"", "persistentvolumes", "patch"},
 			{"storage.k8s.io", "storageclasses", "watch"}, {"", "nodes", "get"},
 			{"layercache.dev", "caches", "create"}, {"layercache.dev", "caches", "watch"}, {"layercache.dev", "caches/status", "patch"},
-			{"", "events", "create"},
+			{"", "events", "create"}, {"", "pods", "watch"}, {"", "pods", "get"},
 		},
-		mustNot: []permission{{"", "pods", "list"}, {"", "persistentvolumeclaims", "delete"}, {"layercache.dev", "caches", "delete"}, {"", "secrets", "get"}},
+		mustNot: []permission{{"", "pods", "delete"}, {"", "pods", "patch"}, {"", "persistentvolumeclaims", "delete"}, {"layercache.dev", "caches", "delete"}, {"", "secrets", "get"}},
 	}, {
 		role: "layercache-manager", account: "layercache-manager",
 		must: []permission{

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"text/template"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -90,7 +89,7 @@ type classParams struct {
 	ForceRead bool
 	// CacheTemplate names the cache of claims without the cache
 	// annotation; nil if the class has none.
-	CacheTemplate *template.Template
+	CacheTemplate *cacheTemplate
 }
 
 // needsPod tells whether parseClaim needs the claim's owning pod.
@@ -239,7 +238,7 @@ func claimCache(claim *corev1.PersistentVolumeClaim, class classParams, pod *cor
 	if err != nil {
 		return ref, &claimError{Reason: reasonCacheTemplate,
 			Message: fmt.Sprintf("StorageClass %q: parameter %s %q named the cache %q for this claim, which is not valid: %v",
-				class.Name, paramCache, class.CacheTemplate.Root.String(), raw, err)}
+				class.Name, paramCache, class.CacheTemplate.text, raw, err)}
 	}
 	return ref, nil
 }

@@ -40,16 +40,22 @@ func objectDataOf(m metav1.ObjectMeta) objectData {
 	return objectData{Name: m.Name, Labels: m.Labels, Annotations: m.Annotations}
 }
 
+// cacheTemplate is a class's cache parameter, parsed.
+type cacheTemplate struct {
+	text string
+	tmpl *template.Template
+}
+
 // parseCacheTemplate parses a class's cache template. A reference to a
 // label or annotation the object lacks fails at evaluation instead of
 // naming an accidental cache ("-cache").
-func parseCacheTemplate(class, text string) (*template.Template, error) {
+func parseCacheTemplate(class, text string) (*cacheTemplate, error) {
 	t, err := template.New(paramCache).Option("missingkey=error").Parse(text)
 	if err != nil {
 		return nil, classError(class, "parameter %s has value %q, which is not a valid Go template: %v; use for example %s: \"{{ .Pod.Labels.app }}-{{ .Volume }}\"",
 			paramCache, text, err, paramCache)
 	}
-	return t, nil
+	return &cacheTemplate{text: text, tmpl: t}, nil
 }
 
 // templateData gathers what the template sees of claim and its owning pod
@@ -72,16 +78,16 @@ func templateData(claim *corev1.PersistentVolumeClaim, pod *corev1.Pod) cacheTem
 
 // cacheFromTemplate evaluates the class's template for a claim that does
 // not name its cache, and validates the result as the annotation would be.
-func cacheFromTemplate(class string, t *template.Template, data cacheTemplateData) (string, error) {
+func cacheFromTemplate(class string, t *cacheTemplate, data cacheTemplateData) (string, error) {
 	var b strings.Builder
-	if err := t.Execute(&b, data); err != nil {
+	if err := t.tmpl.Execute(&b, data); err != nil {
 		who := "the claim"
 		if data.Pod.Name != "" {
 			who = "pod " + data.Pod.Name
 		}
 		return "", &claimError{Reason: reasonCacheTemplate,
 			Message: fmt.Sprintf("StorageClass %q: parameter %s %q cannot name the cache of this claim (%s): %v; give %s the label or annotation the template uses, or annotate the claim with %s",
-				class, paramCache, t.Root.String(), who, err, who, v1alpha1.AnnotationCache)}
+				class, paramCache, t.text, who, err, who, v1alpha1.AnnotationCache)}
 	}
 	return b.String(), nil
 }

@@ -1,0 +1,215 @@
+package provisioner
+
+import (
+	"context"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+const buildPod = "build-7x2k"
+
+// ephemeralPod is a pod on node-a with a generic ephemeral volume "cache",
+// whose claim testClaim names build-7x2k-cache after this pod.
+func ephemeralPod(name string, phase corev1.PodPhase, running bool) *corev1.Pod {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ci", Name: name, UID: types.UID("uid-" + name)},
+		Spec: corev1.PodSpec{NodeName: "node-a", Volumes: []corev1.Volume{{
+			Name: "cache", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{}},
+		}}},
+		Status: corev1.PodStatus{Phase: phase},
+	}
+	state := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}
+	if running {
+		state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", State: state}}
+	return pod
+}
+
+// sharer is another pod of the node that names the claim directly.
+func sharer(phase corev1.PodPhase, running bool) *corev1.Pod {
+	pod := ephemeralPod("sharer", phase, running)
+	pod.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: buildPod + "-cache"}}
+	return pod
+}
+
+func TestPodEnded(t *testing.T) {
+	tests := []struct {
+		name string
+		pod  *corev1.Pod
+		want bool
+	}{
+		{"running", ephemeralPod("p", corev1.PodRunning, true), false},
+		{"succeeded", ephemeralPod("p", corev1.PodSucceeded, false), true},
+		{"failed", ephemeralPod("p", corev1.PodFailed, false), true},
+		// The kubelet reports a terminal phase only after its containers
+		// stopped; a container still running would write into the layer.
+		{"succeeded with a container still running", ephemeralPod("p", corev1.PodSucceeded, true), false},
+		{"pending", ephemeralPod("p", corev1.PodPending, false), false},
+	}
+	for _, tt := range tests {
+		if got := podEnded(tt.pod); got != tt.want {
+			t.Errorf("%s: podEnded = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// buildEndEnv provisions the ephemeral claim of buildPod on a fake store
+// and wires buildEnds over indexers that hold the given pods.
+type buildEndEnv struct {
+	*testEnv
+	ends *buildEnds
+	kube *fake.Clientset
+	pv   *corev1.PersistentVolume
+}
+
+func newBuildEndEnv(t *testing.T, ann map[string]string, owned bool, pods ...*corev1.Pod) *buildEndEnv {
+	t.Helper()
+	env := newTestEnv(t, nil)
+	opts := provisionOptions("ci", ann, nil)
+	opts.PVC.Name = buildPod + "-cache"
+	if owned {
+		opts.PVC.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: buildPod, UID: "uid-" + buildPod, Controller: new(true)}}
+	}
+	pv, _, err := env.prov.Provision(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv.Spec.ClaimRef = &corev1.ObjectReference{Namespace: "ci", Name: opts.PVC.Name, UID: opts.PVC.UID}
+	pv.Status.Phase = corev1.VolumeBound
+	env.drainEvents()
+
+	pvs := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{indexClaim: pvClaim})
+	claims := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	podIndex := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{indexClaim: podClaims})
+	must(t, pvs.Add(pv))
+	must(t, claims.Add(opts.PVC))
+	for _, p := range pods {
+		must(t, podIndex.Add(p))
+	}
+	kube := fake.NewClientset(pv.DeepCopy())
+	kube.ClearActions()
+	ends := &buildEnds{
+		prov: env.prov, kube: kube, pods: podIndex, claims: corelisters.NewPersistentVolumeClaimLister(claims),
+		pvs: pvs, queue: newBuildEndQueue(), seen: env.prov.seen,
+	}
+	t.Cleanup(ends.queue.ShutDown)
+	return &buildEndEnv{testEnv: env, ends: ends, kube: kube, pv: pv}
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBuildEnd(t *testing.T) {
+	maven := map[string]string{v1alpha1.AnnotationCache: "maven"}
+	onMarker := map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationCommit: v1alpha1.CommitOnMarker}
+	tests := []struct {
+		name    string
+		ann     map[string]string
+		owned   bool
+		pods    []*corev1.Pod
+		seen    string   // outcome remembered for a pod that went away
+		control []string // control files the build wrote
+		want    string   // result on the PV; "" when the volume stays
+		event   string   // the Event on the claim
+	}{
+		{name: "owner succeeded: committed", ann: maven, owned: true,
+			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodSucceeded, false)},
+			want: v1alpha1.ResultCommitted, event: "Normal Committed"},
+		{name: "owner failed: discarded", ann: maven, owned: true,
+			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodFailed, false)},
+			want: v1alpha1.ResultDiscarded, event: "Normal Discarded"},
+		{name: "owner still running: kept", ann: maven, owned: true,
+			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodRunning, true)}},
+		{name: "owner ended but a container runs: kept", ann: maven, owned: true,
+			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodSucceeded, true)}},
+		{name: "another pod of the node still uses the claim: kept", ann: maven, owned: true,
+			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodSucceeded, false), sharer(corev1.PodRunning, true)}},
+		{name: "owner went away after it succeeded: committed", ann: maven, owned: true,
+			seen: v1alpha1.OutcomeSucceeded, want: v1alpha1.ResultCommitted, event: "Normal Committed"},
+		{name: "owner went away unseen: outcome unknown, discarded", ann: maven, owned: true,
+			want: v1alpha1.ResultDiscarded, event: "Normal Discarded"},
+		{name: "on-marker, marker written, pod deleted at once: committed", ann: onMarker, owned: true,
+			control: []string{"commit"}, want: v1alpha1.ResultCommitted, event: "Normal Committed"},
+		{name: "on-marker, pod failed but wrote the marker: committed", ann: onMarker, owned: true,
+			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodFailed, false)}, control: []string{"commit"},
+			want: v1alpha1.ResultCommitted, event: "Normal Committed"},
+		{name: "on-marker, no marker: discarded", ann: onMarker, owned: true,
+			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodSucceeded, false)},
+			want: v1alpha1.ResultDiscarded, event: "Normal Discarded"},
+		{name: "on-marker, abort wins: discarded", ann: onMarker, owned: true,
+			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodSucceeded, false)}, control: []string{"commit", "abort"},
+			want: v1alpha1.ResultDiscarded, event: "Normal Discarded"},
+		{name: "standalone claim: ends at release, not here", ann: maven,
+			pods: []*corev1.Pod{sharer(corev1.PodSucceeded, false)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := newBuildEndEnv(t, tt.ann, tt.owned, tt.pods...)
+			env.store.control[env.pv.Name] = tt.control
+			if tt.seen != "" {
+				env.prov.seen.set(env.pv.Name, tt.seen)
+			}
+			ctx := context.Background()
+			must(t, env.ends.end(ctx, env.pv.Name))
+
+			acted := len(env.store.commits) + len(env.store.discards)
+			patches := len(env.kube.Actions())
+			if tt.want == "" {
+				if acted != 0 || patches != 0 {
+					t.Fatalf("volume ended (commits %v, discards %v, API actions %v), want it kept", env.store.commits, env.store.discards, env.kube.Actions())
+				}
+				return
+			}
+			if patches != 1 {
+				t.Fatalf("API actions %v, want one PV patch", env.kube.Actions())
+			}
+			pv, err := env.kube.CoreV1().PersistentVolumes().Get(ctx, env.pv.Name, metav1.GetOptions{})
+			must(t, err)
+			if got := pv.Annotations[v1alpha1.AnnotationResult]; got != tt.want {
+				t.Errorf("PV result %q, want %q", got, tt.want)
+			}
+			if tt.want == v1alpha1.ResultCommitted && pv.Annotations[v1alpha1.AnnotationCommittedGeneration] != "1" {
+				t.Errorf("PV committed generation %q, want 1", pv.Annotations[v1alpha1.AnnotationCommittedGeneration])
+			}
+			env.wantEvent(t, tt.event, env.pv.Name)
+
+			// The agent restarts and sees the kept pod again: the volume is
+			// gone, so nothing is done and nothing is written.
+			env.kube.ClearActions()
+			must(t, env.ends.end(ctx, env.pv.Name))
+			if acted2 := len(env.store.commits) + len(env.store.discards); acted2 != acted || len(env.kube.Actions()) != 0 {
+				t.Errorf("a second end acted again: commits %v discards %v, API actions %v", env.store.commits, env.store.discards, env.kube.Actions())
+			}
+		})
+	}
+}
+
+// A pod that goes away queues its volume with the outcome it last showed,
+// and Delete, when the claim follows the pod, ends the volume the same way.
+func TestBuildEndPodGoneThenReleased(t *testing.T) {
+	pod := ephemeralPod(buildPod, corev1.PodSucceeded, false)
+	env := newBuildEndEnv(t, map[string]string{v1alpha1.AnnotationCache: "maven"}, true)
+	env.ends.handlers().OnDelete(cache.DeletedFinalStateUnknown{Key: "ci/" + buildPod, Obj: pod})
+	if env.ends.queue.Len() != 1 {
+		t.Fatalf("queue length %d after the pod went away, want 1", env.ends.queue.Len())
+	}
+	released := env.pv.DeepCopy()
+	released.Status.Phase = corev1.VolumeReleased
+	must(t, env.prov.Delete(context.Background(), released))
+	if len(env.store.commits) != 1 {
+		t.Errorf("commits %v, want the volume committed as its pod succeeded", env.store.commits)
+	}
+}
