@@ -42,7 +42,7 @@ const (
 	// scenarioTimeout bounds one scenario, pods and cleanup included.
 	scenarioTimeout = 6 * time.Minute
 	// volumeTimeout bounds the way from a pod's end to its volume being
-	// committed or discarded (manager release, then node agent delete).
+	// committed or discarded by the node agent.
 	volumeTimeout = 2 * time.Minute
 	// statusTimeout bounds the node agent's status report and the
 	// manager's derived fields after a commit.
@@ -312,11 +312,19 @@ func (e *env) claimVolume(ctx context.Context, claim string) *corev1.PersistentV
 	return pv
 }
 
-// volumeEnd is what became of a released volume.
+// volumeEnd is what became of a volume whose build ended.
 type volumeEnd struct {
-	PV     *corev1.PersistentVolume // as last seen, with the manager's outcome
+	PV     *corev1.PersistentVolume // as last seen, with the node agent's record
 	Reason string                   // Committed, Discarded or CommitDropped
 	Event  string
+}
+
+// endReasons are the Event reasons of a volume's end, by the result the
+// node agent records on the PV.
+var endReasons = map[string]string{
+	"Committed":     v1alpha1.ResultCommitted,
+	"Discarded":     v1alpha1.ResultDiscarded,
+	"CommitDropped": v1alpha1.ResultDropped,
 }
 
 // expectVolumeEnd waits until the node agent has committed or discarded
@@ -327,54 +335,73 @@ func (e *env) expectVolumeEnd(ctx context.Context, pod, want string) volumeEnd {
 	return e.expectClaimEnd(ctx, claimName(pod), want)
 }
 
-// expectClaimEnd is expectVolumeEnd for the volume of claim.
+// expectClaimEnd is expectVolumeEnd for the volume of claim. A pod's
+// volume ends when the pod ends: the agent records the result on the PV,
+// which stays bound, and tells the claim. A volume whose claim went first
+// ends when its PV is released and deleted, told on the PV.
 func (e *env) expectClaimEnd(ctx context.Context, claim, want string) volumeEnd {
 	e.t.Helper()
 	pv := e.claimVolume(ctx, claim)
+	var deleted bool
 	err := wait.PollUntilContextTimeout(ctx, pollInterval, volumeTimeout, true, func(context.Context) (bool, error) {
-		var deleted bool
 		pv, deleted = e.pvs.get(claim)
-		return deleted, nil
+		return deleted || pv.Annotations[v1alpha1.AnnotationResult] != "", nil
 	})
 	if err != nil {
-		e.t.Fatalf("PV %s of claim %s/%s was not released and deleted within %s: %v (phase %s, annotations %v)",
+		e.t.Fatalf("the volume %s of claim %s/%s did not end within %s: %v (phase %s, annotations %v)",
 			pv.Name, e.Namespace, claim, volumeTimeout, err, pv.Status.Phase, pv.Annotations)
 	}
-	ev := e.waitEvent(ctx, metav1.NamespaceDefault, "PersistentVolume", pv.Name, func(ev *corev1.Event) bool {
-		return slices.Contains([]string{"Committed", "Discarded", "CommitDropped"}, ev.Reason)
-	})
+	isEnd := func(ev *corev1.Event) bool { _, ok := endReasons[ev.Reason]; return ok }
+	ev := e.waitEventOn(ctx, isEnd,
+		eventSubject{e.Namespace, "PersistentVolumeClaim", claim},
+		eventSubject{metav1.NamespaceDefault, "PersistentVolume", pv.Name})
 	end := volumeEnd{PV: pv, Reason: ev.Reason, Event: ev.Message}
 	if end.Reason != want {
 		e.t.Errorf("volume %s of claim %s: %s (%q), want %s; PV annotations %v", pv.Name, claim, end.Reason, end.Event, want, pv.Annotations)
 	}
+	if got := pv.Annotations[v1alpha1.AnnotationResult]; !deleted && got != endReasons[want] {
+		e.t.Errorf("volume %s of claim %s: PV records result %q, want %q", pv.Name, claim, got, endReasons[want])
+	}
 	return end
 }
 
-// waitEvent waits for an Event about the named object in namespace (PVs'
-// Events are in "default") that match accepts, and returns it.
+// eventSubject names an object Events are about; PVs' Events are in the
+// default namespace.
+type eventSubject struct{ namespace, kind, name string }
+
+// waitEvent waits for an Event about the named object in namespace that
+// match accepts, and returns it.
 func (e *env) waitEvent(ctx context.Context, namespace, kind, name string, match func(*corev1.Event) bool) *corev1.Event {
+	e.t.Helper()
+	return e.waitEventOn(ctx, match, eventSubject{namespace, kind, name})
+}
+
+// waitEventOn waits for an Event about any of subjects that match accepts.
+func (e *env) waitEventOn(ctx context.Context, match func(*corev1.Event) bool, subjects ...eventSubject) *corev1.Event {
 	e.t.Helper()
 	var found *corev1.Event
 	var seen []string
-	selector := fields.Set{"involvedObject.kind": kind, "involvedObject.name": name}.AsSelector().String()
 	err := wait.PollUntilContextTimeout(ctx, pollInterval, eventTimeout, true, func(ctx context.Context) (bool, error) {
-		list, err := e.Client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: selector})
-		if err != nil {
-			return false, err
-		}
 		seen = seen[:0]
-		for i := range list.Items {
-			ev := &list.Items[i]
-			seen = append(seen, ev.Type+" "+ev.Reason+": "+ev.Message)
-			if match(ev) {
-				found = ev
-				return true, nil
+		for _, sub := range subjects {
+			selector := fields.Set{"involvedObject.kind": sub.kind, "involvedObject.name": sub.name}.AsSelector().String()
+			list, err := e.Client.CoreV1().Events(sub.namespace).List(ctx, metav1.ListOptions{FieldSelector: selector})
+			if err != nil {
+				return false, err
+			}
+			for i := range list.Items {
+				ev := &list.Items[i]
+				seen = append(seen, sub.kind+" "+ev.Type+" "+ev.Reason+": "+ev.Message)
+				if match(ev) {
+					found = ev
+					return true, nil
+				}
 			}
 		}
 		return false, nil
 	})
 	if err != nil {
-		e.t.Fatalf("no matching Event about %s %s within %s: %v; Events seen: %q", kind, name, eventTimeout, err, seen)
+		e.t.Fatalf("no matching Event about %v within %s: %v; Events seen: %q", subjects, eventTimeout, err, seen)
 	}
 	return found
 }
