@@ -264,7 +264,7 @@ func (b *buildEnds) end(ctx context.Context, name string) error {
 	if !ok {
 		return nil // a pod still uses it; its end queues the PV again
 	}
-	res, err := b.prov.end(ctx, pv, outcome, claim)
+	res, err := b.prov.end(ctx, pv, endCause{Outcome: outcome, Trigger: triggerPod, Subject: claim})
 	if err != nil || res.Result == "" {
 		return err
 	}

@@ -185,6 +185,9 @@ func TestBuildEnd(t *testing.T) {
 				t.Errorf("PV committed generation %q, want 1", pv.Annotations[v1alpha1.AnnotationCommittedGeneration])
 			}
 			env.wantEvent(t, tt.event, env.pv.Name)
+			if got := metricValue(t, env.prov.metrics.ends.WithLabelValues(tt.want, triggerPod)); got != 1 {
+				t.Errorf("layercache_volume_ends_total{result=%q,trigger=pod} = %v, want 1", tt.want, got)
+			}
 
 			// The agent restarts and sees the kept pod again: the volume is
 			// gone, so nothing is done and nothing is written.

@@ -17,6 +17,7 @@ type metrics struct {
 	bytes, layers    *prometheus.GaugeVec
 	generation       *prometheus.GaugeVec
 	failures         *prometheus.CounterVec
+	ends             *prometheus.CounterVec
 }
 
 // Operations of the failures metric.
@@ -69,8 +70,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "layercache_failures_total",
 			Help: "Failed operations by operation and reason.",
 		}, []string{"operation", "reason"}),
+		ends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "layercache_volume_ends_total",
+			Help: "Volumes whose build ended, by result (committed, discarded, dropped) and by what ended it: the pod's end (pod) or the claim's release (release).",
+		}, []string{"result", "trigger"}),
 	}
-	for _, c := range []prometheus.Collector{m.provisionSeconds, m.commitSeconds, m.hits, m.misses, m.bytes, m.layers, m.generation, m.failures} {
+	for _, c := range []prometheus.Collector{m.provisionSeconds, m.commitSeconds, m.hits, m.misses, m.bytes, m.layers, m.generation, m.failures, m.ends} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -163,9 +163,15 @@ func (p *Provisioner) Delete(ctx context.Context, pv *corev1.PersistentVolume) e
 	if !p.ShouldDelete(ctx, pv) {
 		return &controller.IgnoredError{Reason: fmt.Sprintf("PV %s belongs to node %q, this is node %s", pv.Name, pv.Annotations[v1alpha1.AnnotationNode], p.node)}
 	}
-	_, err := p.end(ctx, pv, p.seen.get(pv.Name), pv)
+	_, err := p.end(ctx, pv, endCause{Outcome: p.seen.get(pv.Name), Trigger: triggerRelease, Subject: pv})
 	return err
 }
+
+// What ended a build, for the ends metric.
+const (
+	triggerPod     = "pod"
+	triggerRelease = "release"
+)
 
 // ended is what end did to a volume.
 type ended struct {
@@ -176,12 +182,20 @@ type ended struct {
 	Outcome    string
 }
 
+// endCause is what ended a build, as end needs it.
+type endCause struct {
+	// Outcome is what the agent saw of the pods; "" to take the one
+	// recorded on the PV.
+	Outcome string
+	Trigger string // triggerPod or triggerRelease
+	// Subject is the object the Event goes on: the claim while it exists.
+	Subject runtime.Object
+}
+
 // end commits or discards the volume of a build that ended, as its mode,
-// its commit policy and the build's outcome say. outcome is what the agent
-// saw of the pods ("" to take the one recorded on the PV); subject is the
-// object the Event goes on. A volume that is no longer in the store had
-// already ended, and nothing is done.
-func (p *Provisioner) end(ctx context.Context, pv *corev1.PersistentVolume, outcome string, subject runtime.Object) (ended, error) {
+// its commit policy and the build's outcome say. A volume that is no
+// longer in the store had already ended, and nothing is done.
+func (p *Provisioner) end(ctx context.Context, pv *corev1.PersistentVolume, cause endCause) (ended, error) {
 	logger := log.FromContext(ctx).WithValues("pv", pv.Name)
 	rec, err := parsePV(pv)
 	if err != nil {
@@ -189,8 +203,8 @@ func (p *Provisioner) end(ctx context.Context, pv *corev1.PersistentVolume, outc
 		p.metrics.fail(opCommit, reasonInvalidVolume)
 		return ended{}, err
 	}
-	if outcome != "" {
-		rec.Outcome = outcome
+	if cause.Outcome != "" {
+		rec.Outcome = cause.Outcome
 	}
 	if rec.Marker, err = p.readMarker(ctx, pv.Name, rec); errors.Is(err, layerfs.ErrNotFound) {
 		return ended{}, nil
@@ -200,14 +214,15 @@ func (p *Provisioner) end(ctx context.Context, pv *corev1.PersistentVolume, outc
 	logger = logger.WithValues("cache", rec.Cache.String(), "mode", rec.Mode, "commit", rec.Commit, "outcome", rec.Outcome)
 	var res ended
 	if rec.shouldCommit() {
-		res, err = p.commit(ctx, logger, pv.Name, rec, subject)
+		res, err = p.commit(ctx, logger, pv.Name, rec, cause.Subject)
 	} else {
-		res, err = p.discard(ctx, logger, pv.Name, rec, subject)
+		res, err = p.discard(ctx, logger, pv.Name, rec, cause.Subject)
 	}
 	if err != nil || res.Result == "" {
 		return res, err
 	}
 	res.Outcome = rec.Outcome
+	p.metrics.ends.WithLabelValues(res.Result, cause.Trigger).Inc()
 	p.reports.Add(rec.Cache)
 	return res, nil
 }
