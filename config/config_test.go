@@ -278,7 +278,7 @@ func TestRBAC(t *testing.T) {
 			{"layercache.dev", "caches", "create"}, {"layercache.dev", "caches", "watch"}, {"layercache.dev", "caches/status", "patch"},
 			{"", "events", "create"}, {"", "pods", "watch"}, {"", "pods", "get"},
 		},
-		mustNot: []permission{{"", "pods", "delete"}, {"", "pods", "patch"}, {"", "persistentvolumeclaims", "delete"}, {"layercache.dev", "caches", "delete"}, {"", "secrets", "get"}},
+		mustNot: []permission{{"", "pods", "delete"}, {"", "pods", "patch"}, {"", "persistentvolumeclaims", "delete"}, {"layercache.dev", "caches", "delete"}, {"layercache.dev", "caches", "patch"}, {"", "secrets", "get"}},
 	}, {
 		role: "layercache-manager", account: "layercache-manager",
 		must: []permission{
