@@ -1,12 +1,13 @@
 package layerfs
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 
-	cfs "github.com/containerd/continuity/fs"
 	"github.com/containerd/continuity/sysx"
 	"golang.org/x/sys/unix"
 )
@@ -84,7 +85,7 @@ func copyEntry(src, dst string, st *unix.Stat_t, isRoot bool) error {
 			}
 		}
 	case unix.S_IFREG:
-		if err := cfs.CopyFile(dst, src); err != nil {
+		if err := copyFileSparse(dst, src); err != nil {
 			return err
 		}
 	case unix.S_IFLNK:
@@ -117,6 +118,85 @@ func copyEntry(src, dst string, st *unix.Stat_t, isRoot bool) error {
 		return nil // set after its contents
 	}
 	return setTimes(dst, st)
+}
+
+// copyFileSparse copies a regular file's content into a new file dst, data
+// range by data range, so holes stay holes: a sparse 1 TiB disk image must
+// not become 1 TiB of zeros on the node (continuity's CopyFile and io.Copy
+// both read holes as zeros). Each data range goes through File.ReadFrom,
+// which uses copy_file_range and so reflinks on filesystems that can.
+func copyFileSparse(dst, src string) (err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := out.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
+	// The whole length as one hole first; data ranges are written into it.
+	if err := out.Truncate(size); err != nil {
+		return fmt.Errorf("truncate %s: %w", dst, err)
+	}
+	for off := int64(0); off < size; {
+		start, end, err := nextData(in, off, size)
+		if err != nil {
+			return fmt.Errorf("find data in %s: %w", src, err)
+		}
+		if start >= size {
+			break // the rest is a hole
+		}
+		if err := copyRange(out, in, start, end-start); err != nil {
+			return fmt.Errorf("copy %s to %s: %w", src, dst, err)
+		}
+		off = end
+	}
+	return nil
+}
+
+// nextData returns the data range at or after off. A filesystem without
+// SEEK_DATA reports the rest of the file as data, which is still correct.
+func nextData(f *os.File, off, size int64) (start, end int64, err error) {
+	fd := int(f.Fd())
+	start, err = unix.Seek(fd, off, unix.SEEK_DATA)
+	switch {
+	case errors.Is(err, unix.ENXIO):
+		return size, size, nil // no data after off
+	case errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP):
+		return off, size, nil
+	case err != nil:
+		return 0, 0, err
+	}
+	end, err = unix.Seek(fd, start, unix.SEEK_HOLE)
+	if err != nil {
+		return 0, 0, err
+	}
+	return start, min(end, size), nil
+}
+
+func copyRange(out, in *os.File, off, n int64) error {
+	if _, err := in.Seek(off, io.SeekStart); err != nil {
+		return err
+	}
+	if _, err := out.Seek(off, io.SeekStart); err != nil {
+		return err
+	}
+	copied, err := io.CopyN(out, in, n)
+	if err == io.EOF && copied < n {
+		return fmt.Errorf("file shrank while copied (%d of %d bytes at offset %d)", copied, n, off)
+	}
+	return err
 }
 
 func copyXattrs(src, dst string) error {
