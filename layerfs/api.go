@@ -119,4 +119,18 @@ type RecoverResult struct {
 	RolledForward []string `json:"rolledForward,omitempty"` // interrupted commits finished
 	RemovedTemp   int      `json:"removedTemp"`
 	RemovedLayers int      `json:"removedLayers"`
+	// Failed lists the volumes Recover could not repair (for example on a
+	// full disk); it repaired everything else. Recover's error joins them.
+	Failed []VolumeError `json:"failed,omitempty"`
 }
+
+// VolumeError is a volume an operation over many volumes could not handle.
+type VolumeError struct {
+	Volume string `json:"volume"`
+	Err    error  `json:"-"`
+	// Message is Err's text, for JSON.
+	Message string `json:"error"`
+}
+
+func (e VolumeError) Error() string { return e.Message }
+func (e VolumeError) Unwrap() error { return e.Err }

@@ -226,9 +226,9 @@ func run(t testing.TB, name string, args ...string) {
 // its path; removing it gives the space back.
 func fillDisk(t testing.TB, dir string) string {
 	t.Helper()
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
+	f, err := os.CreateTemp(dir, "filler-")
 	must(t, err)
+	path := f.Name()
 	defer f.Close()
 	chunk := make([]byte, 64<<10)
 	for range 1 << 16 { // bounded: 4 GiB at most

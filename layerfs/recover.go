@@ -2,6 +2,7 @@ package layerfs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,10 @@ import (
 // and directories, finishes commits that were interrupted after their intent
 // was recorded, remounts volumes whose mounts are gone, and removes layers
 // nothing references. Run it at start-up, before serving.
+//
+// A volume that cannot be repaired (a full disk, a damaged record) does not
+// stop the others: it is listed in RecoverResult.Failed, and the returned
+// error joins those failures once everything else is done.
 func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
 	var res RecoverResult
 	removed, err := s.removeTemp(ctx)
@@ -19,27 +24,45 @@ func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
 		return res, err
 	}
 	res.RemovedTemp = removed
+	// Unreferenced layers go first: on a full disk, the space they free is
+	// what remounts and commits need.
+	swept, err := s.sweepLayers(ctx)
+	res.RemovedLayers = swept.RemovedLayers
+	if err != nil {
+		return res, err
+	}
 	recs, err := s.volumeRecords()
 	if err != nil {
 		return res, err
 	}
 	for _, r := range recs {
-		switch {
-		case r.State == stateCommitting:
-			if _, err := s.Commit(ctx, r.ID); err != nil {
-				return res, fmt.Errorf("recover: finish commit of volume %q: %w", r.ID, err)
-			}
-			res.RolledForward = append(res.RolledForward, r.ID)
-		case !r.Mounted:
-			if _, err := s.Mount(ctx, r.ID, MountOptions{Cache: r.Cache}); err != nil {
-				return res, fmt.Errorf("recover: %w", err)
-			}
-			res.Remounted = append(res.Remounted, r.ID)
+		if err := s.recoverVolume(ctx, r, &res); err != nil {
+			res.Failed = append(res.Failed, VolumeError{Volume: r.ID, Err: err, Message: err.Error()})
 		}
 	}
-	swept, err := s.sweepLayers(ctx)
-	res.RemovedLayers = swept.RemovedLayers
-	return res, err
+	swept, err = s.sweepLayers(ctx)
+	res.RemovedLayers += swept.RemovedLayers
+	errs := []error{err}
+	for _, f := range res.Failed {
+		errs = append(errs, fmt.Errorf("recover volume %q: %w", f.Volume, f.Err))
+	}
+	return res, errors.Join(errs...)
+}
+
+func (s *Store) recoverVolume(ctx context.Context, r *volumeRecord, res *RecoverResult) error {
+	switch {
+	case r.State == stateCommitting:
+		if _, err := s.Commit(ctx, r.ID); err != nil {
+			return fmt.Errorf("finish commit: %w", err)
+		}
+		res.RolledForward = append(res.RolledForward, r.ID)
+	case !r.Mounted:
+		if _, err := s.Mount(ctx, r.ID, MountOptions{Cache: r.Cache}); err != nil {
+			return err
+		}
+		res.Remounted = append(res.Remounted, r.ID)
+	}
+	return nil
 }
 
 // removeTemp removes what interrupted operations left: new-* builds, temp

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Store is a layered cache store rooted at one directory.
@@ -46,18 +48,54 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := s.probe(ctx); err != nil {
 		return nil, fmt.Errorf("store root %s cannot host overlay volumes: %w", root, err)
 	}
+	s.refillReserve()
 	return s, nil
 }
 
 // probe runs the overlay probe under the shared store lock, so that a
 // Recover in another process does not remove the probe's directory.
+//
+// The probe needs a little space. On a full disk the store must still open,
+// because recover, gc and discard are what free space; so a probe that
+// fails for lack of space is accepted if an earlier probe proved the same
+// kernel and filesystem (probe.json).
 func (s *Store) probe(ctx context.Context) error {
 	l, err := s.lockStore(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer l.unlock()
-	return probeOverlay(ctx, s.tmpDir())
+	proof := probeProof{Kernel: kernelRelease(), Filesystem: fsTypeName(s.root)}
+	err = probeOverlay(ctx, s.tmpDir())
+	var earlier probeProof
+	switch {
+	case err == nil:
+		if readJSON(s.probePath(), &earlier) != nil || earlier != proof {
+			writeJSONAtomic(s.probePath(), proof) // best effort
+		}
+		return nil
+	case isNoSpace(err) && readJSON(s.probePath(), &earlier) == nil && earlier == proof:
+		return nil
+	case isNoSpace(err):
+		return fmt.Errorf("%w: no earlier probe proved this kernel and filesystem; free some space under %s and start again", err, s.root)
+	}
+	return err
+}
+
+// probeProof records which kernel and filesystem passed the overlay probe.
+type probeProof struct {
+	Kernel     string `json:"kernel"`
+	Filesystem string `json:"filesystem"`
+}
+
+func (s *Store) probePath() string { return filepath.Join(s.root, "probe.json") }
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "unknown"
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }
 
 // Root is the store's absolute root directory.

@@ -79,7 +79,7 @@ func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (
 		if r.Cache != opts.Cache {
 			return nil, fmt.Errorf("volume %q already exists for cache %s, not %s: use another volume name", volumeID, r.Cache, opts.Cache)
 		}
-		if err := s.ensureMounted(r); err != nil {
+		if err := s.ensureMounted(ctx, r); err != nil {
 			return nil, err
 		}
 		return &r.Volume, nil
@@ -96,11 +96,16 @@ func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (
 	return &r.Volume, nil
 }
 
-func (s *Store) ensureMounted(r *volumeRecord) error {
+// ensureMounted mounts the volume unless it is mounted. It asks the mount
+// table, not r.Mounted: a failed operation may have unmounted the volume
+// after r was read. A volume left mid-commit is rolled back to a mounted
+// volume first (see abortCommit).
+func (s *Store) ensureMounted(ctx context.Context, r *volumeRecord) error {
 	if r.State == stateCommitting {
-		return fmt.Errorf("volume %q is being committed; run recover to finish the commit", r.ID)
+		return s.abortCommit(ctx, r)
 	}
-	if r.Mounted {
+	if isMountPoint(r.MergedPath) {
+		r.Mounted = true
 		return nil
 	}
 	// A volatile overlay that was not unmounted cleanly (a crash) marks its
@@ -108,10 +113,63 @@ func (s *Store) ensureMounted(r *volumeRecord) error {
 	if err := resetDir(s.workDir(r.ID)); err != nil {
 		return fmt.Errorf("remount volume %q: reset work directory: %w", r.ID, err)
 	}
-	if err := s.volumeSpec(r).mount(r.MergedPath); err != nil {
+	if err := s.withReserve(func() error { return s.volumeSpec(r).mount(r.MergedPath) }); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
 	r.Mounted = true
+	return nil
+}
+
+// abortCommit turns a volume whose commit failed before its layer landed
+// back into a mounted volume with its upper layer, as the design promises
+// ("a failed commit keeps the volume mounted"), so that neither a retry nor
+// a Mount needs a manual recover. It goes by the record on disk: a failed
+// write may have left either state there. Callers hold the volume lock.
+func (s *Store) abortCommit(ctx context.Context, r *volumeRecord) error {
+	onDisk, err := s.readVolume(r.ID)
+	if err != nil {
+		return err
+	}
+	if onDisk.State == stateCommitting {
+		if err := s.undoCommitIntent(ctx, onDisk); err != nil {
+			return err
+		}
+	}
+	*r = *onDisk
+	r.State, r.CommitLayer = stateMounted, nil
+	return s.ensureMounted(ctx, r)
+}
+
+// undoCommitIntent moves a commit's layer back to the volume's upper
+// directory and records the volume as mounted. If the layer is already in
+// the head, the commit is past its point of no return and only a retry of
+// Commit (or Recover) can finish it. A crash in between leaves the intent
+// recorded with the upper directory in place, which a retry rolls forward.
+func (s *Store) undoCommitIntent(ctx context.Context, r *volumeRecord) error {
+	if l := r.CommitLayer; l != nil {
+		cacheLock, err := s.lockCache(ctx, r.Cache)
+		if err != nil {
+			return err
+		}
+		defer cacheLock.unlock()
+		h, err := s.readHead(r.Cache)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		if h != nil && h.UID == r.CacheUID && h.hasLayer(l.ID) {
+			return fmt.Errorf("volume %q: its commit already landed as layer %s; retry the commit to finish it", r.ID, l.ID)
+		}
+		if !exists(s.upperDir(r.ID)) && exists(s.layerDir(l.ID)) {
+			if err := renameDurable(s.layerDir(l.ID), s.upperDir(r.ID)); err != nil {
+				return fmt.Errorf("volume %q: move its layer back to the upper directory: %w", r.ID, err)
+			}
+		}
+	}
+	back := *r
+	back.State, back.CommitLayer, back.Mounted = stateMounted, nil, false
+	if err := s.withReserve(func() error { return writeJSONAtomic(s.volumePath(r.ID), &back) }); err != nil {
+		return fmt.Errorf("volume %q: record the end of its failed commit (a retry of the commit finishes it instead): %w", r.ID, err)
+	}
 	return nil
 }
 
@@ -239,13 +297,18 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 		return CommitResult{}, nil, fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
 	}
 	if r.State != stateCommitting {
-		if err := s.prepareCommit(r); err != nil {
+		if err := s.prepareCommit(ctx, r); err != nil {
 			volLock.unlock()
 			return CommitResult{}, nil, err
 		}
 	}
 	res, err := s.finishCommit(ctx, r)
 	if err != nil {
+		// Keep the volume usable; if even that fails (a full disk), the
+		// recorded intent lets a retry finish the commit.
+		if aerr := s.abortCommit(ctx, r); aerr != nil {
+			err = fmt.Errorf("%w (the volume stays unmounted until the commit is retried: %v)", err, aerr)
+		}
 		volLock.unlock()
 		return res, nil, err
 	}
@@ -255,15 +318,13 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 
 // prepareCommit unmounts the volume and records the commit's intent, so that
 // a crash from here on is rolled forward by Recover.
-func (s *Store) prepareCommit(r *volumeRecord) (err error) {
+func (s *Store) prepareCommit(ctx context.Context, r *volumeRecord) (err error) {
 	if err := unmount(r.MergedPath); err != nil {
 		return fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
 	defer func() {
 		if err != nil {
-			r.State = stateMounted
-			r.CommitLayer = nil
-			s.ensureMounted(r) // best effort: the caller can retry either way
+			s.abortCommit(ctx, r) // best effort: the caller can retry either way
 		}
 	}()
 	empty, err := dirIsEmpty(s.upperDir(r.ID))

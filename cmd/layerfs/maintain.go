@@ -183,14 +183,15 @@ hand after a crash of the CLI. Safe to run at any time.` + exitStatusHelp,
 
 func runRecover(ctx context.Context, w io.Writer, store *layerfs.Store) error {
 	res, err := store.Recover(ctx)
-	if err != nil {
-		return err
+	// Recover repairs what it can past a failing volume: show that too.
+	if werr := writeRecoverResult(w, res); werr != nil && err == nil {
+		err = werr
 	}
-	return writeRecoverResult(w, res)
+	return err
 }
 
 func writeRecoverResult(w io.Writer, res layerfs.RecoverResult) error {
-	if len(res.Remounted) == 0 && len(res.RolledForward) == 0 && res.RemovedTemp == 0 && res.RemovedLayers == 0 {
+	if len(res.Remounted) == 0 && len(res.RolledForward) == 0 && res.RemovedTemp == 0 && res.RemovedLayers == 0 && len(res.Failed) == 0 {
 		_, err := fmt.Fprintln(w, "recover: nothing to repair")
 		return err
 	}
@@ -206,6 +207,9 @@ func writeRecoverResult(w io.Writer, res layerfs.RecoverResult) error {
 	}
 	if res.RemovedLayers > 0 {
 		fmt.Fprintf(&b, "removed %s\n", count(res.RemovedLayers, "unreferenced layer"))
+	}
+	for _, f := range res.Failed {
+		fmt.Fprintf(&b, "could not repair volume %s: %v\n", f.Volume, f.Err)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
