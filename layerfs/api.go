@@ -104,6 +104,11 @@ type SquashResult struct {
 type GCOptions struct {
 	MaxAge   time.Duration // remove caches unused for longer
 	MaxBytes int64         // remove least recently used caches while larger
+	// MinFreeBytes and MinFreePercent (of the filesystem's size) evict the
+	// least recently used unused caches while the filesystem that holds the
+	// store has less free space than that, whoever filled it.
+	MinFreeBytes   int64
+	MinFreePercent float64
 }
 
 // GCResult tells what a GC removed.

@@ -122,3 +122,50 @@ func TestRecoverStopsAtFirstFailingVolume(t *testing.T) {
 		t.Error("b-ok is not mounted")
 	}
 }
+
+// Issue 8, item 2: the agent needs to evict caches when the node's disk
+// runs low, whoever filled it, not only when the store itself is large.
+func TestGCMinFree(t *testing.T) {
+	const mib = 1 << 20
+	tests := []struct {
+		name string
+		opts func(free, size int64) GCOptions
+	}{
+		{"bytes", func(free, size int64) GCOptions { return GCOptions{MinFreeBytes: free + 12*mib} }},
+		{"percent", func(free, size int64) GCOptions {
+			return GCOptions{MinFreePercent: float64(free+12*mib) * 100 / float64(size)}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newTestStore(t, Options{Root: smallFS(t, "ext4", 64*mib)})
+			// Oldest first: busy (in use), then c1, c2, c3.
+			for i, c := range []string{"ns/busy", "ns/c1", "ns/c2", "ns/c3"} {
+				id := "w-" + strings.TrimPrefix(c, "ns/")
+				writeFile(t, filepath.Join(mustMount(t, s, id, c), "data"), strings.Repeat("x", 8*mib))
+				mustCommit(t, s, id)
+				age(t, s, c, time.Duration(10-i)*time.Hour)
+			}
+			mustMount(t, s, "in-use", "ns/busy")
+			var st unix.Statfs_t
+			must(t, unix.Statfs(s.Root(), &st))
+			free, size := int64(st.Bavail)*st.Bsize, int64(st.Blocks)*st.Bsize
+			res, err := s.GC(ctx, tt.opts(free, size))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, c := range res.RemovedCaches {
+				got = append(got, c.String())
+			}
+			if strings.Join(got, ",") != "ns/c1,ns/c2" {
+				t.Errorf("GC removed %v, want the two least recently used caches not in use (ns/c1, ns/c2)", got)
+			}
+			must(t, unix.Statfs(s.Root(), &st))
+			if after := int64(st.Bavail) * st.Bsize; after < free+12*mib {
+				t.Errorf("free space %d after GC, want at least %d", after, free+12*mib)
+			}
+		})
+	}
+}

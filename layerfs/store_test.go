@@ -330,6 +330,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"discard unknown volume", func() error { return s.Discard(ctx, "nope") }, "not found"},
 		{"squash bad cache", func() error { _, err := s.Squash(ctx, CacheRef{"ns", "A"}, 1); return err }, "upper-case"},
 		{"remove unknown cache", func() error { return s.Remove(ctx, CacheRef{"ns", "nope"}) }, "not found"},
+		{"negative gc bound", func() error { _, err := s.GC(ctx, GCOptions{MinFreeBytes: -1}); return err }, "must not be negative"},
+		{"gc min free of 100%", func() error { _, err := s.GC(ctx, GCOptions{MinFreePercent: 100}); return err }, "out of range"},
 	}
 	before := snapshot(t, s.Root())
 	for _, tt := range tests {

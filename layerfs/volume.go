@@ -174,9 +174,16 @@ func (s *Store) undoCommitIntent(ctx context.Context, r *volumeRecord) error {
 }
 
 // newVolume builds the volume directory next to its final place, renames it
-// in, then mounts; on any failure nothing of it remains.
+// in, then mounts; on any failure nothing of it remains. It holds the
+// cache's lock until the volume is recorded, so that whoever decides under
+// that lock whether the cache is in use (GC, RemoveIfUnused) sees it.
 func (s *Store) newVolume(ctx context.Context, id string, opts MountOptions) (rec *volumeRecord, err error) {
-	h, err := s.touchHead(ctx, opts.Cache)
+	cacheLock, err := s.lockCache(ctx, opts.Cache)
+	if err != nil {
+		return nil, err
+	}
+	defer cacheLock.unlock()
+	h, err := s.touchHead(opts.Cache)
 	if err != nil {
 		return nil, err
 	}
@@ -238,13 +245,8 @@ func (s *Store) buildVolumeDir(dir string, r *volumeRecord) error {
 const lastUsedGranularity = time.Minute
 
 // touchHead records a use of the cache, creating it if needed, and returns
-// its head.
-func (s *Store) touchHead(ctx context.Context, c CacheRef) (*head, error) {
-	l, err := s.lockCache(ctx, c)
-	if err != nil {
-		return nil, err
-	}
-	defer l.unlock()
+// its head. Callers hold the cache lock.
+func (s *Store) touchHead(c CacheRef) (*head, error) {
 	h, err := s.readHead(c)
 	now := time.Now().UTC()
 	switch {

@@ -71,17 +71,20 @@ func writeSquashResult(w io.Writer, cache layerfs.CacheRef, maxLayers int, res l
 }
 
 type gcOptions struct {
-	maxAge   time.Duration
-	maxBytes quantityValue
+	maxAge         time.Duration
+	maxBytes       quantityValue
+	minFree        quantityValue
+	minFreePercent float64
 }
 
 func newGCCommand(g *globalOptions) *cobra.Command {
-	o := &gcOptions{maxAge: 30 * 24 * time.Hour, maxBytes: quantityValue{text: "50Gi", bytes: 50 << 30}}
+	o := &gcOptions{maxAge: 30 * 24 * time.Hour, maxBytes: quantityValue{text: "50Gi", bytes: 50 << 30}, minFree: quantityValue{text: "0"}}
 	cmd := &cobra.Command{
 		Use:   "gc",
 		Short: "Remove old caches, least recently used caches, and unused layers",
 		Long: `Remove caches unused for longer than --max-age, then the least recently used
-caches while the store is larger than --max-bytes, then layers that no cache
+caches while the store is larger than --max-bytes or its filesystem has less
+free space than --min-free or --min-free-percent, then layers that no cache
 or volume uses. A zero value turns a bound off. Caches in use by a volume are
 kept. Progress is shown on stderr when it is a terminal.` + exitStatusHelp,
 		Example: `  layerfs gc
@@ -95,15 +98,22 @@ kept. Progress is shown on stderr when it is a terminal.` + exitStatusHelp,
 			if o.maxAge < 0 {
 				return usage(cmd, fmt.Errorf("--max-age %s is negative; use a duration such as 720h, or 0 to keep caches of any age", o.maxAge))
 			}
+			if o.minFreePercent < 0 || o.minFreePercent >= 100 {
+				return usage(cmd, fmt.Errorf("--min-free-percent %v is out of range; use a value from 0 (off) to below 100, such as 10", o.minFreePercent))
+			}
 			store, finish, err := g.openWithProgress(cmd.Context(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			return runGC(cmd.Context(), cmd.OutOrStdout(), store, finish, layerfs.GCOptions{MaxAge: o.maxAge, MaxBytes: o.maxBytes.bytes})
+			return runGC(cmd.Context(), cmd.OutOrStdout(), store, finish, layerfs.GCOptions{
+				MaxAge: o.maxAge, MaxBytes: o.maxBytes.bytes, MinFreeBytes: o.minFree.bytes, MinFreePercent: o.minFreePercent,
+			})
 		},
 	}
 	cmd.Flags().DurationVar(&o.maxAge, "max-age", o.maxAge, "remove caches unused for longer than this (0: no limit)")
 	cmd.Flags().Var(&o.maxBytes, "max-bytes", "remove least recently used caches while the store is larger, in bytes or a quantity like 50Gi or 500M (0: no limit)")
+	cmd.Flags().Var(&o.minFree, "min-free", "remove least recently used caches while the store's filesystem has less free space, like 10Gi (0: no limit)")
+	cmd.Flags().Float64Var(&o.minFreePercent, "min-free-percent", 0, "remove least recently used caches while the store's filesystem has less free space than this percentage of its size (0: no limit)")
 	return cmd
 }
 
