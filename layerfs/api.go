@@ -43,6 +43,11 @@ type MountOptions struct {
 	// Writer names who uses the volume (a pod), recorded as the cache's last
 	// writer on commit.
 	Writer string
+	// AllowSetuid and AllowDevices mount the volume without nosuid or
+	// nodev, for the rare cache that must hold working set-id programs or
+	// device nodes (a chroot, an image store for a privileged builder).
+	// Off by default: builds are untrusted and run on the node's kernel.
+	AllowSetuid, AllowDevices bool
 }
 
 // Volume is a provisioned copy-on-write view of a cache.

@@ -40,16 +40,36 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	opts.Root = root
 	s := &Store{root: root, opts: opts}
-	for _, dir := range []string{root, s.layersDir(), s.cachesDir(), s.volumesDir(), s.locksDir(), s.tmpDir(), s.emptyLayer()} {
-		if err := os.MkdirAll(dir, 0o711); err != nil {
-			return nil, fmt.Errorf("create store directory: %w", err)
-		}
+	if err := s.makeDirs(); err != nil {
+		return nil, err
 	}
 	if err := s.probe(ctx); err != nil {
 		return nil, fmt.Errorf("store root %s cannot host overlay volumes: %w", root, err)
 	}
 	s.refillReserve()
 	return s, nil
+}
+
+// makeDirs creates the store's directories, root-only. Layer and upper
+// directories take the volume root's mode (0777 by default) and their paths
+// are public in /proc/*/mountinfo; only 0700 parents keep host users from
+// planting files in every cache. Pods are not affected: the kubelet (root)
+// bind-mounts a volume's merged directory by path, and access through a
+// mount does not look at the parents of its source. Existing stores are
+// tightened too.
+func (s *Store) makeDirs() error {
+	if err := os.MkdirAll(s.root, 0o711); err != nil {
+		return fmt.Errorf("create store root: %w", err)
+	}
+	for _, dir := range []string{s.layersDir(), s.cachesDir(), s.volumesDir(), s.locksDir(), s.tmpDir(), s.emptyLayer()} {
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("create store directory: %w", err)
+		}
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("restrict store directory to root: %w", err)
+		}
+	}
+	return nil
 }
 
 // probe runs the overlay probe under the shared store lock, so that a

@@ -26,6 +26,10 @@ type volumeRecord struct {
 	RootMode    os.FileMode `json:"rootMode"`
 	RootUID     int         `json:"rootUID"`
 	RootGID     int         `json:"rootGID"`
+	// Lifted mount restrictions (MountOptions); records of older versions
+	// lack them, so their remounts get the new, safer default.
+	AllowSetuid  bool `json:"allowSetuid,omitempty"`
+	AllowDevices bool `json:"allowDevices,omitempty"`
 }
 
 func (s *Store) upperDir(id string) string  { return filepath.Join(s.volumeDir(id), "upper") }
@@ -33,7 +37,10 @@ func (s *Store) workDir(id string) string   { return filepath.Join(s.volumeDir(i
 func (s *Store) mergedDir(id string) string { return filepath.Join(s.volumeDir(id), "merged") }
 
 func (s *Store) volumeSpec(r *volumeRecord) mountSpec {
-	return mountSpec{Lower: s.lowerDirs(r.Layers), Upper: s.upperDir(r.ID), Work: s.workDir(r.ID)}
+	return mountSpec{
+		Lower: s.lowerDirs(r.Layers), Upper: s.upperDir(r.ID), Work: s.workDir(r.ID),
+		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices,
+	}
 }
 
 func (s *Store) readVolume(id string) (*volumeRecord, error) {
@@ -194,6 +201,7 @@ func (s *Store) newVolume(ctx context.Context, id string, opts MountOptions) (re
 		},
 		CacheUID: h.UID, State: stateMounted,
 		RootMode: opts.Mode, RootUID: opts.UID, RootGID: opts.GID,
+		AllowSetuid: opts.AllowSetuid, AllowDevices: opts.AllowDevices,
 	}
 	tmp, err := os.MkdirTemp(s.volumesDir(), "new-")
 	if err != nil {

@@ -14,11 +14,12 @@ import (
 )
 
 type mountOptions struct {
-	cache    string
-	readOnly bool
-	uid, gid int
-	mode     string
-	writer   string
+	cache                     string
+	readOnly                  bool
+	uid, gid                  int
+	mode                      string
+	writer                    string
+	allowSetuid, allowDevices bool
 }
 
 func newMountCommand(g *globalOptions) *cobra.Command {
@@ -52,6 +53,8 @@ Mounting an existing volume again prints its path and changes nothing.` + exitSt
 	f.IntVar(&o.gid, "gid", 0, "group of the volume's root directory")
 	f.StringVar(&o.mode, "mode", "0777", "octal mode of the volume's root directory")
 	f.StringVar(&o.writer, "writer", "", "who uses the volume (for example NAMESPACE/POD), recorded as the cache's last writer")
+	f.BoolVar(&o.allowSetuid, "allow-setuid", false, "mount without nosuid, for a cache that must hold working set-id programs")
+	f.BoolVar(&o.allowDevices, "allow-devices", false, "mount without nodev, for a cache that must hold usable device nodes")
 	return cmd
 }
 
@@ -81,6 +84,9 @@ func (o *mountOptions) validate(args []string) (string, layerfs.MountOptions, er
 		GID:      o.gid,
 		Mode:     mode,
 		Writer:   o.writer,
+
+		AllowSetuid:  o.allowSetuid,
+		AllowDevices: o.allowDevices,
 	}, nil
 }
 
