@@ -49,19 +49,55 @@ func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
 	return res, errors.Join(errs...)
 }
 
-func (s *Store) recoverVolume(ctx context.Context, r *volumeRecord, res *RecoverResult) error {
+// recoverVolume repairs one volume from a list read without its lock. The
+// volume may have been discarded or committed since, so the decision is
+// made again under its lock, and a volume that is gone stays gone: a
+// Mount here would create it anew, owned by nobody.
+func (s *Store) recoverVolume(ctx context.Context, listed *volumeRecord, res *RecoverResult) error {
+	if listed.State != stateCommitting && listed.Mounted {
+		return nil
+	}
+	storeLock, err := s.lockStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	volLock, err := s.lockVolume(ctx, listed.ID)
+	if err != nil {
+		storeLock.unlock()
+		return err
+	}
+	r, err := s.readVolume(listed.ID)
 	switch {
+	case errors.Is(err, ErrNotFound):
+		releaseOnError(volLock, err)
+		storeLock.unlock()
+		return nil // discarded or committed meanwhile
+	case err != nil:
+		volLock.unlock()
+		storeLock.unlock()
+		return err
 	case r.State == stateCommitting:
+		// Commit takes both locks itself.
+		volLock.unlock()
+		storeLock.unlock()
 		if _, err := s.Commit(ctx, r.ID); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return nil
+			}
 			return fmt.Errorf("finish commit: %w", err)
 		}
 		res.RolledForward = append(res.RolledForward, r.ID)
-	case !r.Mounted:
-		if _, err := s.Mount(ctx, r.ID, MountOptions{Cache: r.Cache}); err != nil {
-			return err
-		}
-		res.Remounted = append(res.Remounted, r.ID)
+		return nil
 	}
+	defer storeLock.unlock()
+	defer volLock.unlock()
+	if r.Mounted {
+		return nil
+	}
+	if err := s.ensureMounted(ctx, r); err != nil {
+		return err
+	}
+	res.Remounted = append(res.Remounted, r.ID)
 	return nil
 }
 
