@@ -63,6 +63,11 @@ type Volume struct {
 	MergedPath string `json:"mergedPath"`
 	// Mounted tells whether the overlay is currently mounted at MergedPath.
 	Mounted bool `json:"mounted"`
+	// Torn is true when the node went down while the volume was mounted:
+	// its upper layer was written without syncs (a volatile overlay) and
+	// may be torn, so it was emptied at remount and the volume will never
+	// be committed (Commit discards it and says so in CommitResult.Torn).
+	Torn bool `json:"torn,omitempty"`
 }
 
 // CommitResult tells what a Commit did.
@@ -76,6 +81,11 @@ type CommitResult struct {
 	// Dropped is true when the cache was removed while the volume was in use,
 	// so its changes were discarded as the removal asked.
 	Dropped bool `json:"dropped,omitempty"`
+	// Torn is true when the volume's upper layer may have been torn by a
+	// crash (see Volume.Torn): the volume was discarded instead of
+	// committed, and the cache is unchanged. Report it (an Event); the
+	// build's results are lost.
+	Torn bool `json:"torn,omitempty"`
 }
 
 // LayerInfo describes one committed layer.
@@ -129,6 +139,9 @@ type RecoverResult struct {
 	RolledForward []string `json:"rolledForward,omitempty"` // interrupted commits finished
 	RemovedTemp   int      `json:"removedTemp"`
 	RemovedLayers int      `json:"removedLayers"`
+	// Torn lists the volumes found torn by a crash at remount (see
+	// Volume.Torn): their upper layers were emptied.
+	Torn []string `json:"torn,omitempty"`
 	// Failed lists the volumes Recover could not repair (for example on a
 	// full disk); it repaired everything else. Recover's error joins them.
 	Failed []VolumeError `json:"failed,omitempty"`

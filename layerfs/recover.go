@@ -94,10 +94,14 @@ func (s *Store) recoverVolume(ctx context.Context, listed *volumeRecord, res *Re
 	if r.Mounted {
 		return nil
 	}
+	wasTorn := r.Torn
 	if err := s.ensureMounted(ctx, r); err != nil {
 		return err
 	}
 	res.Remounted = append(res.Remounted, r.ID)
+	if r.Torn && !wasTorn {
+		res.Torn = append(res.Torn, r.ID)
+	}
 	return nil
 }
 

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -30,6 +32,9 @@ type volumeRecord struct {
 	// lack them, so their remounts get the new, safer default.
 	AllowSetuid  bool `json:"allowSetuid,omitempty"`
 	AllowDevices bool `json:"allowDevices,omitempty"`
+	// BootID is the kernel boot the volume was last mounted in; a volatile
+	// mount marker found after another boot means a possibly torn upper.
+	BootID string `json:"bootID,omitempty"`
 }
 
 func (s *Store) upperDir(id string) string  { return filepath.Join(s.volumeDir(id), "upper") }
@@ -115,8 +120,11 @@ func (s *Store) ensureMounted(ctx context.Context, r *volumeRecord) error {
 		r.Mounted = true
 		return nil
 	}
-	// A volatile overlay that was not unmounted cleanly (a crash) marks its
-	// work directory, and the kernel refuses to reuse it until it is reset.
+	if err := s.checkTorn(r); err != nil {
+		return fmt.Errorf("remount volume %q: %w", r.ID, err)
+	}
+	// A volatile overlay leaves a marker in its work directory, and the
+	// kernel refuses to mount over it until it is reset.
 	if err := resetDir(s.workDir(r.ID)); err != nil {
 		return fmt.Errorf("remount volume %q: reset work directory: %w", r.ID, err)
 	}
@@ -126,6 +134,44 @@ func (s *Store) ensureMounted(ctx context.Context, r *volumeRecord) error {
 	r.Mounted = true
 	return nil
 }
+
+// volatileMarker is what the kernel leaves in a volatile overlay's work
+// directory. It stays after a clean unmount too (Linux 6.18), so it alone
+// does not tell a crash; together with a different boot it does: the node
+// went down while the volume was mounted, and what the kernel had not yet
+// written of the upper layer is lost.
+func (s *Store) volatileMarker(id string) string {
+	return filepath.Join(s.workDir(id), "work", "incompat", "volatile")
+}
+
+// checkTorn finds a volume whose upper layer a crash may have torn, before
+// the remount erases the evidence. It records that first (atomically), then
+// empties the upper layer: the volume stays usable, but is never committed.
+func (s *Store) checkTorn(r *volumeRecord) error {
+	boot := bootID()
+	if r.BootID == boot || !exists(s.volatileMarker(r.ID)) {
+		return nil
+	}
+	torn := *r
+	torn.Torn, torn.BootID, torn.Mounted = true, boot, false
+	if err := s.withReserve(func() error { return writeJSONAtomic(s.volumePath(r.ID), &torn) }); err != nil {
+		return fmt.Errorf("record that its upper layer may be torn: %w", err)
+	}
+	r.Torn, r.BootID = true, boot
+	if err := resetDir(s.upperDir(r.ID)); err != nil {
+		return fmt.Errorf("empty its possibly torn upper layer: %w", err)
+	}
+	return nil
+}
+
+// bootID names the running kernel's boot.
+var bootID = sync.OnceValue(func() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+})
 
 // abortCommit turns a volume whose commit failed before its layer landed
 // back into a mounted volume with its upper layer, as the design promises
@@ -199,7 +245,7 @@ func (s *Store) newVolume(ctx context.Context, id string, opts MountOptions) (re
 			ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
 			BaseGeneration: h.Generation, Layers: h.layerIDs(), Created: time.Now().UTC(),
 		},
-		CacheUID: h.UID, State: stateMounted,
+		CacheUID: h.UID, State: stateMounted, BootID: bootID(),
 		RootMode: opts.Mode, RootUID: opts.UID, RootGID: opts.GID,
 		AllowSetuid: opts.AllowSetuid, AllowDevices: opts.AllowDevices,
 	}
@@ -302,6 +348,15 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 		releaseOnError(volLock, err)
 		return CommitResult{}, nil, err
 	}
+	if r.Torn {
+		res, err := s.discardTorn(ctx, r)
+		if err != nil {
+			volLock.unlock()
+			return res, nil, err
+		}
+		volLock.removeAndUnlock()
+		return res, r, nil
+	}
 	if r.ReadOnly {
 		volLock.unlock()
 		return CommitResult{}, nil, fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
@@ -324,6 +379,22 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 	}
 	volLock.removeAndUnlock()
 	return res, r, nil
+}
+
+// discardTorn ends a torn volume as Discard does and reports the cache as
+// it stands.
+func (s *Store) discardTorn(ctx context.Context, r *volumeRecord) (CommitResult, error) {
+	if err := unmount(r.MergedPath); err != nil {
+		return CommitResult{}, fmt.Errorf("discard torn volume %q: %w", r.ID, err)
+	}
+	if err := s.removeVolumeDir(r.ID); err != nil {
+		return CommitResult{}, err
+	}
+	res := CommitResult{Cache: r.Cache, Torn: true}
+	if h, err := s.readHead(r.Cache); err == nil {
+		res.Generation = h.Generation
+	}
+	return res, nil
 }
 
 // prepareCommit unmounts the volume and records the commit's intent, so that

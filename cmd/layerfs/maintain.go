@@ -201,7 +201,7 @@ func runRecover(ctx context.Context, w io.Writer, store *layerfs.Store) error {
 }
 
 func writeRecoverResult(w io.Writer, res layerfs.RecoverResult) error {
-	if len(res.Remounted) == 0 && len(res.RolledForward) == 0 && res.RemovedTemp == 0 && res.RemovedLayers == 0 && len(res.Failed) == 0 {
+	if len(res.Remounted) == 0 && len(res.RolledForward) == 0 && res.RemovedTemp == 0 && res.RemovedLayers == 0 && len(res.Failed) == 0 && len(res.Torn) == 0 {
 		_, err := fmt.Fprintln(w, "recover: nothing to repair")
 		return err
 	}
@@ -217,6 +217,9 @@ func writeRecoverResult(w io.Writer, res layerfs.RecoverResult) error {
 	}
 	if res.RemovedLayers > 0 {
 		fmt.Fprintf(&b, "removed %s\n", count(res.RemovedLayers, "unreferenced layer"))
+	}
+	for _, v := range res.Torn {
+		fmt.Fprintf(&b, "volume %s was mounted when the node went down: its changes may be torn and were emptied; it will not be committed\n", v)
 	}
 	for _, f := range res.Failed {
 		fmt.Fprintf(&b, "could not repair volume %s: %v\n", f.Volume, f.Err)

@@ -164,6 +164,8 @@ func runCommit(ctx context.Context, stdout, stderr io.Writer, store *layerfs.Sto
 // read it, and what else happened on stderr.
 func reportCommit(stdout, stderr io.Writer, volumeID string, res layerfs.CommitResult) error {
 	switch {
+	case res.Torn:
+		fmt.Fprintf(stderr, "layerfs: volume %s was mounted when the node went down, so its changes may be torn; it was discarded and cache %s stays at generation %d\n", volumeID, res.Cache, res.Generation)
 	case res.Dropped:
 		fmt.Fprintf(stderr, "layerfs: cache %s was removed while volume %s was in use; its changes were dropped\n", res.Cache, volumeID)
 	case res.Layer == "":
