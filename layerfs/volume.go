@@ -68,14 +68,11 @@ func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (
 	if err := ValidateName("volume", volumeID); err != nil {
 		return nil, err
 	}
-	if err := opts.Cache.Validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	if opts.Mode == 0 {
 		opts.Mode = 0o777
-	}
-	if opts.Mode&^os.ModePerm != 0 || opts.UID < 0 || opts.GID < 0 {
-		return nil, fmt.Errorf("invalid volume root ownership uid=%d gid=%d mode=%o: use ids >= 0 and a permission mode like 0777", opts.UID, opts.GID, opts.Mode)
 	}
 	storeLock, err := s.lockStore(ctx, false)
 	if err != nil {
@@ -112,6 +109,46 @@ func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (
 // table, not r.Mounted: a failed operation may have unmounted the volume
 // after r was read. A volume left mid-commit is rolled back to a mounted
 // volume first (see abortCommit).
+// MaxID is the largest uid or gid a volume root can have: ids are 32-bit,
+// and 4294967295 means "unchanged" to chown(2).
+const MaxID = 1<<32 - 2
+
+// rootModeBits are the mode bits a volume root may have: permissions, and
+// setgid (new files take the directory's group) and sticky (a shared /tmp).
+// setuid means nothing on a directory.
+const rootModeBits = os.ModePerm | os.ModeSetgid | os.ModeSticky
+
+// Validate checks the options as Mount does, so that a caller (the CLI)
+// can refuse bad input before doing any work.
+func (o MountOptions) Validate() error {
+	if err := o.Cache.Validate(); err != nil {
+		return err
+	}
+	for _, id := range []struct {
+		name  string
+		value int
+	}{{"uid", o.UID}, {"gid", o.GID}} {
+		if id.value < 0 || id.value > MaxID {
+			return fmt.Errorf("volume root %s %d is out of range: use 0 to %d", id.name, id.value, MaxID)
+		}
+	}
+	if o.Mode&^rootModeBits != 0 {
+		return fmt.Errorf("volume root mode 0%o is not allowed: use permission bits, optionally with setgid or sticky, like 0777, 0755, 02775 or 01777 (setuid means nothing on a directory)", unixMode(o.Mode))
+	}
+	return nil
+}
+
+// unixMode is m as chmod(2) bits, for messages.
+func unixMode(m os.FileMode) uint32 {
+	bits := uint32(m.Perm())
+	for flag, bit := range map[os.FileMode]uint32{os.ModeSetuid: 0o4000, os.ModeSetgid: 0o2000, os.ModeSticky: 0o1000} {
+		if m&flag != 0 {
+			bits |= bit
+		}
+	}
+	return bits
+}
+
 func (s *Store) ensureMounted(ctx context.Context, r *volumeRecord) error {
 	if r.State == stateCommitting {
 		return s.abortCommit(ctx, r)

@@ -70,14 +70,16 @@ func (o *mountOptions) validate(args []string) (string, layerfs.MountOptions, er
 	if err != nil {
 		return "", layerfs.MountOptions{}, fmt.Errorf("--cache: %w", err)
 	}
-	if o.uid < 0 || o.gid < 0 {
-		return "", layerfs.MountOptions{}, fmt.Errorf("--uid %d --gid %d: ids must not be negative", o.uid, o.gid)
+	// Checked here, not only by the store: chown(2) takes 32-bit ids, and
+	// --uid 4294967296 would silently become uid 0.
+	if o.uid < 0 || o.gid < 0 || o.uid > layerfs.MaxID || o.gid > layerfs.MaxID {
+		return "", layerfs.MountOptions{}, fmt.Errorf("--uid %d --gid %d: ids must be from 0 to %d", o.uid, o.gid, layerfs.MaxID)
 	}
 	mode, err := parseMode(o.mode)
 	if err != nil {
 		return "", layerfs.MountOptions{}, err
 	}
-	return volumeID, layerfs.MountOptions{
+	opts := layerfs.MountOptions{
 		Cache:    cache,
 		ReadOnly: o.readOnly,
 		UID:      o.uid,
@@ -87,7 +89,12 @@ func (o *mountOptions) validate(args []string) (string, layerfs.MountOptions, er
 
 		AllowSetuid:  o.allowSetuid,
 		AllowDevices: o.allowDevices,
-	}, nil
+	}
+	// The store's own check, so that what it refuses is a usage error here.
+	if err := opts.Validate(); err != nil {
+		return "", layerfs.MountOptions{}, fmt.Errorf("--mode %s: %w", o.mode, err)
+	}
+	return volumeID, opts, nil
 }
 
 // parseMode parses an octal mode such as 0777, 755 or 01777. Go keeps the
@@ -97,7 +104,7 @@ func parseMode(s string) (os.FileMode, error) {
 	digits := strings.TrimPrefix(strings.TrimPrefix(s, "0o"), "0O")
 	bits, err := strconv.ParseUint(digits, 8, 32)
 	if err != nil || bits > 0o7777 {
-		return 0, fmt.Errorf("--mode %q is not an octal file mode; use for example 0777, 0755 or 01777", s)
+		return 0, fmt.Errorf("--mode %q is not an octal file mode; use for example 0777, 0755, 02775 or 01777", s)
 	}
 	if bits == 0 {
 		// The store reads a zero mode as "default 0777"; refuse it rather
