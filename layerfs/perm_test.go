@@ -119,3 +119,29 @@ func TestVolumeMountFlags(t *testing.T) {
 		})
 	}
 }
+
+// The hand-split mountinfo parser compared the escaped mount point
+// ("store\040root") with the real path, so Recover left the mounts of a
+// crashed squash mounted under a root with a space and then failed to
+// remove them.
+func TestUnmountAllSpaceInRoot(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{Root: filepath.Join(t.TempDir(), "store root")})
+	mustMount(t, s, "v", "ns/c")
+	view := filepath.Join(s.tmpDir(), "squash-1", "view") // as a crashed squash leaves it
+	must(t, os.MkdirAll(view, 0o700))
+	must(t, unix.Mount("tmpfs", view, "tmpfs", 0, "size=1m"))
+	t.Cleanup(func() { unix.Unmount(view, unix.MNT_DETACH) })
+	if _, err := s.Recover(ctx); err != nil {
+		t.Fatalf("Recover under a root with a space: %v", err)
+	}
+	if isMountPoint(view) || exists(view) {
+		t.Error("the crashed squash's view is still there")
+	}
+	if err := unmountAll(s.Root()); err != nil {
+		t.Fatal(err)
+	}
+	if isMountPoint(s.mergedDir("v")) {
+		t.Error("unmountAll left the volume mounted")
+	}
+}

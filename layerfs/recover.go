@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"slices"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // Recover repairs the store after a crash or reboot: it removes temp files
@@ -165,21 +167,18 @@ func (s *Store) atomicWriteLeftovers() []string {
 }
 
 // unmountAll unmounts every mount at or below dir (squash views of a
-// crashed process), deepest first.
+// crashed process), deepest first. mountinfo decodes the escaped fields of
+// /proc/self/mountinfo (a space is "\040" there).
 func unmountAll(dir string) error {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
-		return err
+		return fmt.Errorf("read the mount table: %w", err)
 	}
-	var targets []string
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
-			targets = append(targets, fields[4])
-		}
-	}
-	for i := len(targets) - 1; i >= 0; i-- {
-		if err := unmount(targets[i]); err != nil {
+	// Deepest first; the table lists stacked mounts in mount order, which
+	// the stable sort keeps, so the last one stacked goes first.
+	slices.SortStableFunc(mounts, func(a, b *mountinfo.Info) int { return len(a.Mountpoint) - len(b.Mountpoint) })
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if err := unmount(mounts[i].Mountpoint); err != nil {
 			return err
 		}
 	}
