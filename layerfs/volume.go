@@ -681,18 +681,19 @@ func (s *Store) MountCommand(ctx context.Context, volumeID string) (string, erro
 	return s.volumeSpec(r).command(r.MergedPath), nil
 }
 
-// resetDir empties dir, keeping dir itself.
+// resetDir empties dir, keeping dir itself. It reads dirChunk names at a
+// time (a torn upper layer may hold a huge directory) and removes only
+// names it has read, which readdir returns once each however the directory
+// changes meanwhile.
 func resetDir(dir string) error {
-	entries, err := os.ReadDir(dir)
+	d, err := openDir(dir)
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
+	defer d.Close()
+	return forEachName(d, dir, func(name string) error {
+		return os.RemoveAll(filepath.Join(dir, name))
+	})
 }
 
 func dirIsEmpty(dir string) (bool, error) {
