@@ -70,3 +70,25 @@ func TestVolatileMarkerClearedAtRemount(t *testing.T) {
 		})
 	}
 }
+
+// A commit interrupted after its intent was recorded had synced its upper
+// layer, so rolling it back after a reboot must not take it for torn.
+func TestRolledBackCommitAfterRebootIsNotTorn(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{})
+	merged := mustMount(t, s, "v", "ns/c")
+	writeFile(t, filepath.Join(merged, "synced"), "x")
+	r, err := s.readVolume("v")
+	must(t, err)
+	must(t, s.prepareCommit(ctx, r)) // unmounts, syncs, records the intent
+	r.BootID = "an-earlier-boot"
+	must(t, writeJSONAtomic(s.volumePath("v"), r))
+	v, err := s.Mount(ctx, "v", MountOptions{Cache: mustRef(t, "ns/c")})
+	must(t, err)
+	if v.Torn || readFile(t, filepath.Join(merged, "synced")) != "x" {
+		t.Fatalf("rolled-back volume torn=%v; want its synced data kept", v.Torn)
+	}
+	if res := mustCommit(t, s, "v"); res.Torn || res.Layer == "" {
+		t.Fatalf("Commit = %+v, want a layer", res)
+	}
+}

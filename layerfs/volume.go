@@ -257,9 +257,13 @@ func (s *Store) undoCommitIntent(ctx context.Context, r *volumeRecord) error {
 	}
 	back := *r
 	back.State, back.CommitLayer, back.Mounted = stateMounted, nil, false
+	// The upper layer was synced before the intent was recorded, so no
+	// crash since can have torn it, whatever the volatile marker says.
+	back.BootID = bootID()
 	if err := s.withReserve(func() error { return writeJSONAtomic(s.volumePath(r.ID), &back) }); err != nil {
 		return fmt.Errorf("volume %q: record the end of its failed commit (a retry of the commit finishes it instead): %w", r.ID, err)
 	}
+	*r = back
 	return nil
 }
 
