@@ -6,6 +6,7 @@ require (
 	github.com/containerd/continuity v0.4.5
 	github.com/go-logr/logr v1.4.4
 	github.com/google/go-containerregistry v0.22.1
+	github.com/moby/sys/mountinfo v0.7.2
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/spf13/cobra v1.10.2

@@ -43,6 +43,11 @@ type MountOptions struct {
 	// Writer names who uses the volume (a pod), recorded as the cache's last
 	// writer on commit.
 	Writer string
+	// AllowSetuid and AllowDevices mount the volume without nosuid or
+	// nodev, for the rare cache that must hold working set-id programs or
+	// device nodes (a chroot, an image store for a privileged builder).
+	// Off by default: builds are untrusted and run on the node's kernel.
+	AllowSetuid, AllowDevices bool
 }
 
 // Volume is a provisioned copy-on-write view of a cache.
@@ -58,6 +63,11 @@ type Volume struct {
 	MergedPath string `json:"mergedPath"`
 	// Mounted tells whether the overlay is currently mounted at MergedPath.
 	Mounted bool `json:"mounted"`
+	// Torn is true when the node went down while the volume was mounted:
+	// its upper layer was written without syncs (a volatile overlay) and
+	// may be torn, so it was emptied at remount and the volume will never
+	// be committed (Commit discards it and says so in CommitResult.Torn).
+	Torn bool `json:"torn,omitempty"`
 }
 
 // CommitResult tells what a Commit did.
@@ -71,6 +81,11 @@ type CommitResult struct {
 	// Dropped is true when the cache was removed while the volume was in use,
 	// so its changes were discarded as the removal asked.
 	Dropped bool `json:"dropped,omitempty"`
+	// Torn is true when the volume's upper layer may have been torn by a
+	// crash (see Volume.Torn): the volume was discarded instead of
+	// committed, and the cache is unchanged. Report it (an Event); the
+	// build's results are lost.
+	Torn bool `json:"torn,omitempty"`
 }
 
 // LayerInfo describes one committed layer.
@@ -104,6 +119,11 @@ type SquashResult struct {
 type GCOptions struct {
 	MaxAge   time.Duration // remove caches unused for longer
 	MaxBytes int64         // remove least recently used caches while larger
+	// MinFreeBytes and MinFreePercent (of the filesystem's size) evict the
+	// least recently used unused caches while the filesystem that holds the
+	// store has less free space than that, whoever filled it.
+	MinFreeBytes   int64
+	MinFreePercent float64
 }
 
 // GCResult tells what a GC removed.
@@ -119,4 +139,21 @@ type RecoverResult struct {
 	RolledForward []string `json:"rolledForward,omitempty"` // interrupted commits finished
 	RemovedTemp   int      `json:"removedTemp"`
 	RemovedLayers int      `json:"removedLayers"`
+	// Torn lists the volumes found torn by a crash at remount (see
+	// Volume.Torn): their upper layers were emptied.
+	Torn []string `json:"torn,omitempty"`
+	// Failed lists the volumes Recover could not repair (for example on a
+	// full disk); it repaired everything else. Recover's error joins them.
+	Failed []VolumeError `json:"failed,omitempty"`
 }
+
+// VolumeError is a volume an operation over many volumes could not handle.
+type VolumeError struct {
+	Volume string `json:"volume"`
+	Err    error  `json:"-"`
+	// Message is Err's text, for JSON.
+	Message string `json:"error"`
+}
+
+func (e VolumeError) Error() string { return e.Message }
+func (e VolumeError) Unwrap() error { return e.Err }

@@ -56,6 +56,28 @@ var crashOps = []crashOp{
 		},
 	},
 	{
+		// A commit that failed after moving its layer in (a full disk) is
+		// rolled back to a mounted volume by Mount, then committed again.
+		name: "remount-mid-commit",
+		setup: func(t testing.TB, s *Store) {
+			buildChain(t, s, "ns/c", layerSteps[:2])
+			merged := mustMount(t, s, "pending", "ns/c")
+			layerSteps[2](t, merged)
+			fixTimes(t, merged)
+			r, err := s.readVolume("pending")
+			must(t, err)
+			must(t, s.prepareCommit(context.Background(), r))
+			must(t, renameDurable(s.upperDir("pending"), s.layerDir(r.CommitLayer.ID)))
+		},
+		run: func(ctx context.Context, s *Store) error {
+			if _, err := s.Mount(ctx, "pending", MountOptions{Cache: CacheRef{"ns", "c"}}); err != nil {
+				return err
+			}
+			_, err := s.Commit(ctx, "pending")
+			return err
+		},
+	},
+	{
 		name:  "squash",
 		setup: func(t testing.TB, s *Store) { buildChain(t, s, "ns/c", layerSteps) },
 		run: func(ctx context.Context, s *Store) error {

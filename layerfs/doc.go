@@ -12,7 +12,11 @@
 //	caches/<namespace>/<name>/head.json  generation and layer list
 //	volumes/<id>/{upper,work,merged,volume.json}
 //	locks/                               flock files
+//	tmp/                                 squash views, trash, probes
+//	probe.json, reserve                  last overlay probe; space kept for a full disk
 //
+// The directories are root-only (0700): layer roots may be world-writable
+// and their paths are public in /proc/*/mountinfo.
 // Every on-disk change is atomic (build in a new-* temp path, fsync, rename),
 // and every operation takes flock locks so that several processes (the node
 // agent and the CLI) can use one store at once.
@@ -27,6 +31,7 @@
 //	Squash(ctx, CacheRef, maxLayers) (SquashResult, error)
 //	GC(ctx, GCOptions) (GCResult, error)
 //	Remove(ctx, CacheRef) error
+//	RemoveIfUnused(ctx, CacheRef) (removed bool, err error)
 //	List(ctx) ([]CacheInfo, error) / Inspect(ctx, CacheRef) (CacheInfo, error)
 //	Recover(ctx) (RecoverResult, error)
 //

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sort"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Remove deletes a cache. Volumes that use it keep their layers until they
@@ -32,6 +34,12 @@ func (s *Store) removeCache(ctx context.Context, cache CacheRef) error {
 		releaseOnError(l, err)
 		return fmt.Errorf("cache %s: %w", cache, err)
 	}
+	return s.removeLockedCache(cache, l)
+}
+
+// removeLockedCache removes a cache whose lock l the caller holds, and
+// releases the lock.
+func (s *Store) removeLockedCache(cache CacheRef, l *fileLock) error {
 	// Removing head.json is the commit point: from here the cache is gone.
 	if err := os.Remove(s.headPath(cache)); err != nil {
 		l.unlock()
@@ -42,6 +50,68 @@ func (s *Store) removeCache(ctx context.Context, cache CacheRef) error {
 	os.Remove(filepath.Dir(s.cacheDir(cache))) // the namespace dir, if now empty
 	l.removeAndUnlock()
 	return nil
+}
+
+// RemoveIfUnused removes a cache unless a volume uses it, deciding under
+// the cache's lock: Mount holds that lock until its volume is recorded, so
+// no volume can start using the cache between the check and the removal
+// (which would drop its commit). removed is false for a cache in use or
+// one that does not exist. This is what retention policies should call;
+// Remove is for an operator who wants the cache gone even while in use.
+func (s *Store) RemoveIfUnused(ctx context.Context, cache CacheRef) (removed bool, err error) {
+	if err := cache.Validate(); err != nil {
+		return false, err
+	}
+	removed, err = s.removeIfUnused(ctx, cache, time.Time{})
+	if err != nil || !removed {
+		return removed, err
+	}
+	_, err = s.sweepLayers(ctx)
+	return true, err
+}
+
+// removeIfUnused removes the cache if no volume of its current incarnation
+// exists and, unless lastUsed is zero, it was not used since lastUsed (a
+// GC decision made from an earlier List stays true).
+func (s *Store) removeIfUnused(ctx context.Context, cache CacheRef, lastUsed time.Time) (bool, error) {
+	l, err := s.lockCache(ctx, cache)
+	if err != nil {
+		return false, err
+	}
+	h, err := s.readHead(cache)
+	if errors.Is(err, ErrNotFound) {
+		l.removeAndUnlock()
+		return false, nil
+	}
+	if err != nil {
+		l.unlock()
+		return false, fmt.Errorf("cache %s: %w", cache, err)
+	}
+	if !lastUsed.IsZero() && !h.LastUsed.Equal(lastUsed) {
+		l.unlock()
+		return false, nil
+	}
+	inUse, err := s.cacheInUse(h)
+	if err != nil || inUse {
+		l.unlock()
+		return false, err
+	}
+	return true, s.removeLockedCache(cache, l)
+}
+
+// cacheInUse tells whether a volume of this incarnation of the cache
+// exists. Callers hold the cache lock.
+func (s *Store) cacheInUse(h *head) (bool, error) {
+	recs, err := s.volumeRecords()
+	if err != nil {
+		return false, err
+	}
+	for _, r := range recs {
+		if r.Cache == h.Cache && r.CacheUID == h.UID {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // heads reads every cache's head.
@@ -128,10 +198,15 @@ func (s *Store) volumesByCache() (map[CacheRef][]string, error) {
 }
 
 // GC removes caches unused for longer than opts.MaxAge, then the least
-// recently used caches while the store holds more than opts.MaxBytes, then
-// every layer no cache or volume references. Caches in use are kept.
+// recently used caches while the store holds more than opts.MaxBytes or
+// its filesystem has less free space than opts.MinFreeBytes or
+// opts.MinFreePercent, then every layer no cache or volume references.
+// Caches in use are kept; that is decided under each cache's lock.
 func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 	var res GCResult
+	if err := opts.validate(); err != nil {
+		return res, err
+	}
 	infos, err := s.List(ctx)
 	if err != nil {
 		return res, err
@@ -145,19 +220,65 @@ func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 	for i, c := range infos {
 		expired := opts.MaxAge > 0 && now.Sub(c.LastUsed) > opts.MaxAge
 		over := opts.MaxBytes > 0 && total > opts.MaxBytes
-		if len(c.Volumes) > 0 || !(expired || over) {
-			continue
-		}
-		if err := s.removeCache(ctx, c.Cache); err != nil && !errors.Is(err, ErrNotFound) {
+		low, err := s.lowOnSpace(opts)
+		if err != nil {
 			return res, err
+		}
+		if len(c.Volumes) > 0 || !(expired || over || low) {
+			continue // the first check is a shortcut; removeIfUnused decides
+		}
+		removed, err := s.removeIfUnused(ctx, c.Cache, c.LastUsed)
+		if err != nil {
+			return res, err
+		}
+		if !removed {
+			continue
 		}
 		total -= c.Bytes
 		res.RemovedCaches = append(res.RemovedCaches, c.Cache)
 		s.progress(Progress{Op: "gc", Cache: c.Cache.String(), Done: int64(i + 1), Total: int64(len(infos))})
+		if low {
+			// Free space is measured, so the layers must go before the
+			// next measurement.
+			swept, err := s.sweepLayers(ctx)
+			res.RemovedLayers += swept.RemovedLayers
+			res.FreedBytes += swept.FreedBytes
+			if err != nil {
+				return res, err
+			}
+		}
 	}
 	swept, err := s.sweepLayers(ctx)
-	res.RemovedLayers, res.FreedBytes = swept.RemovedLayers, swept.FreedBytes
+	res.RemovedLayers += swept.RemovedLayers
+	res.FreedBytes += swept.FreedBytes
+	s.refillReserve()
 	return res, err
+}
+
+func (o GCOptions) validate() error {
+	if o.MaxAge < 0 || o.MaxBytes < 0 || o.MinFreeBytes < 0 {
+		return fmt.Errorf("gc bounds must not be negative (max age %s, max bytes %d, min free bytes %d); use 0 to disable a bound", o.MaxAge, o.MaxBytes, o.MinFreeBytes)
+	}
+	if o.MinFreePercent < 0 || o.MinFreePercent >= 100 {
+		return fmt.Errorf("gc min free percent %v is out of range: use a value from 0 (disabled) to below 100", o.MinFreePercent)
+	}
+	return nil
+}
+
+// lowOnSpace tells whether the store's filesystem has less free space (for
+// root: statfs f_bavail) than opts ask for.
+func (s *Store) lowOnSpace(opts GCOptions) (bool, error) {
+	if opts.MinFreeBytes == 0 && opts.MinFreePercent == 0 {
+		return false, nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.root, &st); err != nil {
+		return false, fmt.Errorf("measure free space of %s: %w", s.root, err)
+	}
+	free := float64(st.Bavail) * float64(st.Bsize)
+	size := float64(st.Blocks) * float64(st.Bsize)
+	return (opts.MinFreeBytes > 0 && free < float64(opts.MinFreeBytes)) ||
+		(opts.MinFreePercent > 0 && free < size*opts.MinFreePercent/100), nil
 }
 
 type sweepResult struct {

@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/continuity/sysx"
 	"golang.org/x/sys/unix"
@@ -174,4 +176,71 @@ func diffSnapshots(want, got map[string]string) string {
 		}
 	}
 	return b.String()
+}
+
+// smallFS mounts a fresh filesystem of kind "tmpfs" or "ext4" (a loop
+// image) with size bytes and returns a directory on it for a store root.
+// Small filesystems make full-disk and sparse-file tests fast and keep a
+// failing test from filling the machine's disk. The mount goes away when
+// the test ends; mount(8) sets loop devices to auto-clear, so the loop
+// device goes with it.
+func smallFS(t testing.TB, kind string, size int64) string {
+	t.Helper()
+	requireRoot(t)
+	dir := t.TempDir()
+	switch kind {
+	case "tmpfs":
+		must(t, unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0755", size)))
+	case "ext4":
+		img := filepath.Join(t.TempDir(), "fs.img")
+		f, err := os.Create(img)
+		must(t, err)
+		must(t, f.Truncate(size))
+		must(t, f.Close())
+		// No reserved blocks: a full disk is full for root too.
+		run(t, "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", img)
+		run(t, "mount", "-o", "loop", img, dir)
+	default:
+		t.Fatalf("smallFS: unknown kind %q", kind)
+	}
+	t.Cleanup(func() {
+		if err := unmountAll(dir); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	root := filepath.Join(dir, "store") // not the fs root, which holds lost+found
+	must(t, os.Mkdir(root, 0o755))
+	return root
+}
+
+func run(t testing.TB, name string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+// fillDisk writes a file until the filesystem at dir is full and returns
+// its path; removing it gives the space back.
+func fillDisk(t testing.TB, dir string) string {
+	t.Helper()
+	f, err := os.CreateTemp(dir, "filler-")
+	must(t, err)
+	path := f.Name()
+	defer f.Close()
+	chunk := make([]byte, 64<<10)
+	for range 1 << 16 { // bounded: 4 GiB at most
+		if _, err := f.Write(chunk); err != nil {
+			break
+		}
+	}
+	// Smaller writes take the last partial chunk's space too.
+	for range 1 << 10 {
+		if _, err := f.Write(chunk[:512]); err != nil {
+			break
+		}
+	}
+	return path
 }

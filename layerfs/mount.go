@@ -33,6 +33,25 @@ type mountSpec struct {
 	Lower []string // newest (top) first
 	Upper string   // empty for a read-only mount of the lower layers
 	Work  string
+	// AllowSetuid and AllowDevices lift nosuid and nodev, which every
+	// mount gets by default: a volume is filled by untrusted builds and
+	// must not become a way to run set-id programs or reach host devices.
+	AllowSetuid, AllowDevices bool
+}
+
+// flags are the mount flags (mount(2)), the matching new-API attributes
+// (fsmount(2)) and their names for mount(8).
+func (m mountSpec) flags() (flags uintptr, attr int, names []string) {
+	if m.Upper == "" {
+		flags, attr, names = flags|unix.MS_RDONLY, attr|unix.MOUNT_ATTR_RDONLY, append(names, "ro")
+	}
+	if !m.AllowSetuid {
+		flags, attr, names = flags|unix.MS_NOSUID, attr|unix.MOUNT_ATTR_NOSUID, append(names, "nosuid")
+	}
+	if !m.AllowDevices {
+		flags, attr, names = flags|unix.MS_NODEV, attr|unix.MOUNT_ATTR_NODEV, append(names, "nodev")
+	}
+	return flags, attr, names
 }
 
 func (m mountSpec) options() []string {
@@ -57,7 +76,8 @@ func (m mountSpec) data() string { return strings.Join(m.options(), ",") }
 
 // command is the equivalent mount(8) command line.
 func (m mountSpec) command(target string) string {
-	return fmt.Sprintf("mount -t overlay overlay -o %s %s", m.data(), target)
+	_, _, names := m.flags()
+	return fmt.Sprintf("mount -t overlay overlay -o %s %s", strings.Join(append(names, m.data()), ","), target)
 }
 
 func (m mountSpec) validate() error {
@@ -77,10 +97,7 @@ func (m mountSpec) mount(target string) error {
 	if err := m.validate(); err != nil {
 		return err
 	}
-	flags := uintptr(0)
-	if m.Upper == "" {
-		flags = unix.MS_RDONLY
-	}
+	flags, _, _ := m.flags()
 	if data := m.data(); len(data) < os.Getpagesize() {
 		if err := unix.Mount("overlay", target, "overlay", flags, data); err != nil {
 			return fmt.Errorf("%s: %w", m.command(target), err)
@@ -136,10 +153,7 @@ func (m mountSpec) fsmount(target string) error {
 	if err := unix.FsconfigCreate(fsfd); err != nil {
 		return fmt.Errorf("fsconfig create: %w", err)
 	}
-	attr := 0
-	if m.Upper == "" {
-		attr = unix.MOUNT_ATTR_RDONLY
-	}
+	_, attr, _ := m.flags()
 	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, attr)
 	if err != nil {
 		return fmt.Errorf("fsmount: %w", err)

@@ -8,19 +8,28 @@ import (
 
 func TestMountSpecOptions(t *testing.T) {
 	tests := []struct {
-		name string
-		spec mountSpec
-		want string
+		name  string
+		spec  mountSpec
+		want  string
+		flags string
 	}{
 		{
-			name: "volume",
-			spec: mountSpec{Lower: []string{"/r/layers/b", "/r/layers/a"}, Upper: "/r/v/upper", Work: "/r/v/work"},
-			want: "lowerdir=/r/layers/b:/r/layers/a,upperdir=/r/v/upper,workdir=/r/v/work,index=off,redirect_dir=off,metacopy=off,volatile",
+			name:  "volume",
+			spec:  mountSpec{Lower: []string{"/r/layers/b", "/r/layers/a"}, Upper: "/r/v/upper", Work: "/r/v/work"},
+			want:  "lowerdir=/r/layers/b:/r/layers/a,upperdir=/r/v/upper,workdir=/r/v/work,index=off,redirect_dir=off,metacopy=off,volatile",
+			flags: "nosuid,nodev",
 		},
 		{
-			name: "read-only view for squash",
-			spec: mountSpec{Lower: []string{"/r/layers/b", "/r/layers/a"}},
-			want: "lowerdir=/r/layers/b:/r/layers/a,index=off,redirect_dir=off,metacopy=off",
+			name:  "volume of a cache that needs set-id programs and devices",
+			spec:  mountSpec{Lower: []string{"/r/layers/a"}, Upper: "/r/v/upper", Work: "/r/v/work", AllowSetuid: true, AllowDevices: true},
+			want:  "lowerdir=/r/layers/a,upperdir=/r/v/upper,workdir=/r/v/work,index=off,redirect_dir=off,metacopy=off,volatile",
+			flags: "",
+		},
+		{
+			name:  "read-only view for squash",
+			spec:  mountSpec{Lower: []string{"/r/layers/b", "/r/layers/a"}},
+			want:  "lowerdir=/r/layers/b:/r/layers/a,index=off,redirect_dir=off,metacopy=off",
+			flags: "ro,nosuid,nodev",
 		},
 	}
 	for _, tt := range tests {
@@ -29,7 +38,11 @@ func TestMountSpecOptions(t *testing.T) {
 				t.Errorf("data() = %q, want %q", got, tt.want)
 			}
 			cmd := tt.spec.command("/mnt")
-			if !strings.HasPrefix(cmd, "mount -t overlay overlay -o "+tt.want) || !strings.HasSuffix(cmd, " /mnt") {
+			opts := tt.want
+			if tt.flags != "" {
+				opts = tt.flags + "," + opts
+			}
+			if !strings.HasPrefix(cmd, "mount -t overlay overlay -o "+opts) || !strings.HasSuffix(cmd, " /mnt") {
 				t.Errorf("command() = %q", cmd)
 			}
 		})

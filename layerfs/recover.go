@@ -2,16 +2,23 @@ package layerfs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"slices"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // Recover repairs the store after a crash or reboot: it removes temp files
 // and directories, finishes commits that were interrupted after their intent
 // was recorded, remounts volumes whose mounts are gone, and removes layers
 // nothing references. Run it at start-up, before serving.
+//
+// A volume that cannot be repaired (a full disk, a damaged record) does not
+// stop the others: it is listed in RecoverResult.Failed, and the returned
+// error joins those failures once everything else is done.
 func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
 	var res RecoverResult
 	removed, err := s.removeTemp(ctx)
@@ -19,27 +26,85 @@ func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
 		return res, err
 	}
 	res.RemovedTemp = removed
+	// Unreferenced layers go first: on a full disk, the space they free is
+	// what remounts and commits need.
+	swept, err := s.sweepLayers(ctx)
+	res.RemovedLayers = swept.RemovedLayers
+	if err != nil {
+		return res, err
+	}
 	recs, err := s.volumeRecords()
 	if err != nil {
 		return res, err
 	}
 	for _, r := range recs {
-		switch {
-		case r.State == stateCommitting:
-			if _, err := s.Commit(ctx, r.ID); err != nil {
-				return res, fmt.Errorf("recover: finish commit of volume %q: %w", r.ID, err)
-			}
-			res.RolledForward = append(res.RolledForward, r.ID)
-		case !r.Mounted:
-			if _, err := s.Mount(ctx, r.ID, MountOptions{Cache: r.Cache}); err != nil {
-				return res, fmt.Errorf("recover: %w", err)
-			}
-			res.Remounted = append(res.Remounted, r.ID)
+		if err := s.recoverVolume(ctx, r, &res); err != nil {
+			res.Failed = append(res.Failed, VolumeError{Volume: r.ID, Err: err, Message: err.Error()})
 		}
 	}
-	swept, err := s.sweepLayers(ctx)
-	res.RemovedLayers = swept.RemovedLayers
-	return res, err
+	swept, err = s.sweepLayers(ctx)
+	res.RemovedLayers += swept.RemovedLayers
+	errs := []error{err}
+	for _, f := range res.Failed {
+		errs = append(errs, fmt.Errorf("recover volume %q: %w", f.Volume, f.Err))
+	}
+	return res, errors.Join(errs...)
+}
+
+// recoverVolume repairs one volume from a list read without its lock. The
+// volume may have been discarded or committed since, so the decision is
+// made again under its lock, and a volume that is gone stays gone: a
+// Mount here would create it anew, owned by nobody.
+func (s *Store) recoverVolume(ctx context.Context, listed *volumeRecord, res *RecoverResult) error {
+	if listed.State != stateCommitting && listed.Mounted {
+		return nil
+	}
+	storeLock, err := s.lockStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	volLock, err := s.lockVolume(ctx, listed.ID)
+	if err != nil {
+		storeLock.unlock()
+		return err
+	}
+	r, err := s.readVolume(listed.ID)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		releaseOnError(volLock, err)
+		storeLock.unlock()
+		return nil // discarded or committed meanwhile
+	case err != nil:
+		volLock.unlock()
+		storeLock.unlock()
+		return err
+	case r.State == stateCommitting:
+		// Commit takes both locks itself.
+		volLock.unlock()
+		storeLock.unlock()
+		if _, err := s.Commit(ctx, r.ID); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return nil
+			}
+			return fmt.Errorf("finish commit: %w", err)
+		}
+		res.RolledForward = append(res.RolledForward, r.ID)
+		return nil
+	}
+	defer storeLock.unlock()
+	defer volLock.unlock()
+	if r.Mounted {
+		return nil
+	}
+	wasTorn := r.Torn
+	if err := s.ensureMounted(ctx, r); err != nil {
+		return err
+	}
+	res.Remounted = append(res.Remounted, r.ID)
+	if r.Torn && !wasTorn {
+		res.Torn = append(res.Torn, r.ID)
+	}
+	return nil
 }
 
 // removeTemp removes what interrupted operations left: new-* builds, temp
@@ -102,21 +167,18 @@ func (s *Store) atomicWriteLeftovers() []string {
 }
 
 // unmountAll unmounts every mount at or below dir (squash views of a
-// crashed process), deepest first.
+// crashed process), deepest first. mountinfo decodes the escaped fields of
+// /proc/self/mountinfo (a space is "\040" there).
 func unmountAll(dir string) error {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
-		return err
+		return fmt.Errorf("read the mount table: %w", err)
 	}
-	var targets []string
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
-			targets = append(targets, fields[4])
-		}
-	}
-	for i := len(targets) - 1; i >= 0; i-- {
-		if err := unmount(targets[i]); err != nil {
+	// Deepest first; the table lists stacked mounts in mount order, which
+	// the stable sort keeps, so the last one stacked goes first.
+	slices.SortStableFunc(mounts, func(a, b *mountinfo.Info) int { return len(a.Mountpoint) - len(b.Mountpoint) })
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if err := unmount(mounts[i].Mountpoint); err != nil {
 			return err
 		}
 	}

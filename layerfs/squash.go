@@ -40,7 +40,7 @@ func (s *Store) squash(ctx context.Context, cache CacheRef, maxLayers int) (res 
 	defer storeLock.unlock()
 	h, err := s.lockedHead(ctx, cache)
 	if err != nil {
-		return res, err
+		return res, fmt.Errorf("squash cache %s: %w", cache, err)
 	}
 	if len(h.Layers) <= maxLayers || len(h.Layers) < 2 {
 		return res, nil

@@ -2,8 +2,12 @@ package layerfs
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -160,4 +164,89 @@ func TestVolumesKeepSquashedLayersUntilTheyEnd(t *testing.T) {
 	if len(entries) != 1 {
 		t.Fatalf("%d layer dirs after the last user ended, want 1", len(entries))
 	}
+}
+
+// Issue 8, item 1: squashing a cache that holds `truncate -s 1T huge.img`
+// wrote the whole apparent size as zeros and filled the node. The store is
+// on small filesystems, so the old behaviour fails fast with ENOSPC instead
+// of filling the machine's disk.
+func TestSquashSparseFileFillsNode(t *testing.T) {
+	const apparent = 64 << 30
+	for _, kind := range []string{"tmpfs", "ext4"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			s := newTestStore(t, Options{Root: smallFS(t, kind, 256<<20)})
+			merged := mustMount(t, s, "v1", "ns/c")
+			huge := filepath.Join(merged, "huge.img")
+			f, err := os.Create(huge)
+			must(t, err)
+			must(t, f.Truncate(apparent))
+			// Data at the start, in the middle and at the very end.
+			for _, off := range []int64{0, 1 << 30, 40<<30 + 12345, apparent - 5} {
+				_, err := f.WriteAt([]byte("data!"), off)
+				must(t, err)
+			}
+			must(t, f.Close())
+			wantMap := dataMap(t, huge)
+			mustCommit(t, s, "v1")
+			writeFile(t, filepath.Join(mustMount(t, s, "v2", "ns/c"), "small"), "x")
+			mustCommit(t, s, "v2")
+
+			res, err := s.Squash(ctx, mustRef(t, "ns/c"), 1)
+			if err != nil {
+				t.Fatalf("Squash: %v", err)
+			}
+			squashed := filepath.Join(s.layerDir(res.Layer), "huge.img")
+			var st unix.Stat_t
+			must(t, unix.Stat(squashed, &st))
+			if st.Size != apparent {
+				t.Errorf("squashed size %d, want %d", st.Size, int64(apparent))
+			}
+			t.Logf("squashed %d-byte sparse file allocates %d bytes", st.Size, st.Blocks*512)
+			if alloc := st.Blocks * 512; alloc > 1<<20 {
+				t.Errorf("squashed file allocates %d bytes, want holes kept (< 1 MiB)", alloc)
+			}
+			if got := dataMap(t, squashed); !slices.Equal(got, wantMap) {
+				t.Errorf("data ranges %v, want %v", got, wantMap)
+			}
+			info, err := s.Inspect(ctx, mustRef(t, "ns/c"))
+			must(t, err)
+			if info.Bytes > 1<<20 {
+				t.Errorf("cache accounts %d bytes, want allocated blocks (< 1 MiB), not the apparent size", info.Bytes)
+			}
+			through := filepath.Join(mustMount(t, s, "v3", "ns/c"), "huge.img")
+			if got := dataMap(t, through); !slices.Equal(got, wantMap) {
+				t.Errorf("data ranges through a mount %v, want %v", got, wantMap)
+			}
+		})
+	}
+}
+
+// dataMap lists a file's data ranges as SEEK_DATA/SEEK_HOLE report them,
+// with their content, so that two files compare equal when their hole
+// layout and data are the same.
+func dataMap(t testing.TB, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	must(t, err)
+	defer f.Close()
+	fi, err := f.Stat()
+	must(t, err)
+	var ranges []string
+	for off := int64(0); off < fi.Size(); {
+		start, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		}
+		must(t, err)
+		end, err := unix.Seek(int(f.Fd()), start, unix.SEEK_HOLE)
+		must(t, err)
+		buf := make([]byte, min(end-start, 1<<20))
+		_, err = f.ReadAt(buf, start)
+		must(t, err)
+		sum := sha256.Sum256(buf)
+		ranges = append(ranges, fmt.Sprintf("%d-%d:%x", start, end, sum[:4]))
+		off = end
+	}
+	return ranges
 }

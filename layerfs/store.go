@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Store is a layered cache store rooted at one directory.
@@ -38,26 +40,82 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	opts.Root = root
 	s := &Store{root: root, opts: opts}
-	for _, dir := range []string{root, s.layersDir(), s.cachesDir(), s.volumesDir(), s.locksDir(), s.tmpDir(), s.emptyLayer()} {
-		if err := os.MkdirAll(dir, 0o711); err != nil {
-			return nil, fmt.Errorf("create store directory: %w", err)
-		}
+	if err := s.makeDirs(); err != nil {
+		return nil, err
 	}
 	if err := s.probe(ctx); err != nil {
 		return nil, fmt.Errorf("store root %s cannot host overlay volumes: %w", root, err)
 	}
+	s.refillReserve()
 	return s, nil
+}
+
+// makeDirs creates the store's directories, root-only. Layer and upper
+// directories take the volume root's mode (0777 by default) and their paths
+// are public in /proc/*/mountinfo; only 0700 parents keep host users from
+// planting files in every cache. Pods are not affected: the kubelet (root)
+// bind-mounts a volume's merged directory by path, and access through a
+// mount does not look at the parents of its source. Existing stores are
+// tightened too.
+func (s *Store) makeDirs() error {
+	if err := os.MkdirAll(s.root, 0o711); err != nil {
+		return fmt.Errorf("create store root: %w", err)
+	}
+	for _, dir := range []string{s.layersDir(), s.cachesDir(), s.volumesDir(), s.locksDir(), s.tmpDir(), s.emptyLayer()} {
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("create store directory: %w", err)
+		}
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("restrict store directory to root: %w", err)
+		}
+	}
+	return nil
 }
 
 // probe runs the overlay probe under the shared store lock, so that a
 // Recover in another process does not remove the probe's directory.
+//
+// The probe needs a little space. On a full disk the store must still open,
+// because recover, gc and discard are what free space; so a probe that
+// fails for lack of space is accepted if an earlier probe proved the same
+// kernel and filesystem (probe.json).
 func (s *Store) probe(ctx context.Context) error {
 	l, err := s.lockStore(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer l.unlock()
-	return probeOverlay(ctx, s.tmpDir())
+	proof := probeProof{Kernel: kernelRelease(), Filesystem: fsTypeName(s.root)}
+	err = probeOverlay(ctx, s.tmpDir())
+	var earlier probeProof
+	switch {
+	case err == nil:
+		if readJSON(s.probePath(), &earlier) != nil || earlier != proof {
+			writeJSONAtomic(s.probePath(), proof) // best effort
+		}
+		return nil
+	case isNoSpace(err) && readJSON(s.probePath(), &earlier) == nil && earlier == proof:
+		return nil
+	case isNoSpace(err):
+		return fmt.Errorf("%w: no earlier probe proved this kernel and filesystem; free some space under %s and start again", err, s.root)
+	}
+	return err
+}
+
+// probeProof records which kernel and filesystem passed the overlay probe.
+type probeProof struct {
+	Kernel     string `json:"kernel"`
+	Filesystem string `json:"filesystem"`
+}
+
+func (s *Store) probePath() string { return filepath.Join(s.root, "probe.json") }
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "unknown"
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }
 
 // Root is the store's absolute root directory.

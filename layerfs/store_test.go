@@ -123,6 +123,9 @@ func TestVolumeRootOwnership(t *testing.T) {
 	}{
 		{"default is world-writable for non-root builds", MountOptions{}, 0o777, 0},
 		{"configured", MountOptions{UID: 1000, GID: 1000, Mode: 0o750}, 0o750, 1000},
+		// Issue 8, item 10: the CLI suggested 01777, which Mount refused.
+		{"sticky shared directory", MountOptions{Mode: os.ModeSticky | 0o777}, 0o1777, 0},
+		{"setgid group directory", MountOptions{GID: 1000, Mode: os.ModeSetgid | 0o775}, 0o2775, 0},
 	}
 	s := newTestStore(t, Options{})
 	for i, tt := range tests {
@@ -325,11 +328,18 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"bad mode", func() error {
 			_, err := s.Mount(ctx, "v", MountOptions{Cache: CacheRef{"ns", "c"}, Mode: os.ModeSetuid | 0o777})
 			return err
-		}, "permission mode"},
+		}, "setuid means nothing"},
+		{"uid past 32 bits", func() error {
+			_, err := s.Mount(ctx, "v", MountOptions{Cache: CacheRef{"ns", "c"}, UID: 1 << 32})
+			return err
+		}, "uid 4294967296 is out of range"},
+		{"squash unknown cache", func() error { _, err := s.Squash(ctx, CacheRef{"ns", "nope"}, 1); return err }, "squash cache ns/nope: not found"},
 		{"commit unknown volume", func() error { _, err := s.Commit(ctx, "nope"); return err }, "not found"},
 		{"discard unknown volume", func() error { return s.Discard(ctx, "nope") }, "not found"},
 		{"squash bad cache", func() error { _, err := s.Squash(ctx, CacheRef{"ns", "A"}, 1); return err }, "upper-case"},
 		{"remove unknown cache", func() error { return s.Remove(ctx, CacheRef{"ns", "nope"}) }, "not found"},
+		{"negative gc bound", func() error { _, err := s.GC(ctx, GCOptions{MinFreeBytes: -1}); return err }, "must not be negative"},
+		{"gc min free of 100%", func() error { _, err := s.GC(ctx, GCOptions{MinFreePercent: 100}); return err }, "out of range"},
 	}
 	before := snapshot(t, s.Root())
 	for _, tt := range tests {

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -25,6 +27,13 @@ type volumeRecord struct {
 	RootMode    os.FileMode `json:"rootMode"`
 	RootUID     int         `json:"rootUID"`
 	RootGID     int         `json:"rootGID"`
+	// Lifted mount restrictions (MountOptions); records of older versions
+	// lack them, so their remounts get the new, safer default.
+	AllowSetuid  bool `json:"allowSetuid,omitempty"`
+	AllowDevices bool `json:"allowDevices,omitempty"`
+	// BootID is the kernel boot the volume was last mounted in; a volatile
+	// mount marker found after another boot means a possibly torn upper.
+	BootID string `json:"bootID,omitempty"`
 }
 
 func (s *Store) upperDir(id string) string  { return filepath.Join(s.volumeDir(id), "upper") }
@@ -32,7 +41,10 @@ func (s *Store) workDir(id string) string   { return filepath.Join(s.volumeDir(i
 func (s *Store) mergedDir(id string) string { return filepath.Join(s.volumeDir(id), "merged") }
 
 func (s *Store) volumeSpec(r *volumeRecord) mountSpec {
-	return mountSpec{Lower: s.lowerDirs(r.Layers), Upper: s.upperDir(r.ID), Work: s.workDir(r.ID)}
+	return mountSpec{
+		Lower: s.lowerDirs(r.Layers), Upper: s.upperDir(r.ID), Work: s.workDir(r.ID),
+		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices,
+	}
 }
 
 func (s *Store) readVolume(id string) (*volumeRecord, error) {
@@ -55,14 +67,11 @@ func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (
 	if err := ValidateName("volume", volumeID); err != nil {
 		return nil, err
 	}
-	if err := opts.Cache.Validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	if opts.Mode == 0 {
 		opts.Mode = 0o777
-	}
-	if opts.Mode&^os.ModePerm != 0 || opts.UID < 0 || opts.GID < 0 {
-		return nil, fmt.Errorf("invalid volume root ownership uid=%d gid=%d mode=%o: use ids >= 0 and a permission mode like 0777", opts.UID, opts.GID, opts.Mode)
 	}
 	storeLock, err := s.lockStore(ctx, false)
 	if err != nil {
@@ -78,7 +87,7 @@ func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (
 		if r.Cache != opts.Cache {
 			return nil, fmt.Errorf("volume %q already exists for cache %s, not %s: use another volume name", volumeID, r.Cache, opts.Cache)
 		}
-		if err := s.ensureMounted(r); err != nil {
+		if err := s.ensureMounted(ctx, r); err != nil {
 			return nil, err
 		}
 		return &r.Volume, nil
@@ -95,29 +104,179 @@ func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (
 	return &r.Volume, nil
 }
 
-func (s *Store) ensureMounted(r *volumeRecord) error {
-	if r.State == stateCommitting {
-		return fmt.Errorf("volume %q is being committed; run recover to finish the commit", r.ID)
+// ensureMounted mounts the volume unless it is mounted. It asks the mount
+// table, not r.Mounted: a failed operation may have unmounted the volume
+// after r was read. A volume left mid-commit is rolled back to a mounted
+// volume first (see abortCommit).
+// MaxID is the largest uid or gid a volume root can have: ids are 32-bit,
+// and 4294967295 means "unchanged" to chown(2).
+const MaxID = 1<<32 - 2
+
+// rootModeBits are the mode bits a volume root may have: permissions, and
+// setgid (new files take the directory's group) and sticky (a shared /tmp).
+// setuid means nothing on a directory.
+const rootModeBits = os.ModePerm | os.ModeSetgid | os.ModeSticky
+
+// Validate checks the options as Mount does, so that a caller (the CLI)
+// can refuse bad input before doing any work.
+func (o MountOptions) Validate() error {
+	if err := o.Cache.Validate(); err != nil {
+		return err
 	}
-	if r.Mounted {
+	for _, id := range []struct {
+		name  string
+		value int
+	}{{"uid", o.UID}, {"gid", o.GID}} {
+		if id.value < 0 || id.value > MaxID {
+			return fmt.Errorf("volume root %s %d is out of range: use 0 to %d", id.name, id.value, MaxID)
+		}
+	}
+	if o.Mode&^rootModeBits != 0 {
+		return fmt.Errorf("volume root mode 0%o is not allowed: use permission bits, optionally with setgid or sticky, like 0777, 0755, 02775 or 01777 (setuid means nothing on a directory)", unixMode(o.Mode))
+	}
+	return nil
+}
+
+// unixMode is m as chmod(2) bits, for messages.
+func unixMode(m os.FileMode) uint32 {
+	bits := uint32(m.Perm())
+	for flag, bit := range map[os.FileMode]uint32{os.ModeSetuid: 0o4000, os.ModeSetgid: 0o2000, os.ModeSticky: 0o1000} {
+		if m&flag != 0 {
+			bits |= bit
+		}
+	}
+	return bits
+}
+
+func (s *Store) ensureMounted(ctx context.Context, r *volumeRecord) error {
+	if r.State == stateCommitting {
+		return s.abortCommit(ctx, r)
+	}
+	if isMountPoint(r.MergedPath) {
+		r.Mounted = true
 		return nil
 	}
-	// A volatile overlay that was not unmounted cleanly (a crash) marks its
-	// work directory, and the kernel refuses to reuse it until it is reset.
+	if err := s.checkTorn(r); err != nil {
+		return fmt.Errorf("remount volume %q: %w", r.ID, err)
+	}
+	// A volatile overlay leaves a marker in its work directory, and the
+	// kernel refuses to mount over it until it is reset.
 	if err := resetDir(s.workDir(r.ID)); err != nil {
 		return fmt.Errorf("remount volume %q: reset work directory: %w", r.ID, err)
 	}
-	if err := s.volumeSpec(r).mount(r.MergedPath); err != nil {
+	if err := s.withReserve(func() error { return s.volumeSpec(r).mount(r.MergedPath) }); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
 	r.Mounted = true
 	return nil
 }
 
+// volatileMarker is what the kernel leaves in a volatile overlay's work
+// directory. It stays after a clean unmount too (Linux 6.18), so it alone
+// does not tell a crash; together with a different boot it does: the node
+// went down while the volume was mounted, and what the kernel had not yet
+// written of the upper layer is lost.
+func (s *Store) volatileMarker(id string) string {
+	return filepath.Join(s.workDir(id), "work", "incompat", "volatile")
+}
+
+// checkTorn finds a volume whose upper layer a crash may have torn, before
+// the remount erases the evidence. It records that first (atomically), then
+// empties the upper layer: the volume stays usable, but is never committed.
+func (s *Store) checkTorn(r *volumeRecord) error {
+	boot := bootID()
+	if r.BootID == boot || !exists(s.volatileMarker(r.ID)) {
+		return nil
+	}
+	torn := *r
+	torn.Torn, torn.BootID, torn.Mounted = true, boot, false
+	if err := s.withReserve(func() error { return writeJSONAtomic(s.volumePath(r.ID), &torn) }); err != nil {
+		return fmt.Errorf("record that its upper layer may be torn: %w", err)
+	}
+	r.Torn, r.BootID = true, boot
+	if err := resetDir(s.upperDir(r.ID)); err != nil {
+		return fmt.Errorf("empty its possibly torn upper layer: %w", err)
+	}
+	return nil
+}
+
+// bootID names the running kernel's boot.
+var bootID = sync.OnceValue(func() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+})
+
+// abortCommit turns a volume whose commit failed before its layer landed
+// back into a mounted volume with its upper layer, as the design promises
+// ("a failed commit keeps the volume mounted"), so that neither a retry nor
+// a Mount needs a manual recover. It goes by the record on disk: a failed
+// write may have left either state there. Callers hold the volume lock.
+func (s *Store) abortCommit(ctx context.Context, r *volumeRecord) error {
+	onDisk, err := s.readVolume(r.ID)
+	if err != nil {
+		return err
+	}
+	if onDisk.State == stateCommitting {
+		if err := s.undoCommitIntent(ctx, onDisk); err != nil {
+			return err
+		}
+	}
+	*r = *onDisk
+	r.State, r.CommitLayer = stateMounted, nil
+	return s.ensureMounted(ctx, r)
+}
+
+// undoCommitIntent moves a commit's layer back to the volume's upper
+// directory and records the volume as mounted. If the layer is already in
+// the head, the commit is past its point of no return and only a retry of
+// Commit (or Recover) can finish it. A crash in between leaves the intent
+// recorded with the upper directory in place, which a retry rolls forward.
+func (s *Store) undoCommitIntent(ctx context.Context, r *volumeRecord) error {
+	if l := r.CommitLayer; l != nil {
+		cacheLock, err := s.lockCache(ctx, r.Cache)
+		if err != nil {
+			return err
+		}
+		defer cacheLock.unlock()
+		h, err := s.readHead(r.Cache)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		if h != nil && h.UID == r.CacheUID && h.hasLayer(l.ID) {
+			return fmt.Errorf("volume %q: its commit already landed as layer %s; retry the commit to finish it", r.ID, l.ID)
+		}
+		if !exists(s.upperDir(r.ID)) && exists(s.layerDir(l.ID)) {
+			if err := renameDurable(s.layerDir(l.ID), s.upperDir(r.ID)); err != nil {
+				return fmt.Errorf("volume %q: move its layer back to the upper directory: %w", r.ID, err)
+			}
+		}
+	}
+	back := *r
+	back.State, back.CommitLayer, back.Mounted = stateMounted, nil, false
+	// The upper layer was synced before the intent was recorded, so no
+	// crash since can have torn it, whatever the volatile marker says.
+	back.BootID = bootID()
+	if err := s.withReserve(func() error { return writeJSONAtomic(s.volumePath(r.ID), &back) }); err != nil {
+		return fmt.Errorf("volume %q: record the end of its failed commit (a retry of the commit finishes it instead): %w", r.ID, err)
+	}
+	*r = back
+	return nil
+}
+
 // newVolume builds the volume directory next to its final place, renames it
-// in, then mounts; on any failure nothing of it remains.
+// in, then mounts; on any failure nothing of it remains. It holds the
+// cache's lock until the volume is recorded, so that whoever decides under
+// that lock whether the cache is in use (GC, RemoveIfUnused) sees it.
 func (s *Store) newVolume(ctx context.Context, id string, opts MountOptions) (rec *volumeRecord, err error) {
-	h, err := s.touchHead(ctx, opts.Cache)
+	cacheLock, err := s.lockCache(ctx, opts.Cache)
+	if err != nil {
+		return nil, err
+	}
+	defer cacheLock.unlock()
+	h, err := s.touchHead(opts.Cache)
 	if err != nil {
 		return nil, err
 	}
@@ -126,8 +285,9 @@ func (s *Store) newVolume(ctx context.Context, id string, opts MountOptions) (re
 			ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
 			BaseGeneration: h.Generation, Layers: h.layerIDs(), Created: time.Now().UTC(),
 		},
-		CacheUID: h.UID, State: stateMounted,
+		CacheUID: h.UID, State: stateMounted, BootID: bootID(),
 		RootMode: opts.Mode, RootUID: opts.UID, RootGID: opts.GID,
+		AllowSetuid: opts.AllowSetuid, AllowDevices: opts.AllowDevices,
 	}
 	tmp, err := os.MkdirTemp(s.volumesDir(), "new-")
 	if err != nil {
@@ -179,13 +339,8 @@ func (s *Store) buildVolumeDir(dir string, r *volumeRecord) error {
 const lastUsedGranularity = time.Minute
 
 // touchHead records a use of the cache, creating it if needed, and returns
-// its head.
-func (s *Store) touchHead(ctx context.Context, c CacheRef) (*head, error) {
-	l, err := s.lockCache(ctx, c)
-	if err != nil {
-		return nil, err
-	}
-	defer l.unlock()
+// its head. Callers hold the cache lock.
+func (s *Store) touchHead(c CacheRef) (*head, error) {
 	h, err := s.readHead(c)
 	now := time.Now().UTC()
 	switch {
@@ -233,18 +388,32 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 		releaseOnError(volLock, err)
 		return CommitResult{}, nil, err
 	}
+	if r.Torn {
+		res, err := s.discardTorn(ctx, r)
+		if err != nil {
+			volLock.unlock()
+			return res, nil, err
+		}
+		volLock.removeAndUnlock()
+		return res, r, nil
+	}
 	if r.ReadOnly {
 		volLock.unlock()
 		return CommitResult{}, nil, fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
 	}
 	if r.State != stateCommitting {
-		if err := s.prepareCommit(r); err != nil {
+		if err := s.prepareCommit(ctx, r); err != nil {
 			volLock.unlock()
 			return CommitResult{}, nil, err
 		}
 	}
 	res, err := s.finishCommit(ctx, r)
 	if err != nil {
+		// Keep the volume usable; if even that fails (a full disk), the
+		// recorded intent lets a retry finish the commit.
+		if aerr := s.abortCommit(ctx, r); aerr != nil {
+			err = fmt.Errorf("%w (the volume stays unmounted until the commit is retried: %v)", err, aerr)
+		}
 		volLock.unlock()
 		return res, nil, err
 	}
@@ -252,17 +421,31 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 	return res, r, nil
 }
 
+// discardTorn ends a torn volume as Discard does and reports the cache as
+// it stands.
+func (s *Store) discardTorn(ctx context.Context, r *volumeRecord) (CommitResult, error) {
+	if err := unmount(r.MergedPath); err != nil {
+		return CommitResult{}, fmt.Errorf("discard torn volume %q: %w", r.ID, err)
+	}
+	if err := s.removeVolumeDir(r.ID); err != nil {
+		return CommitResult{}, err
+	}
+	res := CommitResult{Cache: r.Cache, Torn: true}
+	if h, err := s.readHead(r.Cache); err == nil {
+		res.Generation = h.Generation
+	}
+	return res, nil
+}
+
 // prepareCommit unmounts the volume and records the commit's intent, so that
 // a crash from here on is rolled forward by Recover.
-func (s *Store) prepareCommit(r *volumeRecord) (err error) {
+func (s *Store) prepareCommit(ctx context.Context, r *volumeRecord) (err error) {
 	if err := unmount(r.MergedPath); err != nil {
 		return fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
 	defer func() {
 		if err != nil {
-			r.State = stateMounted
-			r.CommitLayer = nil
-			s.ensureMounted(r) // best effort: the caller can retry either way
+			s.abortCommit(ctx, r) // best effort: the caller can retry either way
 		}
 	}()
 	empty, err := upperIsEmpty(s.upperDir(r.ID))
@@ -507,16 +690,17 @@ func (s *Store) MountCommand(ctx context.Context, volumeID string) (string, erro
 	return s.volumeSpec(r).command(r.MergedPath), nil
 }
 
-// resetDir empties dir, keeping dir itself.
+// resetDir empties dir, keeping dir itself. It reads dirChunk names at a
+// time (a torn upper layer may hold a huge directory) and removes only
+// names it has read, which readdir returns once each however the directory
+// changes meanwhile.
 func resetDir(dir string) error {
-	entries, err := os.ReadDir(dir)
+	d, err := openDir(dir)
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
+	defer d.Close()
+	return forEachName(d, dir, func(name string) error {
+		return os.RemoveAll(filepath.Join(dir, name))
+	})
 }

@@ -46,7 +46,11 @@ func TestUsageErrors(t *testing.T) {
 		{"mount volume too long", []string{"mount", strings.Repeat("a", 64), "--cache", "ci/maven"}, "it has 64 characters"},
 		{"mount mode not octal", []string{"mount", "build-1", "--cache", "ci/maven", "--mode", "0999"}, `--mode "0999" is not an octal file mode`},
 		{"mount mode zero", []string{"mount", "build-1", "--cache", "ci/maven", "--mode", "0"}, "would leave the volume unusable"},
-		{"mount negative uid", []string{"mount", "build-1", "--cache", "ci/maven", "--uid", "-1"}, "ids must not be negative"},
+		{"mount negative uid", []string{"mount", "build-1", "--cache", "ci/maven", "--uid", "-1"}, "ids must be from 0 to 4294967294"},
+		// Issue 8, item 10: 4294967296 wrapped to uid 0 in chown(2).
+		{"mount uid past 32 bits", []string{"mount", "build-1", "--cache", "ci/maven", "--uid", "4294967296"}, "--uid 4294967296 --gid 0: ids must be from 0 to 4294967294"},
+		{"mount gid past 32 bits", []string{"mount", "build-1", "--cache", "ci/maven", "--gid", "4294967295"}, "ids must be from 0 to 4294967294"},
+		{"mount setuid mode", []string{"mount", "build-1", "--cache", "ci/maven", "--mode", "04755"}, "--mode 04755: volume root mode 04755 is not allowed: use permission bits, optionally with setgid or sticky, like 0777, 0755, 02775 or 01777"},
 		{"mount uid not a number", []string{"mount", "build-1", "--cache", "ci/maven", "--uid", "me"}, `invalid argument "me" for "--uid"`},
 
 		{"commit without volume", []string{"commit"}, "missing argument VOLUME"},

@@ -71,17 +71,20 @@ func writeSquashResult(w io.Writer, cache layerfs.CacheRef, maxLayers int, res l
 }
 
 type gcOptions struct {
-	maxAge   time.Duration
-	maxBytes quantityValue
+	maxAge         time.Duration
+	maxBytes       quantityValue
+	minFree        quantityValue
+	minFreePercent float64
 }
 
 func newGCCommand(g *globalOptions) *cobra.Command {
-	o := &gcOptions{maxAge: 30 * 24 * time.Hour, maxBytes: quantityValue{text: "50Gi", bytes: 50 << 30}}
+	o := &gcOptions{maxAge: 30 * 24 * time.Hour, maxBytes: quantityValue{text: "50Gi", bytes: 50 << 30}, minFree: quantityValue{text: "0"}}
 	cmd := &cobra.Command{
 		Use:   "gc",
 		Short: "Remove old caches, least recently used caches, and unused layers",
 		Long: `Remove caches unused for longer than --max-age, then the least recently used
-caches while the store is larger than --max-bytes, then layers that no cache
+caches while the store is larger than --max-bytes or its filesystem has less
+free space than --min-free or --min-free-percent, then layers that no cache
 or volume uses. A zero value turns a bound off. Caches in use by a volume are
 kept. Progress is shown on stderr when it is a terminal.` + exitStatusHelp,
 		Example: `  layerfs gc
@@ -95,15 +98,22 @@ kept. Progress is shown on stderr when it is a terminal.` + exitStatusHelp,
 			if o.maxAge < 0 {
 				return usage(cmd, fmt.Errorf("--max-age %s is negative; use a duration such as 720h, or 0 to keep caches of any age", o.maxAge))
 			}
+			if o.minFreePercent < 0 || o.minFreePercent >= 100 {
+				return usage(cmd, fmt.Errorf("--min-free-percent %v is out of range; use a value from 0 (off) to below 100, such as 10", o.minFreePercent))
+			}
 			store, finish, err := g.openWithProgress(cmd.Context(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			return runGC(cmd.Context(), cmd.OutOrStdout(), store, finish, layerfs.GCOptions{MaxAge: o.maxAge, MaxBytes: o.maxBytes.bytes})
+			return runGC(cmd.Context(), cmd.OutOrStdout(), store, finish, layerfs.GCOptions{
+				MaxAge: o.maxAge, MaxBytes: o.maxBytes.bytes, MinFreeBytes: o.minFree.bytes, MinFreePercent: o.minFreePercent,
+			})
 		},
 	}
 	cmd.Flags().DurationVar(&o.maxAge, "max-age", o.maxAge, "remove caches unused for longer than this (0: no limit)")
 	cmd.Flags().Var(&o.maxBytes, "max-bytes", "remove least recently used caches while the store is larger, in bytes or a quantity like 50Gi or 500M (0: no limit)")
+	cmd.Flags().Var(&o.minFree, "min-free", "remove least recently used caches while the store's filesystem has less free space, like 10Gi (0: no limit)")
+	cmd.Flags().Float64Var(&o.minFreePercent, "min-free-percent", 0, "remove least recently used caches while the store's filesystem has less free space than this percentage of its size (0: no limit)")
 	return cmd
 }
 
@@ -183,14 +193,15 @@ hand after a crash of the CLI. Safe to run at any time.` + exitStatusHelp,
 
 func runRecover(ctx context.Context, w io.Writer, store *layerfs.Store) error {
 	res, err := store.Recover(ctx)
-	if err != nil {
-		return err
+	// Recover repairs what it can past a failing volume: show that too.
+	if werr := writeRecoverResult(w, res); werr != nil && err == nil {
+		err = werr
 	}
-	return writeRecoverResult(w, res)
+	return err
 }
 
 func writeRecoverResult(w io.Writer, res layerfs.RecoverResult) error {
-	if len(res.Remounted) == 0 && len(res.RolledForward) == 0 && res.RemovedTemp == 0 && res.RemovedLayers == 0 {
+	if len(res.Remounted) == 0 && len(res.RolledForward) == 0 && res.RemovedTemp == 0 && res.RemovedLayers == 0 && len(res.Failed) == 0 && len(res.Torn) == 0 {
 		_, err := fmt.Fprintln(w, "recover: nothing to repair")
 		return err
 	}
@@ -206,6 +217,12 @@ func writeRecoverResult(w io.Writer, res layerfs.RecoverResult) error {
 	}
 	if res.RemovedLayers > 0 {
 		fmt.Fprintf(&b, "removed %s\n", count(res.RemovedLayers, "unreferenced layer"))
+	}
+	for _, v := range res.Torn {
+		fmt.Fprintf(&b, "volume %s was mounted when the node went down: its changes may be torn and were emptied; it will not be committed\n", v)
+	}
+	for _, f := range res.Failed {
+		fmt.Fprintf(&b, "could not repair volume %s: %v\n", f.Volume, f.Err)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

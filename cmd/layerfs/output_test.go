@@ -232,6 +232,12 @@ func TestReportCommit(t *testing.T) {
 			wantStderr: "layerfs: cache ci/maven was removed while volume build-43 was in use; its changes were dropped\n",
 		},
 		{
+			name:       "torn by a crash",
+			res:        layerfs.CommitResult{Cache: maven, Generation: 12, Torn: true},
+			wantStdout: "12\n",
+			wantStderr: "layerfs: volume build-43 was mounted when the node went down, so its changes may be torn; it was discarded and cache ci/maven stays at generation 12\n",
+		},
+		{
 			name:       "needs squash",
 			res:        layerfs.CommitResult{Cache: maven, Generation: 40, Layer: "l40", NeedsSquash: true},
 			wantStdout: "40\n",

@@ -151,6 +151,16 @@ func TestCLIWithRealStore(t *testing.T) {
 	fails(exitFailure, "Run 'layerfs ls' to list caches", "commit", "no-such-volume")
 	fails(exitFailure, "not found", "inspect", "ci/no-such-cache")
 	fails(exitFailure, "not found", "inspect", "--volume", "no-such-volume")
+	// Issue 8, item 10: squash of an unknown cache printed only "not found".
+	fails(exitFailure, "squash cache ci/no-such-cache: not found\nRun 'layerfs ls' to list caches", "squash", "ci/no-such-cache")
+
+	// Issue 8, item 10: the mode the CLI suggests works.
+	out, _ = cli("mount", "shared-tmp", "--cache", "ci/tmp", "--mode", "01777")
+	if fi, err := os.Stat(strings.TrimSpace(out)); err != nil || fi.Mode()&(os.ModeSticky|os.ModePerm) != os.ModeSticky|0o777 {
+		t.Errorf("mount --mode 01777 gave root %v, %v; want drwxrwxrwt", fi, err)
+	}
+	cli("discard", "shared-tmp")
+	cli("rm", "ci/tmp")
 
 	// Removing the cache under a mounted volume drops that volume's commit.
 	if err := os.WriteFile(filepath.Join(merged, "late.txt"), nil, 0o644); err != nil {

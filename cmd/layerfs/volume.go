@@ -14,11 +14,12 @@ import (
 )
 
 type mountOptions struct {
-	cache    string
-	readOnly bool
-	uid, gid int
-	mode     string
-	writer   string
+	cache                     string
+	readOnly                  bool
+	uid, gid                  int
+	mode                      string
+	writer                    string
+	allowSetuid, allowDevices bool
 }
 
 func newMountCommand(g *globalOptions) *cobra.Command {
@@ -52,6 +53,8 @@ Mounting an existing volume again prints its path and changes nothing.` + exitSt
 	f.IntVar(&o.gid, "gid", 0, "group of the volume's root directory")
 	f.StringVar(&o.mode, "mode", "0777", "octal mode of the volume's root directory")
 	f.StringVar(&o.writer, "writer", "", "who uses the volume (for example NAMESPACE/POD), recorded as the cache's last writer")
+	f.BoolVar(&o.allowSetuid, "allow-setuid", false, "mount without nosuid, for a cache that must hold working set-id programs")
+	f.BoolVar(&o.allowDevices, "allow-devices", false, "mount without nodev, for a cache that must hold usable device nodes")
 	return cmd
 }
 
@@ -67,21 +70,31 @@ func (o *mountOptions) validate(args []string) (string, layerfs.MountOptions, er
 	if err != nil {
 		return "", layerfs.MountOptions{}, fmt.Errorf("--cache: %w", err)
 	}
-	if o.uid < 0 || o.gid < 0 {
-		return "", layerfs.MountOptions{}, fmt.Errorf("--uid %d --gid %d: ids must not be negative", o.uid, o.gid)
+	// Checked here, not only by the store: chown(2) takes 32-bit ids, and
+	// --uid 4294967296 would silently become uid 0.
+	if o.uid < 0 || o.gid < 0 || o.uid > layerfs.MaxID || o.gid > layerfs.MaxID {
+		return "", layerfs.MountOptions{}, fmt.Errorf("--uid %d --gid %d: ids must be from 0 to %d", o.uid, o.gid, layerfs.MaxID)
 	}
 	mode, err := parseMode(o.mode)
 	if err != nil {
 		return "", layerfs.MountOptions{}, err
 	}
-	return volumeID, layerfs.MountOptions{
+	opts := layerfs.MountOptions{
 		Cache:    cache,
 		ReadOnly: o.readOnly,
 		UID:      o.uid,
 		GID:      o.gid,
 		Mode:     mode,
 		Writer:   o.writer,
-	}, nil
+
+		AllowSetuid:  o.allowSetuid,
+		AllowDevices: o.allowDevices,
+	}
+	// The store's own check, so that what it refuses is a usage error here.
+	if err := opts.Validate(); err != nil {
+		return "", layerfs.MountOptions{}, fmt.Errorf("--mode %s: %w", o.mode, err)
+	}
+	return volumeID, opts, nil
 }
 
 // parseMode parses an octal mode such as 0777, 755 or 01777. Go keeps the
@@ -91,7 +104,7 @@ func parseMode(s string) (os.FileMode, error) {
 	digits := strings.TrimPrefix(strings.TrimPrefix(s, "0o"), "0O")
 	bits, err := strconv.ParseUint(digits, 8, 32)
 	if err != nil || bits > 0o7777 {
-		return 0, fmt.Errorf("--mode %q is not an octal file mode; use for example 0777, 0755 or 01777", s)
+		return 0, fmt.Errorf("--mode %q is not an octal file mode; use for example 0777, 0755, 02775 or 01777", s)
 	}
 	if bits == 0 {
 		// The store reads a zero mode as "default 0777"; refuse it rather
@@ -158,6 +171,8 @@ func runCommit(ctx context.Context, stdout, stderr io.Writer, store *layerfs.Sto
 // read it, and what else happened on stderr.
 func reportCommit(stdout, stderr io.Writer, volumeID string, res layerfs.CommitResult) error {
 	switch {
+	case res.Torn:
+		fmt.Fprintf(stderr, "layerfs: volume %s was mounted when the node went down, so its changes may be torn; it was discarded and cache %s stays at generation %d\n", volumeID, res.Cache, res.Generation)
 	case res.Dropped:
 		fmt.Fprintf(stderr, "layerfs: cache %s was removed while volume %s was in use; its changes were dropped\n", res.Cache, volumeID)
 	case res.Layer == "":
