@@ -52,7 +52,8 @@ func (s *Store) removeLockedCache(cache CacheRef, l *fileLock) error {
 	return nil
 }
 
-// RemoveIfUnused removes a cache unless a volume uses it, deciding under
+// RemoveIfUnused removes a cache unless a writable volume uses it (see
+// cacheInUse), deciding under
 // the cache's lock: Mount holds that lock until its volume is recorded, so
 // no volume can start using the cache between the check and the removal
 // (which would drop its commit). removed is false for a cache in use or
@@ -99,15 +100,19 @@ func (s *Store) removeIfUnused(ctx context.Context, cache CacheRef, lastUsed tim
 	return true, s.removeLockedCache(cache, l)
 }
 
-// cacheInUse tells whether a volume of this incarnation of the cache
-// exists. Callers hold the cache lock.
+// cacheInUse tells whether a writable volume of this incarnation of the
+// cache exists: its commit would be dropped. A read-only view never
+// commits, and the layers it mounts stay until it ends, so it holds no
+// cache: a reader (another namespace's build, whose grant may since have
+// been revoked) cannot keep the owner's retention or GC from running.
+// Callers hold the cache lock.
 func (s *Store) cacheInUse(h *head) (bool, error) {
 	recs, err := s.volumeRecords()
 	if err != nil {
 		return false, err
 	}
 	for _, r := range recs {
-		if r.Cache == h.Cache && r.CacheUID == h.UID {
+		if r.Cache == h.Cache && r.CacheUID == h.UID && !r.ReadOnly {
 			return true, nil
 		}
 	}
@@ -201,7 +206,8 @@ func (s *Store) volumesByCache() (map[CacheRef][]string, error) {
 // recently used caches while the store holds more than opts.MaxBytes or
 // its filesystem has less free space than opts.MinFreeBytes or
 // opts.MinFreePercent, then every layer no cache or volume references.
-// Caches in use are kept; that is decided under each cache's lock.
+// Caches a writable volume uses are kept; that is decided under each
+// cache's lock.
 func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 	var res GCResult
 	if err := opts.validate(); err != nil {
@@ -224,9 +230,10 @@ func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 		if err != nil {
 			return res, err
 		}
-		if len(c.Volumes) > 0 || !(expired || over || low) {
-			continue // the first check is a shortcut; removeIfUnused decides
+		if !(expired || over || low) {
+			continue
 		}
+		// Whether a volume holds the cache is decided under its lock.
 		removed, err := s.removeIfUnused(ctx, c.Cache, c.LastUsed)
 		if err != nil {
 			return res, err

@@ -112,3 +112,28 @@ func TestRemoveIfUnusedConcurrentMounts(t *testing.T) {
 		})
 	}
 }
+
+// Issue 8, item 9: a read-only view (a reader namespace's build) kept the
+// owner's retention and GC from removing the cache. It no longer does, and
+// the view keeps reading its layers until it ends.
+func TestReadOnlyViewDoesNotHoldCache(t *testing.T) {
+	for _, rm := range inUseRemovers {
+		t.Run(rm.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newTestStore(t, Options{})
+			writeFile(t, filepath.Join(mustMount(t, s, "seed", "ns/c"), "f"), "cached")
+			mustCommit(t, s, "seed")
+			v, err := s.Mount(ctx, "reader", MountOptions{Cache: CacheRef{"ns", "c"}, ReadOnly: true})
+			must(t, err)
+			must(t, rm.run(ctx, s))
+			if _, err := s.Inspect(ctx, CacheRef{"ns", "c"}); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Inspect after %s with only a read-only view: %v, want the cache removed", rm.name, err)
+			}
+			if got := readFile(t, filepath.Join(v.MergedPath, "f")); got != "cached" {
+				t.Errorf("the read-only view reads %q after the removal, want %q", got, "cached")
+			}
+			must(t, s.Discard(ctx, "reader"))
+			assertNoOrphans(t, s)
+		})
+	}
+}

@@ -102,7 +102,7 @@ func Run(ctx context.Context, opts Options) error {
 	defer broadcaster.Shutdown()
 	events := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: Component, Host: opts.NodeName})
 
-	a := newAgent(opts, st, &caches{client: mgr.GetClient(), node: opts.NodeName}, events, m)
+	a := newAgent(opts, st, &caches{client: mgr.GetClient(), reader: mgr.GetAPIReader(), node: opts.NodeName}, events, m)
 	a.prov.hostname = nodeHostname(ctx, clientset, opts.NodeName)
 	if err := a.wire(ctx, clientset, crmetrics.Registry); err != nil {
 		return err
@@ -150,7 +150,7 @@ type agent struct {
 func newAgent(opts Options, st store, c *caches, events record.EventRecorder, m *metrics) *agent {
 	maint := &maintainer{
 		node: opts.NodeName, store: st, caches: c, events: events, metrics: m,
-		gc: layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes},
+		gc: layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
 	}
 	maint.reports = newCacheQueue("report", maint.report)
 	prov := &Provisioner{
@@ -255,11 +255,17 @@ func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.S
 func (a *agent) run(ctx context.Context) error {
 	logger := log.FromContext(ctx)
 	res, err := a.store.Recover(ctx)
-	if err != nil {
+	if err != nil && len(res.Failed) == 0 {
 		return fmt.Errorf("recover layer store %s: %w", a.opts.Root, err)
 	}
+	// A volume that cannot be repaired (a full disk) must not keep the
+	// agent from serving every other one; its own end retries it.
+	for _, f := range res.Failed {
+		a.prov.metrics.fail(opRecover, "error")
+		logger.Error(f.Err, "Volume could not be recovered; it is retried when its build ends", "volume", f.Volume)
+	}
 	logger.Info("Recovered layer store", "remounted", len(res.Remounted), "rolledForward", len(res.RolledForward),
-		"removedTemp", res.RemovedTemp, "removedLayers", res.RemovedLayers)
+		"removedTemp", res.RemovedTemp, "removedLayers", res.RemovedLayers, "torn", res.Torn, "failed", len(res.Failed))
 
 	factories := []informers.SharedInformerFactory{a.claimInformers, a.pvInformers, a.podInformers}
 	for _, f := range factories {

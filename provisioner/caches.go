@@ -18,6 +18,9 @@ import (
 // caches reads and writes Cache resources for one node agent.
 type caches struct {
 	client client.Client
+	// reader reads from the API server, past the informer cache, where a
+	// stale answer would remove a cache a claim just created.
+	reader client.Reader
 	node   string
 }
 

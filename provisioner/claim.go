@@ -21,6 +21,12 @@ const (
 	paramUID  = "uid"
 	paramGID  = "gid"
 	paramMode = "mode"
+	// paramAllowSetuid and paramAllowDevices ("true") mount the class's
+	// volumes without nosuid or nodev, for the rare cache that must hold
+	// working set-id programs or device nodes. StorageClasses are the
+	// cluster admin's, so builds cannot ask for it themselves.
+	paramAllowSetuid  = "allowSetuid"
+	paramAllowDevices = "allowDevices"
 )
 
 // Event reasons; they double as the reason label of the failures metric
@@ -35,6 +41,7 @@ const (
 	reasonMountFailed         = "MountFailed"
 	reasonCommitted           = "Committed"
 	reasonCommitDropped       = "CommitDropped"
+	reasonCommitTorn          = "CommitTorn"
 	reasonDiscarded           = "Discarded"
 	reasonCommitFailed        = "CommitFailed"
 	reasonDiscardFailed       = "DiscardFailed"
@@ -72,12 +79,15 @@ type volumeRequest struct {
 	UID, GID   int
 	Perm       os.FileMode
 	Writer     string
+	// AllowSetuid and AllowDevices come from the class.
+	AllowSetuid, AllowDevices bool
 }
 
 func (r volumeRequest) mountOptions() layerfs.MountOptions {
 	return layerfs.MountOptions{
 		Cache: r.Cache, ReadOnly: r.Mode == v1alpha1.ModeRead,
 		UID: r.UID, GID: r.GID, Mode: r.Perm, Writer: r.Writer,
+		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices,
 	}
 }
 
@@ -87,6 +97,8 @@ type classParams struct {
 	UID, GID  int
 	Perm      os.FileMode
 	ForceRead bool
+	// AllowSetuid and AllowDevices lift nosuid and nodev.
+	AllowSetuid, AllowDevices bool
 	// CacheTemplate names the cache of claims without the cache
 	// annotation; nil if the class has none.
 	CacheTemplate *cacheTemplate
@@ -114,13 +126,13 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	}
 	var unknown []string
 	for k := range class.Parameters {
-		if k != paramUID && k != paramGID && k != paramMode && k != paramCache {
+		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices}, k) {
 			unknown = append(unknown, k)
 		}
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid and mode", unknown)
+		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid, mode, allowSetuid and allowDevices", unknown)
 	}
 	var err error
 	if text, ok := class.Parameters[paramCache]; ok {
@@ -132,6 +144,12 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 		return p, err
 	}
 	if p.GID, err = parseID(class.Name, paramGID, class.Parameters[paramGID]); err != nil {
+		return p, err
+	}
+	if p.AllowSetuid, err = parseBool(class.Name, paramAllowSetuid, class.Parameters[paramAllowSetuid]); err != nil {
+		return p, err
+	}
+	if p.AllowDevices, err = parseBool(class.Name, paramAllowDevices, class.Parameters[paramAllowDevices]); err != nil {
 		return p, err
 	}
 	switch v := class.Parameters[paramMode]; v {
@@ -156,6 +174,16 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	return p, nil
 }
 
+func parseBool(class, key, value string) (bool, error) {
+	switch value {
+	case "", "false":
+		return false, nil
+	case "true":
+		return true, nil
+	}
+	return false, classError(class, "parameter %s has value %q: use \"true\" or \"false\" (the default)", key, value)
+}
+
 func parseID(class, key, value string) (int, error) {
 	if value == "" {
 		return 0, nil
@@ -172,7 +200,10 @@ func parseID(class, key, value string) (int, error) {
 // when the class's cache template names the cache. It does not check access
 // to another namespace's cache.
 func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod) (volumeRequest, error) {
-	req := volumeRequest{UID: class.UID, GID: class.GID, Perm: class.Perm, Writer: writerOf(claim)}
+	req := volumeRequest{
+		UID: class.UID, GID: class.GID, Perm: class.Perm, Writer: writerOf(claim),
+		AllowSetuid: class.AllowSetuid, AllowDevices: class.AllowDevices,
+	}
 	ann := claim.Annotations
 
 	ref, err := claimCache(claim, class, pod)

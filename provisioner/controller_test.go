@@ -35,7 +35,7 @@ func TestControllerTwoNodes(t *testing.T) {
 		opts := DefaultOptions()
 		opts.NodeName = node
 		opts.ResyncInterval = time.Hour
-		a := newAgent(opts, st, &caches{client: cacheClient, node: node}, env.events, testMetrics(t))
+		a := newAgent(opts, st, &caches{client: cacheClient, reader: cacheClient, node: node}, env.events, testMetrics(t))
 		if err := a.wire(ctx, clientset, prometheus.NewRegistry()); err != nil {
 			t.Fatal(err)
 		}

@@ -70,7 +70,7 @@ func newTestEnv(t testing.TB, st store, objs ...client.Object) *testEnv {
 	events := record.NewFakeRecorder(100)
 	opts := DefaultOptions()
 	opts.NodeName = "node-a"
-	a := newAgent(opts, st, &caches{client: c, node: "node-a"}, events, testMetrics(t))
+	a := newAgent(opts, st, &caches{client: c, reader: c, node: "node-a"}, events, testMetrics(t))
 	return &testEnv{prov: a.prov, maint: a.maint, store: fs, client: c, events: events}
 }
 
@@ -124,6 +124,8 @@ type fakeStore struct {
 	maxLayers int
 	// control holds the control files each volume's build wrote.
 	control map[string][]string
+	// torn volumes were mounted when the node went down.
+	torn map[string]bool
 }
 
 func newFakeStore() *fakeStore {
@@ -133,6 +135,7 @@ func newFakeStore() *fakeStore {
 		mountOpts: map[string]layerfs.MountOptions{},
 		maxLayers: 2,
 		control:   map[string][]string{},
+		torn:      map[string]bool{},
 	}
 }
 
@@ -179,6 +182,11 @@ func (s *fakeStore) Commit(_ context.Context, id string) (layerfs.CommitResult, 
 	}
 	if s.commitErr != nil {
 		return layerfs.CommitResult{}, s.commitErr
+	}
+	if s.torn[id] {
+		delete(s.volumes, id)
+		s.discards = append(s.discards, id)
+		return layerfs.CommitResult{Cache: v.Cache, Torn: true, Generation: s.cache(v.Cache).Generation}, nil
 	}
 	s.commits = append(s.commits, id)
 	delete(s.volumes, id)
@@ -264,6 +272,24 @@ func (s *fakeStore) Remove(_ context.Context, ref layerfs.CacheRef) error {
 	delete(s.caches, ref)
 	s.removed = append(s.removed, ref)
 	return nil
+}
+
+// RemoveIfUnused keeps caches a writable volume uses, as the store does.
+func (s *fakeStore) RemoveIfUnused(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
+	s.mu.Lock()
+	c, ok := s.caches[ref]
+	if !ok {
+		s.mu.Unlock()
+		return false, nil
+	}
+	for _, id := range c.Volumes {
+		if v := s.volumes[id]; v != nil && !v.ReadOnly {
+			s.mu.Unlock()
+			return false, nil
+		}
+	}
+	s.mu.Unlock()
+	return true, s.Remove(ctx, ref)
 }
 
 func (s *fakeStore) List(_ context.Context) ([]layerfs.CacheInfo, error) {

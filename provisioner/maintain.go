@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -174,15 +175,19 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 	if err != nil {
 		return err
 	}
-	if cache != nil && cache.DeletionTimestamp != nil {
+	switch {
+	case cache == nil:
+		return m.removeOrphan(ctx, info.Cache)
+	case cache.DeletionTimestamp != nil:
 		_, err := m.remove(ctx, info.Cache)
 		return err
 	}
-	if cache != nil {
-		if why := retentionExceeded(cache.Spec.Retention, info, now); why != "" {
-			if _, err := m.remove(ctx, info.Cache); err != nil {
-				return err
-			}
+	if why := retentionExceeded(cache.Spec.Retention, info, now); why != "" {
+		removed, err := m.removeIfUnused(ctx, info.Cache)
+		if err != nil {
+			return err
+		}
+		if removed {
 			m.events.Eventf(cache, corev1.EventTypeNormal, reasonRetention, "removed the cache from node %s: %s", m.node, why)
 			log.FromContext(ctx).Info("Removed cache by its retention", "cache", info.Cache.String(), "why", why)
 			return nil
@@ -192,10 +197,43 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 	return nil
 }
 
+// removeOrphan removes a cache whose Cache resource no longer exists (it
+// went while the agent was away, or with its namespace), unless a build
+// writes it: that build's claim made the resource, which the informer has
+// not seen yet. The API server has the last word before anything goes.
+func (m *maintainer) removeOrphan(ctx context.Context, ref layerfs.CacheRef) error {
+	var cache v1alpha1.Cache
+	err := m.caches.reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+	if !apierrors.IsNotFound(err) {
+		return err // it exists after all, or the API server could not say
+	}
+	removed, err := m.removeIfUnused(ctx, ref)
+	if removed {
+		log.FromContext(ctx).Info("Removed cache whose Cache resource no longer exists", "cache", ref.String())
+	}
+	return err
+}
+
+// removeIfUnused removes a cache from this node unless a writable volume
+// uses it, and withdraws its status entry.
+func (m *maintainer) removeIfUnused(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
+	removed, err := m.store.RemoveIfUnused(ctx, ref)
+	if err != nil {
+		m.metrics.fail(opRemove, "error")
+		return false, fmt.Errorf("remove cache %s from node %s: %w", ref, m.node, err)
+	}
+	if !removed {
+		return false, nil
+	}
+	m.metrics.forgetCache(ref)
+	return true, m.caches.removeStatus(ctx, ref)
+}
+
 // retentionExceeded tells why a cache's retention asks to remove it from the
-// node, or "" if it does not. Caches in use stay, as in the store's GC.
+// node, or "" if it does not. Whether a build still writes it is decided
+// when it is removed.
 func retentionExceeded(r *v1alpha1.Retention, info layerfs.CacheInfo, now time.Time) string {
-	if r == nil || len(info.Volumes) > 0 {
+	if r == nil {
 		return ""
 	}
 	if r.MaxAge != nil && r.MaxAge.Duration > 0 && !info.LastUsed.IsZero() && now.Sub(info.LastUsed) > r.MaxAge.Duration {

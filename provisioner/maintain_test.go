@@ -3,6 +3,8 @@ package provisioner
 import (
 	"context"
 	"encoding/json"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,10 +154,8 @@ func TestRetentionExceeded(t *testing.T) {
 		{"no retention", nil, layerfs.CacheInfo{LastUsed: now.Add(-100 * day), Bytes: 1 << 40}, false},
 		{"young", ret(7*day, nil), layerfs.CacheInfo{LastUsed: now.Add(-day)}, false},
 		{"old", ret(7*day, nil), layerfs.CacheInfo{LastUsed: now.Add(-8 * day)}, true},
-		{"old but in use", ret(7*day, nil), layerfs.CacheInfo{LastUsed: now.Add(-8 * day), Volumes: []string{"pvc-1"}}, false},
 		{"small", ret(0, &gi), layerfs.CacheInfo{LastUsed: now, Bytes: 1 << 29}, false},
 		{"big", ret(0, &gi), layerfs.CacheInfo{LastUsed: now, Bytes: 1<<30 + 1}, true},
-		{"big but in use", ret(0, &gi), layerfs.CacheInfo{LastUsed: now, Bytes: 1 << 31, Volumes: []string{"pvc-1"}}, false},
 	}
 	for _, tt := range tests {
 		why := retentionExceeded(tt.ret, tt.info, now)
@@ -167,37 +167,64 @@ func TestRetentionExceeded(t *testing.T) {
 
 func TestPass(t *testing.T) {
 	ctx := context.Background()
-	old := cacheObject("ci", "old")
-	old.Spec.Retention = &v1alpha1.Retention{MaxAge: &metav1.Duration{Duration: time.Hour}}
-	env := newTestEnv(t, nil, cacheObject("ci", "maven"), old, deletingCache("ci", "doomed"), cacheObject("ci", "stale"))
-	oldRef := layerfs.CacheRef{Namespace: "ci", Name: "old"}
-	doomed := layerfs.CacheRef{Namespace: "ci", Name: "doomed"}
-	stale := layerfs.CacheRef{Namespace: "ci", Name: "stale"}
+	expired := func(name string) *v1alpha1.Cache {
+		c := cacheObject("ci", name)
+		c.Spec.Retention = &v1alpha1.Retention{MaxAge: &metav1.Duration{Duration: time.Hour}}
+		return c
+	}
+	env := newTestEnv(t, nil, cacheObject("ci", "maven"), expired("old"), expired("busy"), expired("read"),
+		deletingCache("ci", "doomed"), cacheObject("ci", "stale"))
+	ref := func(name string) layerfs.CacheRef { return layerfs.CacheRef{Namespace: "ci", Name: name} }
 	env.store.cache(maven).LastUsed = time.Now()
-	env.store.cache(oldRef).LastUsed = time.Now().Add(-2 * time.Hour)
-	env.store.cache(doomed)
-	env.store.cache(stale)
-	env.store.gcRemoves = []layerfs.CacheRef{stale}
-	if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: stale}); err != nil {
+	for _, name := range []string{"doomed", "stale", "orphan", "orphan-busy"} {
+		env.store.cache(ref(name))
+	}
+	// A build writes busy and orphan-busy (whose claim just made its
+	// Cache); a reader only reads read.
+	for vol, mount := range map[string]layerfs.MountOptions{
+		"pvc-busy":        {Cache: ref("busy")},
+		"pvc-orphan-busy": {Cache: ref("orphan-busy")},
+		"pvc-read":        {Cache: ref("read"), ReadOnly: true},
+	} {
+		if _, err := env.store.Mount(ctx, vol, mount); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"old", "busy", "read"} {
+		env.store.cache(ref(name)).LastUsed = time.Now().Add(-2 * time.Hour)
+	}
+	env.store.gcRemoves = []layerfs.CacheRef{ref("stale")}
+	if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: ref("stale")}); err != nil {
 		t.Fatal(err)
 	}
 
 	env.maint.pass(ctx)
 
-	removed := map[layerfs.CacheRef]bool{}
+	var removed []string
 	for _, r := range env.store.removed {
-		removed[r] = true
+		removed = append(removed, r.Name)
 	}
-	if !removed[oldRef] || !removed[doomed] || removed[maven] || len(removed) != 2 {
-		t.Errorf("removed %v, want ci/old (retention) and ci/doomed (deleting)", env.store.removed)
+	slices.Sort(removed)
+	// old and read by retention (a reader holds no cache), doomed as its
+	// Cache is being deleted, orphan as its Cache is gone.
+	if want := []string{"doomed", "old", "orphan", "read"}; !slices.Equal(removed, want) {
+		t.Errorf("removed %v, want %v", removed, want)
 	}
-	env.wantEvent(t, "Normal RetentionExceeded", "maxAge")
-	if nodes := getCache(t, env.client, stale).Status.Nodes; len(nodes) != 0 {
+	var retention int
+	for _, ev := range env.drainEvents() {
+		if strings.HasPrefix(ev, "Normal RetentionExceeded") && strings.Contains(ev, "maxAge") {
+			retention++
+		}
+	}
+	if retention != 2 {
+		t.Errorf("%d RetentionExceeded Events, want 2 (old and read)", retention)
+	}
+	if nodes := getCache(t, env.client, ref("stale")).Status.Nodes; len(nodes) != 0 {
 		t.Errorf("GC removed ci/stale but its status entry stayed: %+v", nodes)
 	}
-	// Surviving caches are queued for a status report.
-	if n := env.maint.reports.queue.Len(); n != 1 {
-		t.Errorf("report queue has %d items, want ci/maven", n)
+	// Surviving caches with a Cache resource are queued for a status report.
+	if n := env.maint.reports.queue.Len(); n != 2 {
+		t.Errorf("report queue has %d items, want ci/maven and ci/busy", n)
 	}
 }
 

@@ -30,6 +30,7 @@ const (
 	opGC        = "gc"
 	opReport    = "report"
 	opRemove    = "remove"
+	opRecover   = "recover"
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {

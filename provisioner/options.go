@@ -45,6 +45,10 @@ type Options struct {
 	// GCMaxAge and GCMaxBytes bound the node's store; 0 disables a bound.
 	GCMaxAge   time.Duration
 	GCMaxBytes int64
+	// GCMinFreeBytes and GCMinFreePercent evict least recently used caches
+	// while the store's filesystem has less free space; 0 disables each.
+	GCMinFreeBytes   int64
+	GCMinFreePercent float64
 	// ResyncInterval is how often the agent reports cache status, applies
 	// retention and runs GC.
 	ResyncInterval time.Duration
@@ -64,6 +68,9 @@ func DefaultOptions() Options {
 		HealthProbeBindAddress: ":8081",
 		MaxLayers:              layerfs.DefaultMaxLayers,
 		ResyncInterval:         time.Minute,
+		// The kubelet evicts pods when the node's filesystem has less than
+		// 10% free (its default); caches go first, before builds do.
+		GCMinFreePercent: 15,
 	}
 }
 
@@ -77,6 +84,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxLayers, "max-layers", o.MaxLayers, "squash a cache in the background once it has more layers than this")
 	fs.DurationVar(&o.GCMaxAge, "gc-max-age", o.GCMaxAge, "remove caches unused for longer than this from the node; 0 keeps them")
 	fs.Var(&bytesFlag{&o.GCMaxBytes}, "gc-max-size", "remove least recently used caches while the node's store is larger than this (e.g. 100Gi); 0 disables")
+	fs.Var(&bytesFlag{&o.GCMinFreeBytes}, "gc-min-free", "evict least recently used caches while the store's filesystem has less free space than this (e.g. 20Gi); 0 disables")
+	fs.Float64Var(&o.GCMinFreePercent, "gc-min-free-percent", o.GCMinFreePercent, "evict least recently used caches while the store's filesystem has less than this percentage free; keep it above the kubelet's eviction threshold (10% by default); 0 disables")
 	fs.DurationVar(&o.ResyncInterval, "resync-interval", o.ResyncInterval, "how often to report cache status, apply retention and run GC")
 }
 
@@ -108,6 +117,12 @@ func (o *Options) Validate() error {
 	}
 	if o.GCMaxBytes < 0 {
 		errs = append(errs, fmt.Errorf("--gc-max-size %d is negative: use a size such as 100Gi, or 0 for no bound", o.GCMaxBytes))
+	}
+	if o.GCMinFreeBytes < 0 {
+		errs = append(errs, fmt.Errorf("--gc-min-free %d is negative: use a size such as 20Gi, or 0 to disable", o.GCMinFreeBytes))
+	}
+	if o.GCMinFreePercent < 0 || o.GCMinFreePercent >= 100 {
+		errs = append(errs, fmt.Errorf("--gc-min-free-percent %g is out of range: use a percentage from 0 (disabled) to below 100, for example 15", o.GCMinFreePercent))
 	}
 	if o.ResyncInterval < time.Second {
 		errs = append(errs, fmt.Errorf("--resync-interval %s is too short: use at least 1s, for example 1m", o.ResyncInterval))

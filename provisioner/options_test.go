@@ -29,12 +29,14 @@ func TestOptionsFlags(t *testing.T) {
 	o := DefaultOptions()
 	fs := pflag.NewFlagSet("node", pflag.ContinueOnError)
 	o.AddFlags(fs)
-	err := fs.Parse([]string{"--node-name=node-b", "--root=/data/lc", "--gc-max-size=2Gi", "--gc-max-age=72h", "--max-layers=8", "--resync-interval=30s", "--metrics-bind-address=0"})
+	err := fs.Parse([]string{"--node-name=node-b", "--root=/data/lc", "--gc-max-size=2Gi", "--gc-max-age=72h", "--max-layers=8", "--resync-interval=30s", "--metrics-bind-address=0",
+		"--gc-min-free=20Gi", "--gc-min-free-percent=12.5"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o.NodeName != "node-b" || o.Root != "/data/lc" || o.GCMaxBytes != 2<<30 || o.GCMaxAge != 72*time.Hour ||
-		o.MaxLayers != 8 || o.ResyncInterval != 30*time.Second || o.MetricsBindAddress != "0" {
+		o.MaxLayers != 8 || o.ResyncInterval != 30*time.Second || o.MetricsBindAddress != "0" ||
+		o.GCMinFreeBytes != 20<<30 || o.GCMinFreePercent != 12.5 {
 		t.Errorf("flags not applied: %+v", o)
 	}
 	if err := fs.Parse([]string{"--gc-max-size=lots"}); err == nil || !strings.Contains(err.Error(), "100Gi") {
@@ -64,6 +66,8 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "bad probe port", change: func(o *Options) { o.HealthProbeBindAddress = ":http" }, want: []string{"--health-probe-bind-address"}},
 		{name: "max layers", change: func(o *Options) { o.MaxLayers = 0 }, want: []string{"--max-layers 0"}},
 		{name: "negative gc", change: func(o *Options) { o.GCMaxAge, o.GCMaxBytes = -time.Hour, -1 }, want: []string{"--gc-max-age", "--gc-max-size"}},
+		{name: "free space", change: func(o *Options) { o.GCMinFreeBytes, o.GCMinFreePercent = -1, 100 }, want: []string{"--gc-min-free -1", "--gc-min-free-percent 100"}},
+		{name: "free space off", change: func(o *Options) { o.GCMinFreeBytes, o.GCMinFreePercent = 0, 0 }},
 		{name: "resync", change: func(o *Options) { o.ResyncInterval = time.Millisecond }, want: []string{"--resync-interval"}},
 		{name: "all problems at once", change: func(o *Options) { o.NodeName, o.Root = "", "" }, want: []string{"--root", "--node-name"}},
 	}

@@ -31,6 +31,7 @@ type store interface {
 	Squash(ctx context.Context, cache layerfs.CacheRef, maxLayers int) (layerfs.SquashResult, error)
 	GC(ctx context.Context, opts layerfs.GCOptions) (layerfs.GCResult, error)
 	Remove(ctx context.Context, cache layerfs.CacheRef) error
+	RemoveIfUnused(ctx context.Context, cache layerfs.CacheRef) (bool, error)
 	List(ctx context.Context) ([]layerfs.CacheInfo, error)
 	Inspect(ctx context.Context, cache layerfs.CacheRef) (layerfs.CacheInfo, error)
 	Recover(ctx context.Context) (layerfs.RecoverResult, error)
@@ -266,6 +267,11 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 	p.metrics.commitSeconds.Observe(time.Since(start).Seconds())
 	out := ended{Result: v1alpha1.ResultCommitted, Generation: res.Generation}
 	switch {
+	case res.Torn:
+		out = ended{Result: v1alpha1.ResultDiscarded}
+		p.events.Eventf(subject, corev1.EventTypeWarning, reasonCommitTorn,
+			"node %s went down while volume %s was mounted; its changes were written without syncs and may be torn, so they were discarded and cache %s stays at generation %d",
+			p.node, volume, rec.Cache, res.Generation)
 	case res.Dropped:
 		out = ended{Result: v1alpha1.ResultDropped}
 		p.events.Eventf(subject, corev1.EventTypeNormal, reasonCommitDropped,
@@ -277,7 +283,7 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 		p.events.Eventf(subject, corev1.EventTypeNormal, reasonCommitted,
 			"committed volume %s as generation %d of cache %s (%d bytes)", volume, res.Generation, rec.Cache, res.Bytes)
 	}
-	logger.Info("Committed", "generation", res.Generation, "layer", res.Layer, "bytes", res.Bytes, "dropped", res.Dropped)
+	logger.Info("Committed", "generation", res.Generation, "layer", res.Layer, "bytes", res.Bytes, "dropped", res.Dropped, "torn", res.Torn)
 	if res.NeedsSquash {
 		p.squashes.Add(rec.Cache)
 	}

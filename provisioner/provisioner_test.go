@@ -416,3 +416,21 @@ func TestDeleteEditedAnnotations(t *testing.T) {
 		t.Error("a volume whose fate is unclear must be kept")
 	}
 }
+
+// Issue 8, item 8: a volume torn by a crash is discarded, never committed,
+// and the user is told why.
+func TestDeleteOfTornVolume(t *testing.T) {
+	env := newTestEnv(t, nil)
+	pv := releasedPV(t, env, map[string]string{v1alpha1.AnnotationCache: "maven"}, v1alpha1.OutcomeSucceeded)
+	env.store.torn[pv.Name] = true
+	if err := env.prov.Delete(context.Background(), pv); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if len(env.store.commits) != 0 || len(env.store.discards) != 1 {
+		t.Errorf("commits %v discards %v, want the torn volume discarded", env.store.commits, env.store.discards)
+	}
+	env.wantEvent(t, "Warning CommitTorn", pv.Name, "may be torn", "discarded")
+	if got := metricValue(t, env.prov.metrics.ends.WithLabelValues(v1alpha1.ResultDiscarded, triggerRelease)); got != 1 {
+		t.Errorf("volume ends discarded by release = %v, want 1", got)
+	}
+}
