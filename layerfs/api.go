@@ -48,6 +48,11 @@ type MountOptions struct {
 	// device nodes (a chroot, an image store for a privileged builder).
 	// Off by default: builds are untrusted and run on the node's kernel.
 	AllowSetuid, AllowDevices bool
+	// LimitBytes bounds the volume's changes (its upper layer, in allocated
+	// bytes); 0 means no bound. It is enforced at commit: a volume whose
+	// changes are larger is discarded (CommitResult.OverLimit). The store
+	// has no project quotas, so the build itself is not stopped.
+	LimitBytes int64
 }
 
 // Volume is a provisioned copy-on-write view of a cache.
@@ -63,6 +68,8 @@ type Volume struct {
 	MergedPath string `json:"mergedPath"`
 	// Mounted tells whether the overlay is currently mounted at MergedPath.
 	Mounted bool `json:"mounted"`
+	// LimitBytes is MountOptions.LimitBytes.
+	LimitBytes int64 `json:"limitBytes,omitempty"`
 	// Torn is true when the node went down while the volume was mounted:
 	// its upper layer was written without syncs (a volatile overlay) and
 	// may be torn, so it was emptied at remount and the volume will never
@@ -86,6 +93,10 @@ type CommitResult struct {
 	// committed, and the cache is unchanged. Report it (an Event); the
 	// build's results are lost.
 	Torn bool `json:"torn,omitempty"`
+	// OverLimit is true when the volume's changes (Bytes) were larger than
+	// its LimitBytes: the volume was discarded instead of committed, and
+	// the cache is unchanged.
+	OverLimit bool `json:"overLimit,omitempty"`
 }
 
 // LayerInfo describes one committed layer.

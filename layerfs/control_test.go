@@ -61,3 +61,44 @@ func TestHasControlFileRefusesBadNames(t *testing.T) {
 		}
 	}
 }
+
+// Issue 8, item 2: without project quotas, a volume's size limit (its
+// claim's request) is enforced at commit: changes larger than the limit
+// are discarded, and the cache stays as it was.
+func TestCommitOverLimitDiscards(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name      string
+		limit     int64
+		write     int
+		overLimit bool
+	}{
+		{"no limit", 0, 1 << 20, false},
+		{"within the limit", 2 << 20, 1 << 20, false},
+		{"over the limit", 256 << 10, 1 << 20, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestStore(t, Options{})
+			v, err := s.Mount(ctx, "v1", MountOptions{Cache: CacheRef{"ns", "c"}, LimitBytes: tc.limit})
+			must(t, err)
+			must(t, os.WriteFile(filepath.Join(v.MergedPath, "big"), make([]byte, tc.write), 0o644))
+			res := mustCommit(t, s, "v1")
+			if res.OverLimit != tc.overLimit {
+				t.Fatalf("commit = %+v, want OverLimit %v", res, tc.overLimit)
+			}
+			info, err := s.Inspect(ctx, CacheRef{"ns", "c"})
+			must(t, err)
+			if tc.overLimit && (info.Generation != 0 || res.Bytes < int64(tc.write)) {
+				t.Errorf("over the limit: cache at generation %d, commit reported %d bytes; want generation 0 and the upper's size", info.Generation, res.Bytes)
+			}
+			if _, err := s.Volume(ctx, "v1"); err == nil {
+				t.Errorf("the volume is still there after its commit")
+			}
+			assertNoOrphans(t, s)
+		})
+	}
+	if err := (MountOptions{Cache: CacheRef{"ns", "c"}, LimitBytes: -1}).Validate(); err == nil {
+		t.Errorf("a negative limit was accepted")
+	}
+}

@@ -131,6 +131,9 @@ func (o MountOptions) Validate() error {
 			return fmt.Errorf("volume root %s %d is out of range: use 0 to %d", id.name, id.value, MaxID)
 		}
 	}
+	if o.LimitBytes < 0 {
+		return fmt.Errorf("volume size limit %d is negative: use a number of bytes, or 0 for no limit", o.LimitBytes)
+	}
 	if o.Mode&^rootModeBits != 0 {
 		return fmt.Errorf("volume root mode 0%o is not allowed: use permission bits, optionally with setgid or sticky, like 0777, 0755, 02775 or 01777 (setuid means nothing on a directory)", unixMode(o.Mode))
 	}
@@ -284,6 +287,7 @@ func (s *Store) newVolume(ctx context.Context, id string, opts MountOptions) (re
 		Volume: Volume{
 			ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
 			BaseGeneration: h.Generation, Layers: h.layerIDs(), Created: time.Now().UTC(),
+			LimitBytes: opts.LimitBytes,
 		},
 		CacheUID: h.UID, State: stateMounted, BootID: bootID(),
 		RootMode: opts.Mode, RootUID: opts.UID, RootGID: opts.GID,
@@ -389,7 +393,7 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 		return CommitResult{}, nil, err
 	}
 	if r.Torn {
-		res, err := s.discardTorn(ctx, r)
+		res, err := s.discardTorn(r)
 		if err != nil {
 			volLock.unlock()
 			return res, nil, err
@@ -402,7 +406,19 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 		return CommitResult{}, nil, fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
 	}
 	if r.State != stateCommitting {
-		if err := s.prepareCommit(ctx, r); err != nil {
+		err := s.prepareCommit(ctx, r)
+		var over *overLimitError
+		if errors.As(err, &over) {
+			res := CommitResult{Cache: r.Cache, OverLimit: true, Bytes: over.bytes}
+			err = s.discardInstead(r, &res)
+			if err != nil {
+				volLock.unlock()
+				return res, nil, err
+			}
+			volLock.removeAndUnlock()
+			return res, r, nil
+		}
+		if err != nil {
 			volLock.unlock()
 			return CommitResult{}, nil, err
 		}
@@ -423,18 +439,32 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 
 // discardTorn ends a torn volume as Discard does and reports the cache as
 // it stands.
-func (s *Store) discardTorn(ctx context.Context, r *volumeRecord) (CommitResult, error) {
+func (s *Store) discardTorn(r *volumeRecord) (CommitResult, error) {
+	res := CommitResult{Cache: r.Cache, Torn: true}
+	err := s.discardInstead(r, &res)
+	return res, err
+}
+
+// discardInstead ends a volume that may not be committed as Discard does,
+// and sets res.Generation to the cache's as it stands.
+func (s *Store) discardInstead(r *volumeRecord, res *CommitResult) error {
 	if err := unmount(r.MergedPath); err != nil {
-		return CommitResult{}, fmt.Errorf("discard torn volume %q: %w", r.ID, err)
+		return fmt.Errorf("discard volume %q: %w", r.ID, err)
 	}
 	if err := s.removeVolumeDir(r.ID); err != nil {
-		return CommitResult{}, err
+		return err
 	}
-	res := CommitResult{Cache: r.Cache, Torn: true}
 	if h, err := s.readHead(r.Cache); err == nil {
 		res.Generation = h.Generation
 	}
-	return res, nil
+	return nil
+}
+
+// overLimitError is a volume whose changes are larger than its limit.
+type overLimitError struct{ bytes, limit int64 }
+
+func (e *overLimitError) Error() string {
+	return fmt.Sprintf("the volume's changes take %d bytes, more than its limit of %d", e.bytes, e.limit)
 }
 
 // prepareCommit unmounts the volume and records the commit's intent, so that
@@ -444,7 +474,8 @@ func (s *Store) prepareCommit(ctx context.Context, r *volumeRecord) (err error) 
 		return fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
 	defer func() {
-		if err != nil {
+		var over *overLimitError
+		if err != nil && !errors.As(err, &over) {
 			s.abortCommit(ctx, r) // best effort: the caller can retry either way
 		}
 	}()
@@ -463,6 +494,11 @@ func (s *Store) prepareCommit(ctx context.Context, r *volumeRecord) (err error) 
 		bytes, files, err := diskUsage(s.upperDir(r.ID))
 		if err != nil {
 			return fmt.Errorf("commit volume %q: measure upper layer: %w", r.ID, err)
+		}
+		if r.LimitBytes > 0 && bytes > r.LimitBytes {
+			// Nothing is recorded yet, so the volume is still mounted as
+			// far as a crash is concerned; the caller discards it.
+			return &overLimitError{bytes: bytes, limit: r.LimitBytes}
 		}
 		r.CommitLayer = &LayerInfo{ID: randomID(), Bytes: bytes, Files: files, Created: time.Now().UTC()}
 	}

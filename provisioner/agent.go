@@ -129,6 +129,8 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	logger.Info("Starting node agent", "root", st.Root(), "hostname", a.prov.hostname)
+	logger.Info("Volume size limits (a claim's storage request) are enforced at commit: a build's larger changes are discarded. " +
+		"The store uses no filesystem project quotas, so a runaway build is not stopped while it runs; --gc-min-free-percent keeps caches from filling the node")
 	return mgr.Start(ctx)
 }
 

@@ -42,6 +42,7 @@ const (
 	reasonCommitted           = "Committed"
 	reasonCommitDropped       = "CommitDropped"
 	reasonCommitTorn          = "CommitTorn"
+	reasonCommitOverLimit     = "CommitOverLimit"
 	reasonDiscarded           = "Discarded"
 	reasonCommitFailed        = "CommitFailed"
 	reasonDiscardFailed       = "DiscardFailed"
@@ -81,13 +82,16 @@ type volumeRequest struct {
 	Writer     string
 	// AllowSetuid and AllowDevices come from the class.
 	AllowSetuid, AllowDevices bool
+	// LimitBytes is the claim's storage request: the most the build may
+	// add to the cache.
+	LimitBytes int64
 }
 
 func (r volumeRequest) mountOptions() layerfs.MountOptions {
 	return layerfs.MountOptions{
 		Cache: r.Cache, ReadOnly: r.Mode == v1alpha1.ModeRead,
 		UID: r.UID, GID: r.GID, Mode: r.Perm, Writer: r.Writer,
-		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices,
+		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices, LimitBytes: r.LimitBytes,
 	}
 }
 
@@ -203,6 +207,9 @@ func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *cor
 	req := volumeRequest{
 		UID: class.UID, GID: class.GID, Perm: class.Perm, Writer: writerOf(claim),
 		AllowSetuid: class.AllowSetuid, AllowDevices: class.AllowDevices,
+	}
+	if q, ok := claim.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
+		req.LimitBytes = q.Value()
 	}
 	ann := claim.Annotations
 

@@ -126,6 +126,8 @@ type fakeStore struct {
 	control map[string][]string
 	// torn volumes were mounted when the node went down.
 	torn map[string]bool
+	// written is how many bytes each volume's build wrote.
+	written map[string]int64
 }
 
 func newFakeStore() *fakeStore {
@@ -136,6 +138,7 @@ func newFakeStore() *fakeStore {
 		maxLayers: 2,
 		control:   map[string][]string{},
 		torn:      map[string]bool{},
+		written:   map[string]int64{},
 	}
 }
 
@@ -182,6 +185,11 @@ func (s *fakeStore) Commit(_ context.Context, id string) (layerfs.CommitResult, 
 	}
 	if s.commitErr != nil {
 		return layerfs.CommitResult{}, s.commitErr
+	}
+	if limit := s.mountOpts[id].LimitBytes; limit > 0 && s.written[id] > limit {
+		delete(s.volumes, id)
+		s.discards = append(s.discards, id)
+		return layerfs.CommitResult{Cache: v.Cache, OverLimit: true, Bytes: s.written[id], Generation: s.cache(v.Cache).Generation}, nil
 	}
 	if s.torn[id] {
 		delete(s.volumes, id)

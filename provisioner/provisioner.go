@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -272,6 +273,11 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 		p.events.Eventf(subject, corev1.EventTypeWarning, reasonCommitTorn,
 			"node %s went down while volume %s was mounted; its changes were written without syncs and may be torn, so they were discarded and cache %s stays at generation %d",
 			p.node, volume, rec.Cache, res.Generation)
+	case res.OverLimit:
+		out = ended{Result: v1alpha1.ResultDiscarded}
+		p.events.Eventf(subject, corev1.EventTypeWarning, reasonCommitOverLimit,
+			"volume %s's changes take %s, more than its claim's storage request, so they were discarded and cache %s stays at generation %d; request more storage in the claim",
+			volume, resource.NewQuantity(res.Bytes, resource.BinarySI), rec.Cache, res.Generation)
 	case res.Dropped:
 		out = ended{Result: v1alpha1.ResultDropped}
 		p.events.Eventf(subject, corev1.EventTypeNormal, reasonCommitDropped,
@@ -283,7 +289,7 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 		p.events.Eventf(subject, corev1.EventTypeNormal, reasonCommitted,
 			"committed volume %s as generation %d of cache %s (%d bytes)", volume, res.Generation, rec.Cache, res.Bytes)
 	}
-	logger.Info("Committed", "generation", res.Generation, "layer", res.Layer, "bytes", res.Bytes, "dropped", res.Dropped, "torn", res.Torn)
+	logger.Info("Committed", "generation", res.Generation, "layer", res.Layer, "bytes", res.Bytes, "dropped", res.Dropped, "torn", res.Torn, "overLimit", res.OverLimit)
 	if res.NeedsSquash {
 		p.squashes.Add(rec.Cache)
 	}

@@ -205,7 +205,8 @@ func TestProvisionOwnCache(t *testing.T) {
 		t.Fatalf("Provision: %v, %v", state, err)
 	}
 	maven := layerfs.CacheRef{Namespace: "ci", Name: "maven"}
-	wantMount := layerfs.MountOptions{Cache: maven, UID: 1000, GID: 1001, Mode: 0o750, Writer: "ci/build-1"}
+	// The claim requests 1Gi: the most its build may add to the cache.
+	wantMount := layerfs.MountOptions{Cache: maven, UID: 1000, GID: 1001, Mode: 0o750, Writer: "ci/build-1", LimitBytes: 1 << 30}
 	if got := env.store.mountOpts[opts.PVName]; got != wantMount {
 		t.Errorf("mounted with %+v, want %+v", got, wantMount)
 	}
@@ -433,4 +434,19 @@ func TestDeleteOfTornVolume(t *testing.T) {
 	if got := metricValue(t, env.prov.metrics.ends.WithLabelValues(v1alpha1.ResultDiscarded, triggerRelease)); got != 1 {
 		t.Errorf("volume ends discarded by release = %v, want 1", got)
 	}
+}
+
+// Issue 8, item 2: where the store has no project quotas, a build that
+// wrote more than its claim's request is discarded at commit, and told.
+func TestDeleteOverLimit(t *testing.T) {
+	env := newTestEnv(t, nil)
+	pv := releasedPV(t, env, map[string]string{v1alpha1.AnnotationCache: "maven"}, v1alpha1.OutcomeSucceeded)
+	env.store.written[pv.Name] = 3 << 30 // the claim asked for 1Gi
+	if err := env.prov.Delete(context.Background(), pv); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if len(env.store.commits) != 0 || len(env.store.discards) != 1 {
+		t.Errorf("commits %v discards %v, want the volume discarded", env.store.commits, env.store.discards)
+	}
+	env.wantEvent(t, "Warning CommitOverLimit", pv.Name, "3Gi", "request more storage")
 }
