@@ -92,6 +92,19 @@ var crashOps = []crashOp{
 		},
 		run: func(ctx context.Context, s *Store) error { return s.Remove(ctx, CacheRef{"ns", "c"}) },
 	},
+	{
+		name: "remove-if-unused",
+		setup: func(t testing.TB, s *Store) {
+			buildChain(t, s, "ns/c", layerSteps)
+		},
+		run: func(ctx context.Context, s *Store) error {
+			removed, err := s.RemoveIfUnused(ctx, CacheRef{"ns", "c"})
+			if err == nil && !removed {
+				err = fmt.Errorf("cache ns/c was not removed")
+			}
+			return err
+		},
+	},
 }
 
 func crashChild(opName string) int {

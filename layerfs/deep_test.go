@@ -19,6 +19,8 @@ func mkDeep(t testing.TB, root, content string) {
 	t.Helper()
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	must(t, err)
+	// Closed on every path, or a failed test leaves the mount busy.
+	defer func() { unix.Close(fd) }()
 	for range deepDepth {
 		must(t, unix.Mkdirat(fd, "d", 0o755))
 		next, err := unix.Openat(fd, "d", unix.O_RDONLY|unix.O_DIRECTORY, 0)
@@ -26,7 +28,6 @@ func mkDeep(t testing.TB, root, content string) {
 		unix.Close(fd)
 		fd = next
 	}
-	defer unix.Close(fd)
 	leaf, err := unix.Openat(fd, "leaf", unix.O_WRONLY|unix.O_CREAT, 0o644)
 	must(t, err)
 	defer unix.Close(leaf)
@@ -39,15 +40,15 @@ func readDeep(t testing.TB, root string) string {
 	t.Helper()
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	must(t, err)
+	defer func() { unix.Close(fd) }()
 	for i := range deepDepth {
 		next, err := unix.Openat(fd, "d", unix.O_RDONLY|unix.O_DIRECTORY, 0)
-		unix.Close(fd)
 		if err != nil {
 			t.Fatalf("level %d of %s: %v", i, root, err)
 		}
+		unix.Close(fd)
 		fd = next
 	}
-	defer unix.Close(fd)
 	leaf, err := unix.Openat(fd, "leaf", unix.O_RDONLY, 0)
 	must(t, err)
 	defer unix.Close(leaf)
