@@ -481,7 +481,10 @@ deploy() {
 	local digest stamp=$STATE_DIR/deployed-image
 	digest=$(sha256sum "$IMAGES_DIR/layercache.tar" | cut -d' ' -f1)
 	if [[ -f $stamp && $(<"$stamp") != "$digest" ]]; then
-		kubectl -n layercache-system rollout restart daemonset,deployment >/dev/null
+		kubectl -n layercache-system rollout restart daemonset >/dev/null
+		# The manager shares the host's ports too: a rolling update's new
+		# pod could never start beside the old one, so replace the pod.
+		kubectl -n layercache-system delete pods -l app.kubernetes.io/component=manager --wait=false >/dev/null
 	fi
 	echo "$digest" >"$stamp"
 	# rollout status can pass while a crash-looping pod is briefly up; the
