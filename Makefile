@@ -8,6 +8,8 @@ BIN := $(CURDIR)/bin
 ROOT ?= /var/lib/layercache
 NODES ?= 1
 CLUSTER ?= local
+# Optional parts make up installs: WITH=tekton (Tekton Pipelines, built from source).
+WITH ?=
 export GOFLAGS ?= -buildvcs=false
 
 .PHONY: help
@@ -41,15 +43,16 @@ bench: ## layerfs benchmarks (needs root); ratios are printed as metrics
 ##@ Cluster (e2e harness)
 
 .PHONY: up
-up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind) with layercache deployed
-	e2e/cluster/up.sh --nodes $(NODES) --backend $(CLUSTER)
+up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH=tekton) with layercache deployed
+	e2e/cluster/up.sh --nodes $(NODES) --backend $(CLUSTER) --with "$(WITH)"
 
 .PHONY: down
 down: ## stop the local cluster and remove everything it made
 	e2e/cluster/down.sh
 
 .PHONY: e2e
-e2e: up ## start the cluster and run the e2e suite against it
+e2e: WITH += tekton
+e2e: up ## start the cluster (with Tekton) and run the e2e suite against it
 	e2e/cluster/run-e2e.sh
 
 .PHONY: demo

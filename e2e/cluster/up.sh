@@ -1,30 +1,46 @@
 #!/usr/bin/env bash
 # Start the e2e cluster and deploy layercache into it.
 #
-#   up.sh [--nodes N] [--backend local|kind]
+#   up.sh [--nodes N] [--backend local|kind] [--with tekton]
 #
 # local (default, what CI runs): a real cluster on this machine, as root,
 # from source-built Kubernetes binaries, Debian's containerd and etcd, and
 # images built without Docker. Running it again keeps a healthy cluster and
 # only rebuilds, reloads and redeploys the project. down.sh removes it all.
 # kind: the same images in a kind cluster, for machines with a Docker engine.
+# --with installs optional parts (space- or comma-separated): tekton
+# (e2e/cluster/tekton.sh, local backend only).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 NODES=1
 BACKEND=local
+WITH=
 while (($#)); do
 	case $1 in
 	--nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
 	--nodes=*) NODES=${1#*=}; shift ;;
 	--backend) BACKEND=${2:?--backend needs local or kind}; shift 2 ;;
 	--backend=*) BACKEND=${1#*=}; shift ;;
-	-h | --help) sed -n '2,10p' "$0"; exit 0 ;;
-	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind])" ;;
+	--with) WITH+=" ${2?--with needs a list of parts, e.g. tekton}"; shift 2 ;;
+	--with=*) WITH+=" ${1#*=}"; shift ;;
+	-h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with tekton])" ;;
 	esac
 done
 [[ $NODES =~ ^[1-4]$ ]] || die "--nodes $NODES: want 1 to 4"
 [[ $BACKEND == local || $BACKEND == kind ]] || die "--backend $BACKEND: want local or kind"
+WITH_TEKTON=
+for part in ${WITH//,/ }; do
+	case $part in
+	tekton) WITH_TEKTON=1 ;;
+	*) die "--with $part: the optional parts are: tekton" ;;
+	esac
+done
+if [[ -n $WITH_TEKTON && $BACKEND != local ]]; then
+	log "warning: --with tekton: Tekton is installed on the local backend only; the e2e/tekton scenarios will fail"
+	WITH_TEKTON=
+fi
 
 start=$SECONDS
 
@@ -501,6 +517,7 @@ case $BACKEND in
 local)
 	up_local
 	deploy
+	[[ -z $WITH_TEKTON ]] || "$CLUSTER_LIB/tekton.sh"
 	;;
 kind)
 	build_images
