@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -77,5 +78,42 @@ func TestRecoverDiscardConcurrently(t *testing.T) {
 	}
 	if resurrected > 0 {
 		t.Fatalf("%d of %d discarded volumes were resurrected by a concurrent Recover", resurrected, tries)
+	}
+}
+
+// Anything that looks up a path on a mount (the kubelet's filesystem stats,
+// a listing) holds it for a moment, and umount(2) then fails with EBUSY:
+// a Discard or Commit failed as if a process still used the volume, seen
+// as a flake of TestRecoverDiscardConcurrently while a local cluster ran
+// on the machine. A hold that ends within the retries is waited out; one
+// that lasts is still ErrBusy.
+func TestUnmountBusyForAMoment(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{})
+	tests := []struct {
+		name     string
+		hold     time.Duration
+		wantBusy bool
+	}{
+		{"held for a moment", 30 * time.Millisecond, false},
+		{"held until the end", time.Hour, true},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := fmt.Sprintf("v%d", i)
+			f, err := os.Open(mustMount(t, s, id, "ns/c"))
+			must(t, err)
+			released := time.AfterFunc(tt.hold, func() { f.Close() })
+			err = s.Discard(ctx, id)
+			if released.Stop() {
+				f.Close()
+			}
+			if gotBusy := errors.Is(err, ErrBusy); gotBusy != tt.wantBusy || (err != nil && !tt.wantBusy) {
+				t.Fatalf("Discard: %v, want busy=%v", err, tt.wantBusy)
+			}
+			if tt.wantBusy {
+				must(t, s.Discard(ctx, id))
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -173,18 +174,35 @@ func unmount(target string) error {
 			return nil
 		}
 		faultPoint()
-		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
-		if errors.Is(err, unix.EBUSY) {
-			return fmt.Errorf("unmount %s: the volume is still in use (a process has files open or a bind mount remains): %w", target, ErrBusy)
-		}
-		if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("unmount %s: %w", target, err)
+		if err := unmountOnce(target); err != nil {
+			return err
 		}
 	}
 	if isMountPoint(target) {
 		return fmt.Errorf("unmount %s: still mounted after repeated unmounts", target)
 	}
 	return nil
+}
+
+// busyRetries bound how long unmountOnce waits out a busy mount: about
+// 300 ms in all. Anything that looks up a path on the mount holds it for a
+// moment (the kubelet's filesystem stats, a listing); only a mount busy for
+// longer is in use.
+var busyRetries = []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond, 80 * time.Millisecond, 150 * time.Millisecond}
+
+func unmountOnce(target string) error {
+	for i := 0; ; i++ {
+		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT):
+			return nil
+		case !errors.Is(err, unix.EBUSY):
+			return fmt.Errorf("unmount %s: %w", target, err)
+		case i == len(busyRetries):
+			return fmt.Errorf("unmount %s: the volume is still in use (a process has files open or a bind mount remains): %w", target, ErrBusy)
+		}
+		time.Sleep(busyRetries[i])
+	}
 }
 
 // isMountPoint tells whether something is mounted at path: a mount root has

@@ -104,10 +104,6 @@ func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (
 	return &r.Volume, nil
 }
 
-// ensureMounted mounts the volume unless it is mounted. It asks the mount
-// table, not r.Mounted: a failed operation may have unmounted the volume
-// after r was read. A volume left mid-commit is rolled back to a mounted
-// volume first (see abortCommit).
 // MaxID is the largest uid or gid a volume root can have: ids are 32-bit,
 // and 4294967295 means "unchanged" to chown(2).
 const MaxID = 1<<32 - 2
@@ -151,6 +147,10 @@ func unixMode(m os.FileMode) uint32 {
 	return bits
 }
 
+// ensureMounted mounts the volume unless it is mounted. It asks the mount
+// table, not r.Mounted: a failed operation may have unmounted the volume
+// after r was read. A volume left mid-commit is rolled back to a mounted
+// volume first (see abortCommit).
 func (s *Store) ensureMounted(ctx context.Context, r *volumeRecord) error {
 	if r.State == stateCommitting {
 		return s.abortCommit(ctx, r)
@@ -392,6 +392,10 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 		releaseOnError(volLock, err)
 		return CommitResult{}, nil, err
 	}
+	if r.ReadOnly {
+		volLock.unlock()
+		return CommitResult{}, nil, fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
+	}
 	if r.Torn {
 		res, err := s.discardTorn(r)
 		if err != nil {
@@ -400,10 +404,6 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 		}
 		volLock.removeAndUnlock()
 		return res, r, nil
-	}
-	if r.ReadOnly {
-		volLock.unlock()
-		return CommitResult{}, nil, fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
 	}
 	if r.State != stateCommitting {
 		err := s.prepareCommit(ctx, r)

@@ -281,6 +281,9 @@ func writeVolumeDetails(w io.Writer, format string, d volumeDetails) error {
 	fmt.Fprintf(t, "Created:\t%s\n", d.Created.UTC().Format(time.RFC3339))
 	fmt.Fprintf(t, "Merged path:\t%s\n", d.MergedPath)
 	fmt.Fprintf(t, "Mounted:\t%s\n", yesNo(d.Mounted))
+	if d.Torn {
+		fmt.Fprintf(t, "Torn:\tyes: the node went down while it was mounted; its changes were emptied and it will not be committed\n")
+	}
 	fmt.Fprintf(t, "Lower layers:\t%d (newest first)\n", len(d.Layers))
 	for _, l := range d.Layers {
 		fmt.Fprintf(t, "\t%s\n", l)

@@ -197,6 +197,15 @@ Mount command:
 	if b.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
 	}
+	// A torn volume says so, right after whether it is mounted.
+	d.Torn = true
+	b.Reset()
+	if err := writeVolumeDetails(&b, outputTable, d); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "Mounted:           no\nTorn:              yes: the node went down while it was mounted") {
+		t.Errorf("torn volume details lack the torn line:\n%s", b.String())
+	}
 
 	b.Reset()
 	if err := writeVolumeDetails(&b, outputJSON, d); err != nil {
