@@ -141,52 +141,89 @@ func markersAt(base time.Time, offsets map[string]float64) Markers {
 func TestNewSample(t *testing.T) {
 	base := time.Unix(1_800_000_000, 0)
 	big := Case{Name: "big", Seed: Seed{Files: 50, Bytes: 500}}
+	at := func(sec float64) time.Time { return base.Add(time.Duration(sec * float64(time.Second))) }
+	warm := map[string]float64{MarkStart: 4, MarkReady: 4.5, MarkWarm: 4.5}
 	tests := []struct {
 		name     string
 		system   System
 		markers  map[string]float64
+		ended    float64 // seconds after base; 0: not seen
 		observed float64 // seconds after base; 0: none
+		next     map[string]float64
 		want     map[Metric]float64
+		stale    bool
 		wantErr  string
 	}{
 		{
 			name: "layercache", system: Layercache,
-			markers:  map[string]float64{MarkStart: 1.5, MarkReady: 1.5, MarkBuilt: 2},
-			observed: 3.25,
-			want:     map[Metric]float64{MetricStart: 1.5, MetricCommit: 1.25},
+			markers: map[string]float64{MarkStart: 1.5, MarkReady: 1.5, MarkBuilt: 2},
+			ended:   2.5, observed: 3.25, next: warm,
+			want: map[Metric]float64{MetricStart: 1.5, MetricCommit: 1.25, MetricNext: 2, MetricBuiltNext: 2.5},
 		},
 		{
 			name: "local-path", system: LocalPath,
 			markers: map[string]float64{MarkStart: 2, MarkReady: 7, MarkBuilt: 7.5, MarkCopied: 8, MarkCommitted: 9.5},
-			want:    map[Metric]float64{MetricStart: 7, MetricCommit: 2, MetricCopyBack: 0.5},
+			ended:   10, next: map[string]float64{MarkStart: 11, MarkReady: 16, MarkWarm: 16},
+			want: map[Metric]float64{MetricStart: 7, MetricCommit: 2, MetricCopyBack: 0.5, MetricNext: 6, MetricBuiltNext: 8.5},
+		},
+		{
+			name: "stale next pod: counted, not timed", system: Layercache,
+			markers: map[string]float64{MarkStart: 1.5, MarkReady: 1.5, MarkBuilt: 2},
+			ended:   2.5, observed: 3.25, next: map[string]float64{MarkStart: 3, MarkReady: 3, MarkStale: 3},
+			want:  map[Metric]float64{MetricStart: 1.5, MetricCommit: 1.25},
+			stale: true,
 		},
 		{
 			name: "local-path without the copy back", system: LocalPath,
 			markers: map[string]float64{MarkStart: 2, MarkReady: 7, MarkBuilt: 7.5},
+			ended:   8, next: warm,
 			wantErr: "lacks the markers copied, committed",
 		},
 		{
 			name: "layercache commit not seen", system: Layercache,
 			markers: map[string]float64{MarkStart: 1, MarkReady: 1, MarkBuilt: 2},
+			ended:   3, next: warm,
 			wantErr: "no commit was observed",
 		},
 		{
+			name: "pod end not seen", system: Layercache,
+			markers:  map[string]float64{MarkStart: 1, MarkReady: 1, MarkBuilt: 2},
+			observed: 3, next: warm,
+			wantErr: "end was not observed",
+		},
+		{
+			name: "next pod neither warm nor stale", system: Layercache,
+			markers: map[string]float64{MarkStart: 1, MarkReady: 1, MarkBuilt: 2},
+			ended:   2.5, observed: 3, next: map[string]float64{MarkStart: 3, MarkReady: 3},
+			wantErr: "exactly one of the markers warm and stale",
+		},
+		{
+			name: "next pod did not start", system: Layercache,
+			markers: map[string]float64{MarkStart: 1, MarkReady: 1, MarkBuilt: 2},
+			ended:   2.5, observed: 3, next: map[string]float64{},
+			wantErr: "lb-big-3-next",
+		},
+		{
 			name: "clocks disagree", system: Layercache,
-			markers:  map[string]float64{MarkStart: -2, MarkReady: -1, MarkBuilt: 2},
-			observed: 3,
-			wantErr:  "share a clock",
+			markers: map[string]float64{MarkStart: -2, MarkReady: -1, MarkBuilt: 2},
+			ended:   2.5, observed: 3, next: warm,
+			wantErr: "share a clock",
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var observed time.Time
-			if tt.observed != 0 {
-				observed = base.Add(time.Duration(tt.observed * float64(time.Second)))
+			o := Observed{Submitted: base, Markers: markersAt(base, tt.markers), NextMarkers: markersAt(base, tt.next)}
+			if tt.ended != 0 {
+				o.PodEnded = at(tt.ended)
 			}
-			got, err := NewSample(tt.system, big, 3, base, markersAt(base, tt.markers), observed)
+			if tt.observed != 0 {
+				o.CommitObserved = at(tt.observed)
+			}
+			got, err := NewSample(tt.system, big, 3, o)
 			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("NewSample() error = %v, want one containing %q", err, tt.wantErr)
+				want := strings.ReplaceAll(tt.wantErr, "lb-big-3-next", NextPodName(tt.system, big, 3))
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Fatalf("NewSample() error = %v, want one containing %q", err, want)
 				}
 				return
 			}
@@ -201,8 +238,11 @@ func TestNewSample(t *testing.T) {
 					t.Errorf("%s = %v, want %v", m, got.Seconds[m], v)
 				}
 			}
-			if got.Pod != PodName(tt.system, big, 3) {
-				t.Errorf("Pod = %s, want %s", got.Pod, PodName(tt.system, big, 3))
+			if got.Stale != tt.stale {
+				t.Errorf("Stale = %v, want %v", got.Stale, tt.stale)
+			}
+			if got.Pod != PodName(tt.system, big, 3) || got.NextPod != NextPodName(tt.system, big, 3) {
+				t.Errorf("Pod, NextPod = %s, %s", got.Pod, got.NextPod)
 			}
 		})
 	}
@@ -217,8 +257,8 @@ func TestSummarize(t *testing.T) {
 	var samples []Sample
 	for run, v := range []float64{1, 3, 2} {
 		samples = append(samples,
-			sample(Layercache, "empty", run, map[Metric]float64{MetricStart: v, MetricCommit: v / 2}),
-			sample(LocalPath, "empty", run, map[Metric]float64{MetricStart: 10 * v, MetricCommit: v, MetricCopyBack: v / 4}),
+			sample(Layercache, "empty", run, map[Metric]float64{MetricStart: v, MetricCommit: v / 2, MetricNext: v, MetricBuiltNext: 2 * v}),
+			sample(LocalPath, "empty", run, map[Metric]float64{MetricStart: 10 * v, MetricCommit: v, MetricCopyBack: v / 4, MetricNext: 3 * v, MetricBuiltNext: 4 * v}),
 		)
 	}
 	rows, err := Summarize(cases, samples)
@@ -233,6 +273,8 @@ func TestSummarize(t *testing.T) {
 		{metric: MetricStart, lc: 2, lp: 20, ratio: 10, lcSamplesLength: 3},
 		{metric: MetricCommit, lc: 1, lp: 2, ratio: 2, lcSamplesLength: 3},
 		{metric: MetricCopyBack, lc: 1, lp: 0.5, ratio: 0.5, lcSamplesLength: 3},
+		{metric: MetricNext, lc: 2, lp: 6, ratio: 3, lcSamplesLength: 3},
+		{metric: MetricBuiltNext, lc: 4, lp: 8, ratio: 2, lcSamplesLength: 3},
 	}
 	if len(rows) != len(want) {
 		t.Fatalf("got %d rows, want %d: %+v", len(rows), len(want), rows)
@@ -251,6 +293,62 @@ func TestSummarize(t *testing.T) {
 	if _, err := Summarize(append(cases, Case{Name: "big"}), samples); err == nil || !strings.Contains(err.Error(), "case big") {
 		t.Errorf("Summarize with a case without samples: error = %v, want one naming the case", err)
 	}
+
+	// Stale next pods are counted, not timed; a system whose next pods
+	// were all stale has no median, which the table says.
+	stale := []Sample{
+		sample(Layercache, "empty", 0, map[Metric]float64{MetricStart: 1, MetricCommit: 1}),
+		sample(Layercache, "empty", 1, map[Metric]float64{MetricStart: 1, MetricCommit: 1}),
+		sample(LocalPath, "empty", 0, map[Metric]float64{MetricStart: 1, MetricCommit: 1, MetricCopyBack: 1, MetricNext: 4, MetricBuiltNext: 5}),
+		sample(LocalPath, "empty", 1, map[Metric]float64{MetricStart: 1, MetricCommit: 1, MetricCopyBack: 1}),
+	}
+	stale[0].Stale, stale[1].Stale, stale[3].Stale = true, true, true
+	rows, err = Summarize(cases, stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := rows[3]
+	if next.Metric != MetricNext || next.LayercacheStale != 2 || next.LocalPathStale != 1 || len(next.Layercache.SamplesSeconds) != 0 ||
+		next.LocalPath.MedianSeconds != 4 || next.Ratio != 0 {
+		t.Errorf("next-pod row with stale runs = %+v", next)
+	}
+	var txt strings.Builder
+	if err := WriteTable(&txt, rows); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(txt.String(), "n/a (2 stale)") || !strings.Contains(txt.String(), "4.000s (1 stale)") {
+		t.Errorf("table does not show the stale runs:\n%s", txt.String())
+	}
+	if rows[0].LayercacheStale != 0 {
+		t.Errorf("the start row counts stale runs: %+v", rows[0])
+	}
+}
+
+func TestSummarizeCommitSpans(t *testing.T) {
+	base := time.Unix(1_800_000_000, 0)
+	at := func(sec float64) time.Time { return base.Add(time.Duration(sec * float64(time.Second))) }
+	cases := []Case{{Name: "empty", Title: "empty cache"}, {Name: "big", Title: "big"}}
+	var samples []Sample
+	for run, end := range []float64{1.3, 1.1, 1.2} {
+		samples = append(samples,
+			Sample{System: Layercache, Case: "empty", Run: run, Markers: Markers{MarkBuilt: base}, PodEnded: at(end), CommitObserved: at(end + 0.05)},
+			Sample{System: LocalPath, Case: "empty", Run: run, Markers: Markers{MarkBuilt: base}, PodEnded: at(9)})
+	}
+	// The commit's watch may deliver before the pod's.
+	samples = append(samples, Sample{System: Layercache, Case: "big", Markers: Markers{MarkBuilt: base}, PodEnded: at(1), CommitObserved: at(0.99)})
+	got := SummarizeCommitSpans(cases, samples)
+	if len(got) != 2 {
+		t.Fatalf("got %+v", got)
+	}
+	if e := got[0]; e.Case != "empty" || math.Abs(e.BuiltToPodEnded.MedianSeconds-1.2) > 1e-9 || math.Abs(e.PodEndedToCommit.MedianSeconds-0.05) > 1e-9 || len(e.BuiltToPodEnded.SamplesSeconds) != 3 {
+		t.Errorf("empty = %+v", e)
+	}
+	if b := got[1]; math.Abs(b.PodEndedToCommit.MedianSeconds+0.01) > 1e-9 {
+		t.Errorf("big = %+v", b)
+	}
+	if got := SummarizeCommitSpans(cases, nil); len(got) != 0 {
+		t.Errorf("no samples: %+v", got)
+	}
 }
 
 func TestReportFiles(t *testing.T) {
@@ -264,6 +362,9 @@ func TestReportFiles(t *testing.T) {
 		Started: time.Unix(100, 0).UTC(), Finished: time.Unix(200, 0).UTC(), Backend: "local", Node: "layercache-node1", Runs: 1,
 		Peer: Peer, SameFilesystem: true, Cases: []Case{{Name: "empty", Title: "empty cache"}},
 		Definitions: MetricDefinitions, Rows: rows,
+		WriteRows: []WriteRow{{Case: "empty", CaseTitle: "empty cache", Component: ComponentNode, Method: "PATCH",
+			PerRun: CountStat{Median: 6, Samples: []float64{6}}, BackgroundPerSecond: CountStat{Samples: []float64{0}}, NetPerPod: 3}},
+		WriteNotes: []string{"empty cache, manager: no writes counted; its metrics could not be read"},
 		Samples: []Sample{{System: Layercache, Case: "empty", Pod: "lc-empty-0", Submitted: time.Unix(100, 0).UTC(),
 			Markers: Markers{MarkReady: time.Unix(101, 500_000_000).UTC()}, Seconds: map[Metric]float64{MetricStart: 1.5}}},
 	}
@@ -292,6 +393,9 @@ func TestReportFiles(t *testing.T) {
 		"4.500s             3.00",
 		"0.250s             n/a",
 		"ratio above 1: layercache is faster.",
+		"empty cache  node agent  PATCH   6                            6                0.00              3.0",
+		"note: empty cache, manager: no writes counted",
+		MetricTitles[MetricNext] + ": from the test's watch",
 	} {
 		if !strings.Contains(string(txt), want) {
 			t.Errorf("results.txt lacks %q:\n%s", want, txt)
@@ -503,6 +607,17 @@ func TestScriptMarkers(t *testing.T) {
 		}
 		if i < last {
 			t.Errorf("Script prints marker %s out of order", m)
+		}
+		last = i
+	}
+	last = -1
+	for _, m := range []string{MarkStart, MarkReady, MarkWarm, MarkStale} {
+		i := strings.Index(NextScript, "mark "+m+"\n")
+		if i < 0 {
+			t.Fatalf("NextScript does not print marker %s", m)
+		}
+		if i < last {
+			t.Errorf("NextScript prints marker %s out of order", m)
 		}
 		last = i
 	}

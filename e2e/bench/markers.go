@@ -19,6 +19,11 @@ const (
 	MarkCopied = "copied"
 	// MarkCommitted: local-path only, the copy is synced to disk.
 	MarkCommitted = "committed"
+	// MarkWarm: the next pod's cache holds the build pod's output (for
+	// local-path after copying it in).
+	MarkWarm = "warm"
+	// MarkStale: the next pod's cache lacks the build pod's output.
+	MarkStale = "stale"
 )
 
 // Markers maps marker names to the times the script printed them.

@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -110,7 +112,7 @@ func TestBenchPeer(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s, case %s, run %d: %v", s, c.Name, run, err)
 				}
-				t.Logf("%s %s run %d: %s", s, c.Name, run, formatSeconds(sample.Seconds))
+				t.Logf("%s %s run %d: %s", s, c.Name, run, formatSample(sample))
 				samples = append(samples, sample)
 			}
 		}
@@ -124,6 +126,9 @@ func TestBenchPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	report.Finished, report.Rows, report.Samples = time.Now(), rows, samples
+	report.CommitSpans = SummarizeCommitSpans(cases, samples)
+	report.WriteRows, report.WriteNotes = SummarizeWrites(cases, samples)
+	report.WriteNotes = append(report.WriteNotes, FailedWriteNotes(cases, samples)...)
 	var text strings.Builder
 	if err := report.WriteText(&text); err != nil {
 		t.Fatal(err)
@@ -293,9 +298,12 @@ func (b *bench) runToEnd(ctx context.Context, pod *corev1.Pod, timeout time.Dura
 	return nil
 }
 
-// run measures one build pod.
+// run measures one build pod and the next pod that names its cache,
+// submitted as soon as the build pod has ended. Layercache's API writes
+// are counted from before the build pod is submitted until both pods and
+// their volumes are gone.
 func (b *bench) run(ctx context.Context, s System, c Case, run int) (Sample, error) {
-	pod := RunPod(s, c, run, b.hostname)
+	pod, next := RunPod(s, c, run, b.hostname), NextPod(s, c, run, b.hostname)
 	var commit <-chan commitResult
 	if s == Layercache {
 		gen, err := b.generation(ctx, c.CacheName(run))
@@ -305,34 +313,179 @@ func (b *bench) run(ctx context.Context, s System, c Case, run int) (Sample, err
 		// Watching before the pod exists: the commit cannot be missed.
 		commit = b.watchCommit(ctx, c.CacheName(run), gen, RunTimeout+CommitTimeout)
 	}
-	submitted := time.Now()
+	before, beforeErrs := b.scrapeRequests(ctx)
+	obs := Observed{Submitted: time.Now()}
 	if _, err := b.f.CreatePod(ctx, pod); err != nil {
 		return Sample{}, err
 	}
-	if err := b.waitSucceeded(ctx, pod.Name, RunTimeout); err != nil {
+	ended, err := b.waitEnded(ctx, pod.Name, RunTimeout)
+	if err != nil {
 		return Sample{}, err
 	}
-	var observed time.Time
+	obs.PodEnded = ended
+	if _, err := b.f.CreatePod(ctx, next); err != nil {
+		return Sample{}, err
+	}
 	if commit != nil {
 		res := awaitCommit(commit)
 		if res.err != nil {
 			return Sample{}, fmt.Errorf("layercache commit of cache %s: %w", c.CacheName(run), res.err)
 		}
-		observed = res.at
+		obs.CommitObserved = res.at
 	}
-	logs, err := b.f.PodLogs(ctx, pod.Name, ContainerName)
-	if err != nil {
+	if _, err := b.waitEnded(ctx, next.Name, RunTimeout); err != nil {
 		return Sample{}, err
 	}
-	markers, err := ParseMarkers(logs)
-	if err != nil {
-		return Sample{}, fmt.Errorf("pod %s: %w", pod.Name, err)
+	for _, p := range []struct {
+		name string
+		into *Markers
+	}{{pod.Name, &obs.Markers}, {next.Name, &obs.NextMarkers}} {
+		logs, err := b.f.PodLogs(ctx, p.name, ContainerName)
+		if err != nil {
+			return Sample{}, err
+		}
+		if *p.into, err = ParseMarkers(logs); err != nil {
+			return Sample{}, fmt.Errorf("pod %s: %w", p.name, err)
+		}
 	}
-	sample, err := NewSample(s, c, run, submitted, markers, observed)
+	sample, err := NewSample(s, c, run, obs)
 	if err != nil {
 		return sample, err
 	}
-	return sample, b.release(ctx, pod.Name)
+	if err := b.release(ctx, pod.Name, next.Name); err != nil {
+		return sample, err
+	}
+	// What the agent reports after a volume is deleted lands within the
+	// window too.
+	time.Sleep(writeSettle)
+	after, afterErrs := b.scrapeRequests(ctx)
+	maps.Copy(beforeErrs, afterErrs)
+	w := NewWriteWindow(time.Since(obs.Submitted).Seconds(), before, after, beforeErrs)
+	sample.Writes = &w
+	return sample, nil
+}
+
+// writeSettle is how long a run waits after its volumes are gone before it
+// reads the write counters again.
+const writeSettle = time.Second
+
+// scrapeRequests reads the request counters of the node agent of the
+// benchmark's node and of every manager replica (summed), through the API
+// server's pod proxy. It returns why a component could not be read.
+func (b *bench) scrapeRequests(ctx context.Context) (map[string]Requests, map[string]string) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	got, errs := map[string]Requests{}, map[string]string{}
+	pods, err := b.f.Client.CoreV1().Pods(framework.SystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=layercache"})
+	if err != nil {
+		for _, c := range Components {
+			errs[c] = fmt.Sprintf("listing the pods of %s: %v", framework.SystemNamespace, err)
+		}
+		return got, errs
+	}
+	for _, comp := range Components {
+		label := map[string]string{ComponentNode: "node", ComponentManager: "manager"}[comp]
+		sum, n := Requests{}, 0
+		for _, p := range pods.Items {
+			if p.Labels["app.kubernetes.io/component"] != label || p.Status.Phase != corev1.PodRunning ||
+				(comp == ComponentNode && p.Spec.NodeName != b.node.Name) {
+				continue
+			}
+			port := metricsPort(&p)
+			if port == 0 {
+				errs[comp] = fmt.Sprintf("pod %s declares no metrics port (the multi-node overlay turns the node agents' metrics off)", p.Name)
+				break
+			}
+			raw, err := b.f.Client.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, strconv.Itoa(int(port)), "metrics", nil).DoRaw(ctx)
+			if err != nil {
+				errs[comp] = fmt.Sprintf("reading the metrics of pod %s on port %d through the API server: %v", p.Name, port, err)
+				break
+			}
+			r, err := ParseRequests(string(raw))
+			if err != nil {
+				errs[comp] = fmt.Sprintf("pod %s: %v", p.Name, err)
+				break
+			}
+			for k, v := range r {
+				sum[k] += v
+			}
+			n++
+		}
+		if errs[comp] != "" {
+			continue
+		}
+		if n == 0 {
+			errs[comp] = fmt.Sprintf("no running %s pod in %s", comp, framework.SystemNamespace)
+			continue
+		}
+		got[comp] = sum
+	}
+	return got, errs
+}
+
+// metricsPort is the container port named metrics; 0 if there is none.
+func metricsPort(p *corev1.Pod) int32 {
+	for _, c := range p.Spec.Containers {
+		for _, port := range c.Ports {
+			if port.Name == "metrics" {
+				return port.ContainerPort
+			}
+		}
+	}
+	return 0
+}
+
+// waitEnded watches the pod until it has succeeded with no container
+// running, the state in which layercache's node agent ends its volumes,
+// and returns when the test saw that. A failed pod is an error at once.
+func (b *bench) waitEnded(ctx context.Context, name string, timeout time.Duration) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	pods := b.f.Client.CoreV1().Pods(b.f.Namespace)
+	selector := fields.OneTermEqualSelector("metadata.name", name).String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtimeapi.Object, error) {
+			o.FieldSelector = selector
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = selector
+			return pods.Watch(ctx, o)
+		},
+	}
+	var at time.Time
+	var last *corev1.Pod
+	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
+		p, ok := ev.Object.(*corev1.Pod)
+		if !ok || ev.Type == watch.Deleted {
+			return false, nil
+		}
+		last = p
+		switch {
+		case p.Status.Phase == corev1.PodFailed:
+			return false, errors.New("the pod failed; its log and the namespace's events are in the test log")
+		case p.Status.Phase == corev1.PodSucceeded && noneRunning(p):
+			at = time.Now()
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("pod %s/%s did not succeed within %s: %w (last seen: %s)", b.f.Namespace, name, timeout, err, podState(last))
+	}
+	return at, nil
+}
+
+// noneRunning reports whether no container of the pod runs.
+func noneRunning(p *corev1.Pod) bool {
+	for _, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, s := range list {
+			if s.State.Running != nil {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // waitSucceeded waits until the pod has succeeded; a failed pod is an
@@ -383,28 +536,39 @@ func podState(p *corev1.Pod) string {
 	return strings.Join(parts, "; ")
 }
 
-// release deletes a pod that has ended and waits until its cache volume is
-// gone (for layercache after the commit, for local-path after its helper
-// pod removed the directory), then flushes the node's dirty pages, so that
-// the next run starts on a quiet node.
-func (b *bench) release(ctx context.Context, pod string) error {
+// release deletes pods that have ended and waits until they and their
+// cache volumes are gone, then flushes the node's dirty pages, so that the
+// next run starts on a quiet node. A pod's generic ephemeral claim, and so
+// its PV, goes away only with the pod: layercache commits when the pod
+// ends and leaves the claim to Kubernetes, so without deleting the pod
+// the volume would stay. Its deletion then only cleans up (for local-path
+// its helper pod removes the directory).
+func (b *bench) release(ctx context.Context, names ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, CleanupTimeout)
 	defer cancel()
 	pods := b.f.Client.CoreV1().Pods(b.f.Namespace)
-	if err := pods.Delete(ctx, pod, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting pod %s: %w", pod, err)
-	}
-	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
-		_, err := pods.Get(ctx, pod, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return true, nil
+	for _, pod := range names {
+		if err := pods.Delete(ctx, pod, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting pod %s: %w", pod, err)
 		}
-		return false, err
-	})
-	if err != nil {
-		return fmt.Errorf("pod %s was not removed within %s: %w", pod, CleanupTimeout, err)
 	}
-	return b.waitClaimGone(ctx, ClaimName(pod))
+	for _, pod := range names {
+		err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
+			_, err := pods.Get(ctx, pod, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return true, nil
+			}
+			return false, err
+		})
+		if err != nil {
+			return fmt.Errorf("pod %s was not removed within %s: %w", pod, CleanupTimeout, err)
+		}
+	}
+	claims := make([]string, len(names))
+	for i, pod := range names {
+		claims[i] = ClaimName(pod)
+	}
+	return b.waitClaimGone(ctx, claims...)
 }
 
 // removeStore deletes the case's local-path store and waits until its
@@ -419,23 +583,25 @@ func (b *bench) removeStore(ctx context.Context, c Case) error {
 	return b.waitClaimGone(ctx, c.StoreClaim())
 }
 
-// waitClaimGone waits until the claim and every PV bound to it are gone,
-// then flushes the node's dirty pages.
-func (b *bench) waitClaimGone(ctx context.Context, claim string) error {
+// waitClaimGone waits until the claims and every PV bound to them are
+// gone, then flushes the node's dirty pages.
+func (b *bench) waitClaimGone(ctx context.Context, claims ...string) error {
 	client, ns := b.f.Client, b.f.Namespace
-	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
-		_, err := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claim, metav1.GetOptions{})
-		if err == nil || !apierrors.IsNotFound(err) {
-			return false, err
-		}
-		pvs, err := volumesOf(ctx, client, func(ref *corev1.ObjectReference) bool {
-			return ref.Namespace == ns && ref.Name == claim
+	for _, claim := range claims {
+		err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
+			_, err := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claim, metav1.GetOptions{})
+			if err == nil || !apierrors.IsNotFound(err) {
+				return false, err
+			}
+			pvs, err := volumesOf(ctx, client, func(ref *corev1.ObjectReference) bool {
+				return ref.Namespace == ns && ref.Name == claim
+			})
+			return len(pvs) == 0, err
 		})
-		return len(pvs) == 0, err
-	})
-	if err != nil {
-		return fmt.Errorf("the volume of claim %s/%s was not removed within %s: %w; see kubectl get pv, and the logs of the node agent or of the peer (kubectl -n %s logs deploy/%s)",
-			ns, claim, CleanupTimeout, err, PeerNamespace, PeerDeployment)
+		if err != nil {
+			return fmt.Errorf("the volume of claim %s/%s was not removed within %s: %w; see kubectl get pv, and the logs of the node agent or of the peer (kubectl -n %s logs deploy/%s)",
+				ns, claim, CleanupTimeout, err, PeerNamespace, PeerDeployment)
+		}
 	}
 	if _, err := b.f.Cluster.NodeExec(ctx, b.node, "sync"); err != nil {
 		return fmt.Errorf("flushing the node's dirty pages: %w", err)
@@ -633,11 +799,27 @@ func (b *bench) removeNodeRoot() {
 	}
 }
 
-func formatSeconds(m map[Metric]float64) string {
+func formatSample(s Sample) string {
 	var parts []string
-	for _, k := range []Metric{MetricStart, MetricCopyBack, MetricCommit} {
-		if v, ok := m[k]; ok {
+	for _, k := range Metrics {
+		if v, ok := s.Seconds[k]; ok {
 			parts = append(parts, fmt.Sprintf("%s %s", k, seconds(v)))
+		}
+	}
+	if s.Stale {
+		parts = append(parts, "next pod STALE")
+	}
+	if w := s.Writes; w != nil {
+		for _, c := range Components {
+			if u := w.Unavailable[c]; u != "" {
+				parts = append(parts, fmt.Sprintf("%s writes unavailable: %s", c, u))
+				continue
+			}
+			var ms []string
+			for _, m := range WriteMethods {
+				ms = append(ms, fmt.Sprintf("%s %g", m, w.Writes[c][m]))
+			}
+			parts = append(parts, fmt.Sprintf("%s writes in %.1fs: %s", c, w.Seconds, strings.Join(ms, " ")))
 		}
 	}
 	return strings.Join(parts, ", ")

@@ -149,7 +149,7 @@ remove_peer() {
 
 run_benchmark() {
 	rm -f "$BENCH_OUT/results.json" "$BENCH_OUT/results.txt"
-	log "running TestBenchPeer: ${BENCH_RUNS:-5} runs per system and case (about 10 to 15 minutes); log: $BENCH_OUT/test.log"
+	log "running TestBenchPeer: ${BENCH_RUNS:-5} runs per system and case (about 10 to 20 minutes); log: $BENCH_OUT/test.log"
 	local rc=0
 	(cd "$REPO_DIR" && BENCH_OUTPUT="$BENCH_OUT" KUBECONFIG="$KUBECONFIG_FILE" \
 		go test -tags e2e,benchpeer -run '^TestBenchPeer$' -count=1 -v -timeout "${BENCH_TIMEOUT:-60m}" ./e2e/bench/) 2>&1 |

@@ -122,6 +122,12 @@ func SeedPodName(s System, c Case) string {
 	return fmt.Sprintf("%s-%s-seed", s.short(), c.Name)
 }
 
+// NextPodName is the pod that names the cache of a run's build pod right
+// after that pod ended.
+func NextPodName(s System, c Case, run int) string {
+	return PodName(s, c, run) + "-next"
+}
+
 // ClaimName is the generic ephemeral volume claim of a pod's cache volume,
 // named as Kubernetes names it: POD-VOLUME.
 func ClaimName(pod string) string { return pod + "-cache" }
@@ -159,6 +165,27 @@ if [ -n "${BENCH_STORE:-}" ]; then
 	mark ` + MarkCopied + `
 	sync -f "$BENCH_STORE"
 	mark ` + MarkCommitted + `
+fi
+`
+
+// NextScript is the start of the build after a run's build: make the cache
+// warm as Script does, then check that it holds the output of the build
+// before (BENCH_PREV, a path under the cache) and print MarkWarm, or
+// MarkStale if it does not. It exits 0 either way: a stale cache is a
+// result, counted, not a failure of the benchmark.
+const NextScript = `set -eu
+mark() { echo "BENCH $1 $(echo | ts %.s)"; }
+mark ` + MarkStart + `
+if [ -n "${BENCH_STORE:-}" ]; then
+	mkdir -p "$BENCH_STORE"
+	cp -a "$BENCH_STORE/." ` + CacheMount + `/
+fi
+mark ` + MarkReady + `
+if [ -e "` + CacheMount + `/$BENCH_PREV/output.bin" ]; then
+	mark ` + MarkWarm + `
+else
+	mark ` + MarkStale + `
+	echo "BENCH-STALE ` + CacheMount + `/$BENCH_PREV/output.bin is missing"
 fi
 `
 
@@ -215,6 +242,22 @@ func RunPod(s System, c Case, run int, node string) *corev1.Pod {
 		env = append(env, corev1.EnvVar{Name: "BENCH_STORE", Value: c.StoreDir(run)})
 	}
 	pod := benchPod(PodName(s, c, run), node, Script, env)
+	addCacheVolume(pod, s, c.CacheName(run))
+	if s == LocalPath {
+		addStoreVolume(pod, c)
+	}
+	return pod
+}
+
+// NextPod is the next build's pod after a run's build pod: the same cache
+// (and, for local-path, the same store directory), so it must find the
+// run's output, runs/RUN.
+func NextPod(s System, c Case, run int, node string) *corev1.Pod {
+	env := []corev1.EnvVar{{Name: "BENCH_PREV", Value: "runs/" + strconv.Itoa(run)}}
+	if s == LocalPath {
+		env = append(env, corev1.EnvVar{Name: "BENCH_STORE", Value: c.StoreDir(run)})
+	}
+	pod := benchPod(NextPodName(s, c, run), node, NextScript, env)
 	addCacheVolume(pod, s, c.CacheName(run))
 	if s == LocalPath {
 		addStoreVolume(pod, c)
