@@ -220,19 +220,16 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg pr
 	return nil
 }
 
-// wireBuildEnds indexes this node's pods and PVs by claim and lets pods
-// that end queue their volumes.
+// wireBuildEnds indexes this node's pods by claim and lets pods that end
+// queue their claims.
 func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.SharedIndexInformer, claims corelisters.PersistentVolumeClaimLister) error {
 	podInformer := a.podInformers.Core().V1().Pods().Informer()
 	if err := podInformer.AddIndexers(cache.Indexers{indexClaim: podClaims}); err != nil {
 		return fmt.Errorf("index pods by claim: %w", err)
 	}
-	if err := pvInformer.AddIndexers(cache.Indexers{indexClaim: pvClaim}); err != nil {
-		return fmt.Errorf("index PVs by claim: %w", err)
-	}
 	a.ends = &buildEnds{
 		prov: a.prov, kube: clientset, pods: podInformer.GetIndexer(), claims: claims,
-		pvs: pvInformer.GetIndexer(), queue: newBuildEndQueue(), seen: a.prov.seen,
+		pvs: corelisters.NewPersistentVolumeLister(pvInformer.GetIndexer()), queue: newBuildEndQueue(), seen: a.prov.seen,
 	}
 	if _, err := podInformer.AddEventHandler(a.ends.handlers()); err != nil {
 		return fmt.Errorf("watch this node's pods: %w", err)
@@ -243,7 +240,7 @@ func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.S
 				obj = d.Obj
 			}
 			if pv, ok := obj.(*corev1.PersistentVolume); ok {
-				a.prov.seen.forget(pv.Name)
+				a.prov.seen.forget(claimKey(pv))
 			}
 		},
 	})

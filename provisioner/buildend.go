@@ -21,8 +21,7 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 )
 
-// indexClaim indexes pods by the claims they use and PVs by the claim they
-// are bound to, as NAMESPACE/NAME.
+// indexClaim indexes pods by the claims they use, as NAMESPACE/NAME.
 const indexClaim = "claim"
 
 // buildEnds ends the volume of a claim owned by a pod as soon as that pod
@@ -35,19 +34,25 @@ const indexClaim = "claim"
 // Claims that outlive one pod (a workspace a PipelineRun owns, a standalone
 // claim reused by Job retries) are not touched here: they end when they are
 // released, through Provisioner.Delete.
+//
+// The queue holds claims (NAMESPACE/NAME). Pod events only queue them: the
+// claim and its PV are looked up by the workers, which start once every
+// informer has synced, so a pod seen before its claim or PV is not lost.
 type buildEnds struct {
 	prov   *Provisioner
 	kube   kubernetes.Interface
 	pods   cache.Indexer // this node's pods
 	claims corelisters.PersistentVolumeClaimLister
-	pvs    cache.Indexer // this node's PVs
+	pvs    corelisters.PersistentVolumeLister // this node's PVs
 	queue  workqueue.TypedRateLimitingInterface[string]
-	// seen keeps the outcome of pods that ended and went away, by PV name,
-	// until their PV is deleted: Delete then ends the volume as the pod did.
+	// seen keeps the outcome of pods that ended and went away, by claim,
+	// until the claim's PV is deleted: Delete then ends the volume as the
+	// pod did.
 	seen *outcomes
 }
 
-// outcomes is a small concurrent map of PV name to pod outcome.
+// outcomes is a small concurrent map of claim (NAMESPACE/NAME) to the
+// outcome of the pod that owned it.
 type outcomes struct {
 	mu sync.Mutex
 	m  map[string]string
@@ -55,26 +60,34 @@ type outcomes struct {
 
 func newOutcomes() *outcomes { return &outcomes{m: map[string]string{}} }
 
-func (o *outcomes) set(pv, outcome string) {
+func (o *outcomes) set(claim, outcome string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.m[pv] = outcome
+	o.m[claim] = outcome
 }
 
-// get returns the outcome seen for pv; "" if none, or on a nil map.
-func (o *outcomes) get(pv string) string {
+// get returns the outcome seen for claim; "" if none, or on a nil map.
+func (o *outcomes) get(claim string) string {
 	if o == nil {
 		return ""
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.m[pv]
+	return o.m[claim]
 }
 
-func (o *outcomes) forget(pv string) {
+func (o *outcomes) forget(claim string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	delete(o.m, pv)
+	delete(o.m, claim)
+}
+
+// claimKey is the key of the claim a PV is bound to, "" for none.
+func claimKey(pv *corev1.PersistentVolume) string {
+	if pv.Spec.ClaimRef == nil {
+		return ""
+	}
+	return pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name
 }
 
 // podEnded tells whether the kubelet reports the pod terminal with none of
@@ -134,14 +147,6 @@ func claimOfVolume(pod *corev1.Pod, v *corev1.Volume) string {
 	return ""
 }
 
-func pvClaim(obj any) ([]string, error) {
-	pv, ok := obj.(*corev1.PersistentVolume)
-	if !ok || pv.Spec.ClaimRef == nil {
-		return nil, nil
-	}
-	return []string{pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name}, nil
-}
-
 // handlers are the pod informer's event handlers: a pod that ended, or
 // went away, queues the PVs of the claims it owned.
 func (b *buildEnds) handlers() cache.ResourceEventHandler {
@@ -169,9 +174,10 @@ func (b *buildEnds) handlers() cache.ResourceEventHandler {
 	}
 }
 
-// podEnded queues the PVs of the claims pod owned. For a pod that went
-// away it remembers the outcome it last showed ("" if it was deleted
-// before it ended: unknown).
+// podEnded queues the claims pod used. For a pod that went away after it
+// ended it remembers the outcome of its generic ephemeral volumes' claims,
+// which are its own; a pod deleted before it ended leaves the outcome
+// unknown.
 func (b *buildEnds) podEnded(pod *corev1.Pod, gone bool) {
 	for i := range pod.Spec.Volumes {
 		v := &pod.Spec.Volumes[i]
@@ -179,24 +185,11 @@ func (b *buildEnds) podEnded(pod *corev1.Pod, gone bool) {
 		if name == "" {
 			continue
 		}
-		claim, err := b.claims.PersistentVolumeClaims(pod.Namespace).Get(name)
-		switch {
-		case err == nil && !ownedBy(claim, pod.UID):
-			continue
-		case err != nil && v.Ephemeral == nil:
-			// A standalone claim that is gone was released: Delete ends it.
-			continue
+		key := pod.Namespace + "/" + name
+		if gone && v.Ephemeral != nil && podEnded(pod) {
+			b.seen.set(key, podOutcome(pod))
 		}
-		objs, _ := b.pvs.ByIndex(indexClaim, pod.Namespace+"/"+name)
-		for _, obj := range objs {
-			pv := obj.(*corev1.PersistentVolume)
-			if gone {
-				if o := podOutcome(pod); o != "" && podEnded(pod) {
-					b.seen.set(pv.Name, o)
-				}
-			}
-			b.queue.Add(pv.Name)
-		}
+		b.queue.Add(key)
 	}
 }
 
@@ -228,7 +221,7 @@ func (b *buildEnds) next(ctx context.Context) bool {
 	}
 	defer b.queue.Done(name)
 	if err := b.end(ctx, name); err != nil {
-		log.FromContext(ctx).Error(err, "Ending the volume of an ended pod; retrying", "pv", name)
+		log.FromContext(ctx).Error(err, "Ending the volume of an ended pod; retrying", "claim", name)
 		b.queue.AddRateLimited(name)
 		return true
 	}
@@ -236,33 +229,39 @@ func (b *buildEnds) next(ctx context.Context) bool {
 	return true
 }
 
-// end ends the volume of PV name if its claim is owned by a pod that has
-// ended (or gone) and no other pod on this node uses it.
-func (b *buildEnds) end(ctx context.Context, name string) error {
-	obj, exists, err := b.pvs.GetByKey(name)
-	if err != nil || !exists {
-		return err
+// end ends the volume of claim key if a pod owns the claim, and that pod
+// and every other pod of this node that uses the claim have ended (or
+// gone).
+func (b *buildEnds) end(ctx context.Context, key string) error {
+	namespace, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
 	}
-	pv := obj.(*corev1.PersistentVolume)
-	if pv.Annotations[v1alpha1.AnnotationResult] != "" || pv.Spec.ClaimRef == nil ||
-		pv.Status.Phase == corev1.VolumeReleased || pv.Status.Phase == corev1.VolumeFailed {
-		return nil // ended already, or released: Delete ends it
-	}
-	ref := pv.Spec.ClaimRef
-	claim, err := b.claims.PersistentVolumeClaims(ref.Namespace).Get(ref.Name)
+	claim, err := b.claims.PersistentVolumeClaims(namespace).Get(name)
 	if apierrors.IsNotFound(err) {
 		return nil // the claim went away; its PV is released and Delete ends it
 	}
-	if err != nil || claim.UID != ref.UID {
+	if err != nil {
 		return err
 	}
 	owner, ok := owningPod(claim)
-	if !ok {
+	if !ok || claim.Spec.VolumeName == "" {
 		return nil
 	}
-	outcome, ok := b.outcome(claim, owner.UID, pv.Name)
+	pv, err := b.pvs.Get(claim.Spec.VolumeName)
+	if apierrors.IsNotFound(err) {
+		return nil // not a volume of this node
+	}
+	if err != nil {
+		return err
+	}
+	if pv.Annotations[v1alpha1.AnnotationResult] != "" || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.UID != claim.UID ||
+		pv.Status.Phase == corev1.VolumeReleased || pv.Status.Phase == corev1.VolumeFailed {
+		return nil // ended already, or released: Delete ends it
+	}
+	outcome, ok := b.outcome(claim, owner.UID)
 	if !ok {
-		return nil // a pod still uses it; its end queues the PV again
+		return nil // a pod still uses it; its end queues the claim again
 	}
 	res, err := b.prov.end(ctx, pv, endCause{Outcome: outcome, Trigger: triggerPod, Subject: claim})
 	if err != nil || res.Result == "" {
@@ -273,9 +272,10 @@ func (b *buildEnds) end(ctx context.Context, name string) error {
 
 // outcome returns the outcome of the claim's owner and false while any pod
 // of this node that uses the claim has not ended.
-func (b *buildEnds) outcome(claim *corev1.PersistentVolumeClaim, owner types.UID, pv string) (string, bool) {
-	objs, _ := b.pods.ByIndex(indexClaim, claim.Namespace+"/"+claim.Name)
-	outcome := b.seen.get(pv)
+func (b *buildEnds) outcome(claim *corev1.PersistentVolumeClaim, owner types.UID) (string, bool) {
+	key := claim.Namespace + "/" + claim.Name
+	objs, _ := b.pods.ByIndex(indexClaim, key)
+	outcome := b.seen.get(key)
 	for _, obj := range objs {
 		pod := obj.(*corev1.Pod)
 		if !podEnded(pod) {

@@ -14,7 +14,10 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 )
 
-const buildPod = "build-7x2k"
+const (
+	buildPod   = "build-7x2k"
+	buildClaim = "ci/" + buildPod + "-cache"
+)
 
 // ephemeralPod is a pod on node-a with a generic ephemeral volume "cache",
 // whose claim testClaim names build-7x2k-cache after this pod.
@@ -69,6 +72,9 @@ type buildEndEnv struct {
 	ends *buildEnds
 	kube *fake.Clientset
 	pv   *corev1.PersistentVolume
+	// claimIdx and pvIdx back the listers, as the informers' stores do.
+	claimIdx, pvIdx cache.Indexer
+	claim           *corev1.PersistentVolumeClaim
 }
 
 func newBuildEndEnv(t *testing.T, ann map[string]string, owned bool, pods ...*corev1.Pod) *buildEndEnv {
@@ -87,7 +93,8 @@ func newBuildEndEnv(t *testing.T, ann map[string]string, owned bool, pods ...*co
 	pv.Status.Phase = corev1.VolumeBound
 	env.drainEvents()
 
-	pvs := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{indexClaim: pvClaim})
+	opts.PVC.Spec.VolumeName = pv.Name
+	pvs := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	claims := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	podIndex := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{indexClaim: podClaims})
 	must(t, pvs.Add(pv))
@@ -99,10 +106,10 @@ func newBuildEndEnv(t *testing.T, ann map[string]string, owned bool, pods ...*co
 	kube.ClearActions()
 	ends := &buildEnds{
 		prov: env.prov, kube: kube, pods: podIndex, claims: corelisters.NewPersistentVolumeClaimLister(claims),
-		pvs: pvs, queue: newBuildEndQueue(), seen: env.prov.seen,
+		pvs: corelisters.NewPersistentVolumeLister(pvs), queue: newBuildEndQueue(), seen: env.prov.seen,
 	}
 	t.Cleanup(ends.queue.ShutDown)
-	return &buildEndEnv{testEnv: env, ends: ends, kube: kube, pv: pv}
+	return &buildEndEnv{testEnv: env, ends: ends, kube: kube, pv: pv, claimIdx: claims, pvIdx: pvs, claim: opts.PVC}
 }
 
 func must(t testing.TB, err error) {
@@ -160,10 +167,10 @@ func TestBuildEnd(t *testing.T) {
 			env := newBuildEndEnv(t, tt.ann, tt.owned, tt.pods...)
 			env.store.control[env.pv.Name] = tt.control
 			if tt.seen != "" {
-				env.prov.seen.set(env.pv.Name, tt.seen)
+				env.prov.seen.set(buildClaim, tt.seen)
 			}
 			ctx := context.Background()
-			must(t, env.ends.end(ctx, env.pv.Name))
+			must(t, env.ends.end(ctx, buildClaim))
 
 			acted := len(env.store.commits) + len(env.store.discards)
 			patches := len(env.kube.Actions())
@@ -192,7 +199,7 @@ func TestBuildEnd(t *testing.T) {
 			// The agent restarts and sees the kept pod again: the volume is
 			// gone, so nothing is done and nothing is written.
 			env.kube.ClearActions()
-			must(t, env.ends.end(ctx, env.pv.Name))
+			must(t, env.ends.end(ctx, buildClaim))
 			if acted2 := len(env.store.commits) + len(env.store.discards); acted2 != acted || len(env.kube.Actions()) != 0 {
 				t.Errorf("a second end acted again: commits %v discards %v, API actions %v", env.store.commits, env.store.discards, env.kube.Actions())
 			}
@@ -214,5 +221,27 @@ func TestBuildEndPodGoneThenReleased(t *testing.T) {
 	must(t, env.prov.Delete(context.Background(), released))
 	if len(env.store.commits) != 1 {
 		t.Errorf("commits %v, want the volume committed as its pod succeeded", env.store.commits)
+	}
+}
+
+// Regression: at the agent's start the pod informer delivered a kept,
+// ended pod before the claim and PV informers had listed, and the pod's
+// volume was not ended until something else touched the pod. Pod events
+// only queue the claim; the worker looks it up.
+func TestBuildEndPodSeenBeforeItsClaim(t *testing.T) {
+	pod := ephemeralPod(buildPod, corev1.PodSucceeded, false)
+	env := newBuildEndEnv(t, map[string]string{v1alpha1.AnnotationCache: "maven"}, true, pod)
+	must(t, env.claimIdx.Delete(env.claim))
+	must(t, env.pvIdx.Delete(env.pv))
+	env.ends.handlers().OnAdd(pod, true)
+	if env.ends.queue.Len() != 1 {
+		t.Fatalf("queue length %d after an ended pod was listed before its claim and PV, want 1", env.ends.queue.Len())
+	}
+	// The workers start once every informer has synced.
+	must(t, env.claimIdx.Add(env.claim))
+	must(t, env.pvIdx.Add(env.pv))
+	must(t, env.ends.end(context.Background(), buildClaim))
+	if len(env.store.commits) != 1 {
+		t.Errorf("commits %v, want the volume committed", env.store.commits)
 	}
 }

@@ -165,7 +165,7 @@ func (p *Provisioner) Delete(ctx context.Context, pv *corev1.PersistentVolume) e
 	if !p.ShouldDelete(ctx, pv) {
 		return &controller.IgnoredError{Reason: fmt.Sprintf("PV %s belongs to node %q, this is node %s", pv.Name, pv.Annotations[v1alpha1.AnnotationNode], p.node)}
 	}
-	_, err := p.end(ctx, pv, endCause{Outcome: p.seen.get(pv.Name), Trigger: triggerRelease, Subject: pv})
+	_, err := p.end(ctx, pv, endCause{Outcome: p.seen.get(claimKey(pv)), Trigger: triggerRelease, Subject: pv})
 	return err
 }
 

@@ -33,7 +33,7 @@ const keptPodWatch = 10 * time.Minute
 func TestKeptJobPodIsQuiet(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx, cancel := context.WithTimeout(t.Context(), keptPodWatch+scenarioTimeout)
+	ctx, cancel := context.WithTimeout(t.Context(), keptPodWatch+2*time.Minute+scenarioTimeout)
 	defer cancel()
 	const cacheName = "kept"
 
@@ -43,10 +43,22 @@ func TestKeptJobPodIsQuiet(t *testing.T) {
 	e.expectVolumeEnd(ctx, pod.Name, "Committed")
 	e.waitGeneration(ctx, cacheName, 1)
 
-	before := e.namespaceWrites(ctx)
+	// Kubernetes' own components record their Events about the Job and
+	// its pod asynchronously; let those land first. A namespace that never
+	// settles is the loop itself.
+	var before string
+	err := wait.PollUntilContextTimeout(ctx, 15*time.Second, 2*time.Minute, false, func(ctx context.Context) (bool, error) {
+		now := e.namespaceWrites(ctx)
+		settled := now == before
+		before = now
+		return settled, nil
+	})
+	if err != nil {
+		t.Fatalf("namespace %s did not settle after its Job completed: %v; last: %s", e.Namespace, err, before)
+	}
 	t.Logf("watching namespace %s for %s with its completed Job pod kept: %s", e.Namespace, keptPodWatch, before)
 	deadline := time.Now().Add(keptPodWatch)
-	err := wait.PollUntilContextTimeout(ctx, 30*time.Second, keptPodWatch+time.Minute, false, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 30*time.Second, keptPodWatch+time.Minute, false, func(ctx context.Context) (bool, error) {
 		if now := e.namespaceWrites(ctx); now != before {
 			return false, fmt.Errorf("the namespace changed while its completed pod was kept:\nbefore %s\nnow    %s", before, now)
 		}
