@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"path"
+	"slices"
 	"testing"
 	"time"
 
@@ -174,26 +175,31 @@ func TestPipelineRunWarmCache(t *testing.T) {
 		t.Errorf("cache %s is at generation %d after the first PipelineRun, want 1", cache, g)
 	}
 
-	// Warm: the next PipelineRun finds the build cache.
-	warm := e.pipelineRun(ctx, "warm", false, cacheTemplate(cache))
-	if !warm.Succeeded {
-		t.Fatalf("PipelineRun warm: %s", warm.Reason)
-	}
-	if warm.Results["cache-before"] == "0" {
-		t.Errorf("warm build found GOCACHE empty: the first PipelineRun's commit did not reach it")
-	}
-	warmClaim := e.claimOf(ctx, warm.Obj)
-	e.deleteRun(ctx, pipelineRunsGVR, "warm")
-	if reason, msg := e.volumeEnd(ctx, warmClaim.Name, warmClaim.Spec.VolumeName); reason != "Committed" {
-		t.Errorf("volume of PipelineRun warm: %s (%s), want Committed", reason, msg)
+	// Warm: the next PipelineRuns find the build cache; each commits again.
+	var warm []run
+	for i := 1; i <= warmRuns; i++ {
+		name := fmt.Sprintf("warm-%d", i)
+		r := e.pipelineRun(ctx, name, false, cacheTemplate(cache))
+		if !r.Succeeded {
+			t.Fatalf("PipelineRun %s: %s", name, r.Reason)
+		}
+		if r.Results["cache-before"] == "0" {
+			t.Errorf("PipelineRun %s found GOCACHE empty: the earlier commits did not reach it", name)
+		}
+		c := e.claimOf(ctx, r.Obj)
+		e.deleteRun(ctx, pipelineRunsGVR, name)
+		if reason, msg := e.volumeEnd(ctx, c.Name, c.Spec.VolumeName); reason != "Committed" {
+			t.Errorf("volume of PipelineRun %s: %s (%s), want Committed", name, reason, msg)
+		}
+		warm = append(warm, r)
 	}
 
 	// The ceiling: the same two builds on a plain hostPath volume.
 	hostCold, hostWarm := e.hostPathBuilds(ctx)
 
-	c, w := e.seconds(cold, "build-seconds"), e.seconds(warm, "build-seconds")
-	hc, hw := e.seconds(hostCold, "build-seconds"), e.seconds(hostWarm, "build-seconds")
-	t.Logf("Tekton build step (go build of testdata/hello, GOCACHE and GOMODCACHE on the workspace):")
+	c, w := e.seconds(cold, "build-seconds"), e.median(warm)
+	hc, hw := e.seconds(hostCold, "build-seconds"), e.median(hostWarm)
+	t.Logf("Tekton build step (go build of testdata/hello, GOCACHE and GOMODCACHE on the workspace; warm: median of %d runs):", warmRuns)
 	t.Logf("  layercache cold %6.2fs  warm %6.2fs  (%.1fx faster than cold; goal >= 10x)", c.Seconds(), w.Seconds(), c.Seconds()/w.Seconds())
 	t.Logf("  hostPath   cold %6.2fs  warm %6.2fs  (layercache warm is %.2fx the hostPath warm; goal <= 1.2x)", hc.Seconds(), hw.Seconds(), w.Seconds()/hw.Seconds())
 	if w*3 > c {
@@ -245,9 +251,23 @@ func ownerNames(obj metav1.Object) string {
 	return s
 }
 
-// hostPathBuilds runs the build twice on a hostPath PV (a directory of
-// the node owned by the build user) and returns the cold and warm runs.
-func (e *env) hostPathBuilds(ctx context.Context) (cold, warm run) {
+// warmRuns is how many warm builds each side measures; the median counts.
+const warmRuns = 3
+
+// median is the median build time of runs.
+func (e *env) median(runs []run) time.Duration {
+	e.t.Helper()
+	var d []time.Duration
+	for _, r := range runs {
+		d = append(d, e.seconds(r, "build-seconds"))
+	}
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+// hostPathBuilds runs the build on a hostPath PV (a directory of the node
+// owned by the build user), cold and then warmRuns times warm.
+func (e *env) hostPathBuilds(ctx context.Context) (cold run, warm []run) {
 	e.t.Helper()
 	dir := path.Join("/var/tmp/layercache-e2e-tekton", e.Namespace)
 	if _, err := e.Cluster.NodeExec(ctx, e.Node, "sh", "-c", fmt.Sprintf("mkdir -p %s && chown %d:%d %s", dir, buildUID, buildUID, dir)); err != nil {
@@ -296,9 +316,15 @@ func (e *env) hostPathBuilds(ctx context.Context) (cold, warm run) {
 	}
 	binding := "    persistentVolumeClaim: {claimName: hostpath-cache}"
 	cold = e.pipelineRun(ctx, "hostpath-cold", false, binding)
-	warm = e.pipelineRun(ctx, "hostpath-warm", false, binding)
-	if !cold.Succeeded || !warm.Succeeded {
-		e.t.Fatalf("hostPath PipelineRuns: cold %s, warm %s", cold.Reason, warm.Reason)
+	if !cold.Succeeded {
+		e.t.Fatalf("PipelineRun hostpath-cold: %s", cold.Reason)
+	}
+	for i := 1; i <= warmRuns; i++ {
+		r := e.pipelineRun(ctx, fmt.Sprintf("hostpath-warm-%d", i), false, binding)
+		if !r.Succeeded {
+			e.t.Fatalf("PipelineRun %s: %s", r.Obj.GetName(), r.Reason)
+		}
+		warm = append(warm, r)
 	}
 	return cold, warm
 }
