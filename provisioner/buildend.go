@@ -3,6 +3,7 @@ package provisioner
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -90,36 +91,84 @@ func claimKey(pv *corev1.PersistentVolume) string {
 	return pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name
 }
 
-// podEnded tells whether the kubelet reports the pod terminal with none of
-// its containers running. The store's own busy check cannot see a build
-// that still runs: containers reach the volume through bind mounts in their
-// own mount namespaces, which keep the overlay alive after the agent
-// unmounts its view. So only the kubelet's word that every container
-// stopped makes a commit safe.
+// podEnded tells whether the kubelet reports every container of the pod
+// stopped for good. The store's own busy check cannot see a build that
+// still runs: containers reach the volume through bind mounts in their own
+// mount namespaces, which keep the overlay alive after the agent unmounts
+// its view. So only the kubelet's word that every container stopped makes
+// a commit safe.
+//
+// A terminal phase says so once no container runs. The kubelet reports each
+// container's exit about a second before that phase (it tears the pod's
+// sandbox down in between), so a pod whose containers have all exited and
+// will not be restarted has ended too.
 func podEnded(pod *corev1.Pod) bool {
-	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
-		return false
-	}
-	for _, list := range [][]corev1.ContainerStatus{
-		pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses, pod.Status.EphemeralContainerStatuses,
-	} {
-		for _, s := range list {
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		for _, s := range allStatuses(pod) {
 			if s.State.Running != nil {
 				return false
 			}
+		}
+		return true
+	}
+	return containersDone(pod)
+}
+
+// containersDone tells whether every container of a pod that is not yet
+// terminal has exited and none will run again: under restartPolicy Never,
+// or OnFailure once every container succeeded.
+func containersDone(pod *corev1.Pod) bool {
+	policy := pod.Spec.RestartPolicy
+	if policy != corev1.RestartPolicyNever && policy != corev1.RestartPolicyOnFailure {
+		return false
+	}
+	if len(pod.Status.ContainerStatuses) != len(pod.Spec.Containers) ||
+		len(pod.Status.InitContainerStatuses) != len(pod.Spec.InitContainers) {
+		return false
+	}
+	for _, s := range allStatuses(pod) {
+		t := s.State.Terminated
+		if t == nil || (policy == corev1.RestartPolicyOnFailure && t.ExitCode != 0 && !isSidecar(pod, s.Name)) {
+			return false
 		}
 	}
 	return true
 }
 
-func podOutcome(pod *corev1.Pod) string {
-	switch pod.Status.Phase {
-	case corev1.PodSucceeded:
-		return v1alpha1.OutcomeSucceeded
-	case corev1.PodFailed:
-		return v1alpha1.OutcomeFailed
+func allStatuses(pod *corev1.Pod) []corev1.ContainerStatus {
+	return slices.Concat(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses, pod.Status.EphemeralContainerStatuses)
+}
+
+// isSidecar tells whether the named container is a restartable init
+// container: the kubelet stops sidecars after the pod's containers, so
+// their exit codes say nothing of the build (nor does Kubernetes count them
+// in the pod's phase).
+func isSidecar(pod *corev1.Pod, name string) bool {
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == name {
+			return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+		}
 	}
-	return ""
+	return false
+}
+
+// podOutcome is the outcome of an ended pod: its phase, or before the phase
+// is reported, whether any of its containers failed.
+func podOutcome(pod *corev1.Pod) string {
+	switch {
+	case pod.Status.Phase == corev1.PodSucceeded:
+		return v1alpha1.OutcomeSucceeded
+	case pod.Status.Phase == corev1.PodFailed:
+		return v1alpha1.OutcomeFailed
+	case !containersDone(pod):
+		return ""
+	}
+	for _, s := range allStatuses(pod) {
+		if s.State.Terminated.ExitCode != 0 && !isSidecar(pod, s.Name) {
+			return v1alpha1.OutcomeFailed
+		}
+	}
+	return v1alpha1.OutcomeSucceeded
 }
 
 // podClaims lists the claims a pod uses as NAMESPACE/NAME.

@@ -2,6 +2,7 @@ package provisioner
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,23 +45,66 @@ func sharer(phase corev1.PodPhase, running bool) *corev1.Pod {
 	return pod
 }
 
+// exited is a pod whose containers have exited with the given codes (a
+// negative code: still running) while the kubelet still reports it
+// Running, under restartPolicy policy.
+func exited(policy corev1.RestartPolicy, codes ...int32) *corev1.Pod {
+	pod := ephemeralPod("p", corev1.PodRunning, false)
+	pod.Spec.RestartPolicy = policy
+	pod.Status.ContainerStatuses = nil
+	pod.Spec.Containers = nil
+	for i, code := range codes {
+		name := fmt.Sprintf("c%d", i)
+		pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: name})
+		state := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code}}
+		if code < 0 {
+			state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+		}
+		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{Name: name, State: state})
+	}
+	return pod
+}
+
+// withSidecar adds a restartable init container that the kubelet stopped
+// with SIGKILL after the pod's containers exited.
+func withSidecar(pod *corev1.Pod) *corev1.Pod {
+	always := corev1.ContainerRestartPolicyAlways
+	pod.Spec.InitContainers = []corev1.Container{{Name: "proxy", RestartPolicy: &always}}
+	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "proxy", State: corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{ExitCode: 137},
+	}}}
+	return pod
+}
+
 func TestPodEnded(t *testing.T) {
 	tests := []struct {
-		name string
-		pod  *corev1.Pod
-		want bool
+		name    string
+		pod     *corev1.Pod
+		ended   bool
+		outcome string
 	}{
-		{"running", ephemeralPod("p", corev1.PodRunning, true), false},
-		{"succeeded", ephemeralPod("p", corev1.PodSucceeded, false), true},
-		{"failed", ephemeralPod("p", corev1.PodFailed, false), true},
-		// The kubelet reports a terminal phase only after its containers
-		// stopped; a container still running would write into the layer.
-		{"succeeded with a container still running", ephemeralPod("p", corev1.PodSucceeded, true), false},
-		{"pending", ephemeralPod("p", corev1.PodPending, false), false},
+		{"running", ephemeralPod("p", corev1.PodRunning, true), false, ""},
+		{"succeeded", ephemeralPod("p", corev1.PodSucceeded, false), true, v1alpha1.OutcomeSucceeded},
+		{"failed", ephemeralPod("p", corev1.PodFailed, false), true, v1alpha1.OutcomeFailed},
+		// A container still running would write into the layer.
+		{"succeeded with a container still running", ephemeralPod("p", corev1.PodSucceeded, true), false, v1alpha1.OutcomeSucceeded},
+		{"pending", ephemeralPod("p", corev1.PodPending, false), false, ""},
+		// The kubelet reports the exits a second before the phase.
+		{"never: every container exited 0", exited(corev1.RestartPolicyNever, 0, 0), true, v1alpha1.OutcomeSucceeded},
+		{"never: one container failed", exited(corev1.RestartPolicyNever, 0, 2), true, v1alpha1.OutcomeFailed},
+		{"never: one container still runs", exited(corev1.RestartPolicyNever, 0, -1), false, ""},
+		{"on-failure: every container exited 0", exited(corev1.RestartPolicyOnFailure, 0), true, v1alpha1.OutcomeSucceeded},
+		{"on-failure: a failed container is restarted", exited(corev1.RestartPolicyOnFailure, 1), false, ""},
+		{"always: containers are restarted", exited(corev1.RestartPolicyAlways, 0), false, ""},
+		{"never: a sidecar killed after the build does not fail it", withSidecar(exited(corev1.RestartPolicyNever, 0)), true, v1alpha1.OutcomeSucceeded},
+		{"on-failure: a killed sidecar does not hold the end", withSidecar(exited(corev1.RestartPolicyOnFailure, 0)), true, v1alpha1.OutcomeSucceeded},
 	}
 	for _, tt := range tests {
-		if got := podEnded(tt.pod); got != tt.want {
-			t.Errorf("%s: podEnded = %v, want %v", tt.name, got, tt.want)
+		if got := podEnded(tt.pod); got != tt.ended {
+			t.Errorf("%s: podEnded = %v, want %v", tt.name, got, tt.ended)
+		}
+		if got := podOutcome(tt.pod); got != tt.outcome {
+			t.Errorf("%s: podOutcome = %q, want %q", tt.name, got, tt.outcome)
 		}
 	}
 }
