@@ -47,9 +47,9 @@ const (
 // no pod owns) once every pod that used it has ended. The request names the
 // PVC; the pods that use it bring it here when they end.
 //
-// For such a claim whose pods have all ended it records the outcome on the
-// bound PV (failed if any pod of the last attempt failed), then, if the
-// claim is annotated layercache.dev/release: on-pod-exit, deletes it, and
+// As its pods end it records their outcome so far on the bound PV (failed
+// if any pod of the last attempt failed); once all have ended, if the
+// claim is annotated layercache.dev/release: on-pod-exit, it deletes it, and
 // once it is being deleted lifts the kubernetes.io/pvc-protection
 // finalizer: the pvc-protection controller would keep that as long as a
 // completed pod object exists, and Job pods stay for a long time. A claim
@@ -106,17 +106,25 @@ func (r *ReleaseReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if len(users.running) > 0 {
-		logger.V(1).Info("claim still in use", "pods", podNames(users.running))
-		return reconcile.Result{}, nil
-	}
 	if len(users.ended) == 0 {
+		if len(users.running) > 0 {
+			return reconcile.Result{}, nil
+		}
 		return r.releaseUnused(ctx, &pvc, releasable)
 	}
 
+	// The outcome so far is recorded as each pod ends, not only once all
+	// have: an owner may delete the claim, lifting pvc-protection itself,
+	// while a pod that is no build still holds it (Tekton's affinity
+	// assistant under coschedule: pipelineruns), and the volume then ends
+	// with whatever the PV says.
 	outcome, deciding := outcomeOf(users.ended)
 	if res, err := r.recordOutcome(ctx, &pvc, outcome, deciding); err != nil || !res.IsZero() {
 		return res, err
+	}
+	if len(users.running) > 0 {
+		logger.V(1).Info("claim still in use", "pods", podNames(users.running), "outcomeSoFar", outcome)
+		return reconcile.Result{}, nil
 	}
 	if pvc.DeletionTimestamp.IsZero() {
 		if !releasable {

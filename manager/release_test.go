@@ -213,13 +213,30 @@ func TestRelease(t *testing.T) {
 		claim: eph,
 		kept:  true,
 	}, {
-		name:  "shared claim kept while one of its pods runs",
+		name:  "shared claim kept while one of its pods runs, with the outcome so far",
 		claim: onExit,
 		pods: []*corev1.Pod{
 			pod("one", corev1.PodSucceeded, "ws"),
 			pod("two", corev1.PodRunning, "ws"),
 		},
-		kept: true,
+		outcome: v1alpha1.OutcomeSucceeded,
+		kept:    true,
+		events:  []string{"Normal OutcomeRecorded Recorded pod outcome succeeded on PersistentVolume pv-ws (pod one succeeded)"},
+	}, {
+		// Tekton under coschedule: pipelineruns deletes the workspace claim
+		// at completion and lifts pvc-protection itself, while its affinity
+		// assistant pod still runs: the PV must already say how the Tasks'
+		// pods ended.
+		name:  "a pod that holds the claim for the whole run does not hide the Tasks' outcome",
+		claim: standalone,
+		pods: []*corev1.Pod{
+			ran(pod("affinity-assistant-0", corev1.PodRunning, "ws"), 1, 0),
+			ran(pod("run-checkout-pod", corev1.PodSucceeded, "ws"), 3, 20),
+			ran(pod("run-build-pod", corev1.PodSucceeded, "ws"), 25, 60),
+		},
+		outcome: v1alpha1.OutcomeSucceeded,
+		kept:    true,
+		events:  []string{"Normal OutcomeRecorded Recorded pod outcome succeeded on PersistentVolume pv-ws (pod run-build-pod succeeded)"},
 	}, {
 		name:  "shared claim released after both pods end, failed if one failed",
 		claim: onExit,
@@ -237,13 +254,15 @@ func TestRelease(t *testing.T) {
 		kept:    true,
 		events:  []string{"Normal OutcomeRecorded"},
 	}, {
-		name:  "job retry: the claim is kept while the retry runs",
+		name:  "job retry: the claim is kept while the retry runs, failed so far",
 		claim: standalone,
 		pods: []*corev1.Pod{
 			ran(pod("job-x1", corev1.PodFailed, "ws"), 2, 30),
 			ran(pod("job-x2", corev1.PodRunning, "ws"), 40, 0),
 		},
-		kept: true,
+		outcome: v1alpha1.OutcomeFailed,
+		kept:    true,
+		events:  []string{"Normal OutcomeRecorded Recorded pod outcome failed on PersistentVolume pv-ws (pod job-x1 failed)"},
 	}, {
 		name:  "job retry: a successful retry decides the outcome",
 		claim: standalone,
