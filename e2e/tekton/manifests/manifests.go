@@ -285,6 +285,9 @@ func (o Options) deployment(obj map[string]any) error {
 		return fmt.Errorf("unknown Deployment %s: this program knows the controller's and the webhook's", name(obj))
 	}
 	if o.HostNetwork {
+		// A rolling update's new pod would wait for the old one's host
+		// ports, and the old one for the new one: replace the pod instead.
+		mapAt(obj, "spec")["strategy"] = map[string]any{"type": "Recreate"}
 		pod["hostNetwork"] = true
 		pod["dnsPolicy"] = "ClusterFirstWithHostNet"
 		env = append(env,

@@ -157,6 +157,9 @@ func TestWriteLocal(t *testing.T) {
 		t.Errorf("namespace enforces %v, want privileged (host-network pods)", got)
 	}
 
+	if st := mapAt(objs["Deployment/tekton-pipelines-webhook"], "spec", "strategy"); st["type"] != "Recreate" {
+		t.Errorf("webhook Deployment strategy %v, want Recreate (host ports)", st)
+	}
 	ctrl := mapAt(objs["Deployment/tekton-pipelines-controller"], "spec", "template", "spec")
 	if ctrl["hostNetwork"] != true {
 		t.Error("controller is not on the host network")
