@@ -102,6 +102,12 @@ func (r *ReleaseReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		return reconcile.Result{}, reconcile.TerminalError(err)
 	}
 
+	if pvc.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(&pvc, v1alpha1.FinalizerOutcome) {
+		if err := r.holdForOutcome(ctx, &pvc); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+
 	users, err := r.claimUsers(ctx, &pvc)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -310,18 +316,32 @@ func (r *ReleaseReconciler) release(ctx context.Context, pvc *corev1.PersistentV
 	return nil
 }
 
-// liftProtection removes kubernetes.io/pvc-protection from a claim being
-// deleted whose pods have all ended.
+// holdForOutcome adds FinalizerOutcome to a claim, so that its deletion
+// waits until the outcome of its pods is on its PV.
+func (r *ReleaseReconciler) holdForOutcome(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	patch := client.MergeFromWithOptions(pvc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.AddFinalizer(pvc, v1alpha1.FinalizerOutcome)
+	if err := r.Client.Patch(ctx, pvc, patch); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("adding finalizer %s to claim %s/%s: %w", v1alpha1.FinalizerOutcome, pvc.Namespace, pvc.Name, err))
+	}
+	return nil
+}
+
+// liftProtection removes kubernetes.io/pvc-protection and FinalizerOutcome
+// from a claim being deleted whose pods have all ended.
 func (r *ReleaseReconciler) liftProtection(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
-	if !controllerutil.ContainsFinalizer(pvc, finalizerPVCProtection) {
+	ours := []string{finalizerPVCProtection, v1alpha1.FinalizerOutcome}
+	if !slices.ContainsFunc(ours, func(f string) bool { return controllerutil.ContainsFinalizer(pvc, f) }) {
 		return nil
 	}
 	patch := client.MergeFromWithOptions(pvc.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	controllerutil.RemoveFinalizer(pvc, finalizerPVCProtection)
-	if err := r.Client.Patch(ctx, pvc, patch); err != nil {
-		return client.IgnoreNotFound(fmt.Errorf("removing finalizer %s from claim %s/%s: %w", finalizerPVCProtection, pvc.Namespace, pvc.Name, err))
+	for _, f := range ours {
+		controllerutil.RemoveFinalizer(pvc, f)
 	}
-	log.FromContext(ctx).Info("lifted pvc-protection: every pod that used the claim has ended")
+	if err := r.Client.Patch(ctx, pvc, patch); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("removing finalizers %v from claim %s/%s: %w", ours, pvc.Namespace, pvc.Name, err))
+	}
+	log.FromContext(ctx).Info("lifted the claim's finalizers: every pod that used it has ended")
 	return nil
 }
 

@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -471,4 +472,66 @@ func TestSlimPodKeepsWhatReleaseReads(t *testing.T) {
 
 func equalStrings(a, b []string) bool {
 	return strings.Join(a, "\x00") == strings.Join(b, "\x00")
+}
+
+// Regression (Tekton, coschedule: pipelineruns): at a PipelineRun's
+// completion Tekton deleted the workspace claim and lifted
+// pvc-protection itself while its affinity assistant pod still held the
+// claim, so the volume ended before the Tasks' outcome was on the PV and a
+// successful run's cache was discarded. The manager's own finalizer holds
+// the claim until every pod has ended and the outcome is recorded.
+func TestOutcomeFinalizerHoldsAPurgedClaim(t *testing.T) {
+	ctx := context.Background()
+	pvc := claim("ws")
+	pvc.Finalizers = nil
+	assistant := ran(pod("affinity-assistant-0", corev1.PodRunning, "ws"), 1, 0)
+	objs := append(storageClasses(), pvc, volume(pvc), assistant,
+		ran(pod("run-build-pod", corev1.PodSucceeded, "ws"), 25, 60))
+	c := newFakeClient(t, objs...)
+	r := &ReleaseReconciler{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(100)}
+	key := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pvc)}
+
+	if _, err := r.Reconcile(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	var got corev1.PersistentVolumeClaim
+	if err := c.Get(ctx, key.NamespacedName, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(got.Finalizers, v1alpha1.FinalizerOutcome) {
+		t.Fatalf("claim finalizers %v, want %s", got.Finalizers, v1alpha1.FinalizerOutcome)
+	}
+
+	// Tekton deletes the claim at completion; pvc-protection is gone.
+	if err := c.Delete(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, key.NamespacedName, &got); err != nil {
+		t.Fatalf("the claim went while the assistant still held it: %v", err)
+	}
+
+	// The assistant is stopped and ends; only now may the claim go.
+	assistant.Status.Phase = corev1.PodSucceeded
+	assistant.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "nop", State: corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{FinishedAt: *at(70)},
+	}}}
+	if err := c.Status().Update(ctx, assistant); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, key.NamespacedName, &got); !apierrors.IsNotFound(err) {
+		t.Errorf("claim after every pod ended: %v, finalizers %v; want it gone", err, got.Finalizers)
+	}
+	var pv corev1.PersistentVolume
+	if err := c.Get(ctx, types.NamespacedName{Name: pvc.Spec.VolumeName}, &pv); err != nil {
+		t.Fatal(err)
+	}
+	if o := pv.Annotations[v1alpha1.AnnotationPodOutcome]; o != v1alpha1.OutcomeSucceeded {
+		t.Errorf("PV outcome %q, want succeeded", o)
+	}
 }

@@ -56,6 +56,14 @@ const (
 	MarkerCommit = ControlDir + "/commit"
 	MarkerAbort  = ControlDir + "/abort"
 
+	// FinalizerOutcome on a standalone PVC is added by the manager and
+	// removed once every pod that used the claim has ended and their
+	// outcome is on the PV: an owner that deletes the claim and lifts
+	// kubernetes.io/pvc-protection itself while a pod still holds it (Tekton
+	// does, at a PipelineRun's completion) cannot end the volume before its
+	// outcome is known.
+	FinalizerOutcome = "layercache.dev/outcome"
+
 	// FinalizerCleanup on a Cache is added by the manager and removed once no
 	// existing Node holds the cache any more.
 	FinalizerCleanup = "layercache.dev/cleanup"
