@@ -16,9 +16,10 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 )
 
-// KNOWN BUG (layercache release path; this test fails until it is fixed):
-// under Tekton's coschedule modes "pipelineruns" and "isolate-pipelinerun"
-// a successful PipelineRun's workspace is discarded instead of committed.
+// TestCoschedulePipelineRunsCommitsWorkspace is the regression test of a
+// bug this package found: under Tekton's coschedule modes "pipelineruns"
+// and "isolate-pipelinerun" a successful PipelineRun's workspace was
+// discarded instead of committed.
 //
 // In those modes Tekton v1.6.0 creates the workspace claim through the
 // affinity assistant StatefulSet's volumeClaimTemplates (no owner), and at
@@ -27,16 +28,16 @@ import (
 // (pkg/reconciler/pipelinerun/affinity_assistant.go
 // cleanupAffinityAssistantsAndPVCs -> pkg/reconciler/volumeclaim/
 // pvchandler.go PurgeFinalizerAndDeletePVCForWorkspace). The affinity
-// assistant pod, which mounts the claim, is still running then, so the
-// manager's release controller never sees every pod of the claim ended
-// while the claim exists: it records no layercache.dev/pod-outcome on the
-// PV, the claim is gone, and the node agent ends the released volume with
-// an unknown outcome, which on-success discards.
+// assistant pod, which mounts the claim, was still running then, so the
+// claim went before the manager recorded the pods' outcome on the PV, and
+// the node agent ended the released volume with an unknown outcome, which
+// on-success discards. The manager's finalizer layercache.dev/outcome now
+// holds the claim until every pod has ended and the outcome is recorded.
 //
 // The test switches Tekton's feature flag for its duration (the scenarios
 // of this package run one after the other) and expects what a user
 // expects: the successful PipelineRun's work is committed.
-func TestBugCoschedulePipelineRunsDiscardsSucceededWorkspace(t *testing.T) {
+func TestCoschedulePipelineRunsCommitsWorkspace(t *testing.T) {
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -71,7 +72,7 @@ func TestBugCoschedulePipelineRunsDiscardsSucceededWorkspace(t *testing.T) {
 		v1alpha1.AnnotationPodOutcome, last.Annotations[v1alpha1.AnnotationPodOutcome],
 		v1alpha1.AnnotationResult, last.Annotations[v1alpha1.AnnotationResult])
 	if reason != "Committed" {
-		t.Errorf("KNOWN BUG: the successful PipelineRun's workspace was %s (%s), want Committed: Tekton deleted the claim while "+
+		t.Errorf("the successful PipelineRun's workspace was %s (%s), want Committed: Tekton deleted the claim while "+
 			"its affinity assistant pod still ran, so no pod outcome was recorded on the PV (see this test's comment)", reason, msg)
 	}
 }
