@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 )
@@ -115,22 +117,36 @@ type pvWatch struct {
 func (e *env) watchPVs(ctx context.Context) *pvWatch {
 	e.t.Helper()
 	w := &pvWatch{}
-	watcher, err := e.Client.CoreV1().PersistentVolumes().Watch(ctx, metav1.ListOptions{LabelSelector: v1alpha1.AnnotationNode})
-	if err != nil {
+	// An informer, not a bare watch: it lists first and re-watches when
+	// the API server closes the stream.
+	factory := informers.NewSharedInformerFactoryWithOptions(e.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.AnnotationNode }))
+	record := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		pv, ok := obj.(*corev1.PersistentVolume)
+		if !ok || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Namespace != e.Namespace {
+			return
+		}
+		w.mu.Lock()
+		w.pv = pv.DeepCopy()
+		w.mu.Unlock()
+	}
+	informer := factory.Core().V1().PersistentVolumes().Informer()
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: record, UpdateFunc: func(_, obj any) { record(obj) }, DeleteFunc: record,
+	}); err != nil {
 		e.t.Fatal(err)
 	}
-	e.t.Cleanup(watcher.Stop)
-	go func() {
-		for ev := range watcher.ResultChan() {
-			pv, ok := ev.Object.(*corev1.PersistentVolume)
-			if !ok || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Namespace != e.Namespace {
-				continue
-			}
-			w.mu.Lock()
-			w.pv = pv.DeepCopy()
-			w.mu.Unlock()
+	stop := make(chan struct{})
+	e.t.Cleanup(func() { close(stop) })
+	factory.Start(stop)
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			e.t.Fatalf("syncing the %v informer failed", typ)
 		}
-	}()
+	}
 	return w
 }
 
