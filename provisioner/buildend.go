@@ -242,11 +242,6 @@ func (b *buildEnds) podEnded(pod *corev1.Pod, gone bool) {
 	}
 }
 
-func ownedBy(claim *corev1.PersistentVolumeClaim, uid types.UID) bool {
-	ref, ok := owningPod(claim)
-	return ok && ref.UID == uid
-}
-
 // run works the queue with workers goroutines until ctx ends.
 func (b *buildEnds) run(ctx context.Context, workers int) {
 	go func() {
