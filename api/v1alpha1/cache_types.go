@@ -29,7 +29,7 @@ type Retention struct {
 	// +optional
 	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
 
-	// MaxSize squashes or drops the cache on a node once it is larger than
+	// MaxSize removes the cache from a node once it is larger than
 	// this, for example "20Gi".
 	// +optional
 	MaxSize *resource.Quantity `json:"maxSize,omitempty"`
@@ -83,8 +83,9 @@ type NodeCacheStatus struct {
 	// +optional
 	LastUsed *metav1.Time `json:"lastUsed,omitempty"`
 
-	// LastWriter is the PVC (NAMESPACE/NAME) whose commit produced the
-	// current generation on this node.
+	// LastWriter names who produced the current generation on this node:
+	// the pod (NAMESPACE/NAME) that owned the claim, or the standalone
+	// claim (NAMESPACE/NAME).
 	// +optional
 	LastWriter string `json:"lastWriter,omitempty"`
 }

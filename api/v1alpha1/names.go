@@ -1,6 +1,6 @@
 package v1alpha1
 
-// Names shared by the node agent, the manager and users (design.md, "Names").
+// Names shared by the node agent, the manager and users (README, "Using it").
 // They are part of the public interface: keep them stable.
 const (
 	// ProvisionerName is the provisioner of layercache StorageClasses.

@@ -30,7 +30,7 @@ if [[ ! -x $KUBECTL ]] && command -v kubectl >/dev/null; then KUBECTL=$(command 
 # of containerd's shim. down.sh kills and removes the whole subtree.
 CGROUP_NAME=layercache-e2e
 
-# The node's store root, as the project's pods see it (design.md).
+# The node's store root, as the project's pods see it (README, "Operating it").
 LAYERCACHE_ROOT=/var/lib/layercache
 
 APISERVER_PORT=6443

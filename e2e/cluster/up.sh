@@ -98,13 +98,8 @@ build_images() {
 	mkdir -p "$work"
 	busybox=$(busybox_binary)
 	log "building images"
-	local cmds=(./cmd/layercache) files=(--file "$work/layercache:/layercache")
-	if [[ -d $REPO_DIR/cmd/layerfs ]]; then
-		cmds+=(./cmd/layerfs)
-		files+=(--file "$work/layerfs:/layerfs")
-	else
-		log "note: cmd/layerfs does not exist yet; $IMAGE_LAYERCACHE has /layercache only"
-	fi
+	local cmds=(./cmd/layercache ./cmd/layerfs)
+	local files=(--file "$work/layercache:/layercache" --file "$work/layerfs:/layerfs")
 	(cd "$REPO_DIR" && CGO_ENABLED=0 go build -o "$work/" "${cmds[@]}" ./e2e/imagebuild/cmd/pause)
 	(cd "$REPO_DIR" && go build -o "$work/buildimage" ./e2e/imagebuild/cmd/buildimage)
 	"$work/buildimage" -o "$IMAGES_DIR/layercache.tar" --ref "$IMAGE_LAYERCACHE" "${files[@]}" --entrypoint /layercache >/dev/null
