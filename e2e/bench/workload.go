@@ -238,15 +238,7 @@ func RunPod(s System, c Case, run int, node string) *corev1.Pod {
 		{Name: "BENCH_RUN", Value: strconv.Itoa(run)},
 		{Name: "BENCH_EXPECT", Value: strings.Join(c.Expect(run), " ")},
 	}
-	if s == LocalPath {
-		env = append(env, corev1.EnvVar{Name: "BENCH_STORE", Value: c.StoreDir(run)})
-	}
-	pod := benchPod(PodName(s, c, run), node, Script, env)
-	addCacheVolume(pod, s, c.CacheName(run))
-	if s == LocalPath {
-		addStoreVolume(pod, c)
-	}
-	return pod
+	return buildPod(s, c, run, node, PodName(s, c, run), Script, env)
 }
 
 // NextPod is the next build's pod after a run's build pod: the same cache
@@ -254,10 +246,16 @@ func RunPod(s System, c Case, run int, node string) *corev1.Pod {
 // run's output, runs/RUN.
 func NextPod(s System, c Case, run int, node string) *corev1.Pod {
 	env := []corev1.EnvVar{{Name: "BENCH_PREV", Value: "runs/" + strconv.Itoa(run)}}
+	return buildPod(s, c, run, node, NextPodName(s, c, run), NextScript, env)
+}
+
+// buildPod runs script with the run's cache at /cache and, for local-path,
+// the case's store and the run's store directory.
+func buildPod(s System, c Case, run int, node, name, script string, env []corev1.EnvVar) *corev1.Pod {
 	if s == LocalPath {
 		env = append(env, corev1.EnvVar{Name: "BENCH_STORE", Value: c.StoreDir(run)})
 	}
-	pod := benchPod(NextPodName(s, c, run), node, NextScript, env)
+	pod := benchPod(name, node, script, env)
 	addCacheVolume(pod, s, c.CacheName(run))
 	if s == LocalPath {
 		addStoreVolume(pod, c)
