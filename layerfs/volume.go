@@ -239,15 +239,11 @@ func (s *Store) abortCommit(ctx context.Context, r *volumeRecord) error {
 // recorded with the upper directory in place, which a retry rolls forward.
 func (s *Store) undoCommitIntent(ctx context.Context, r *volumeRecord) error {
 	if l := r.CommitLayer; l != nil {
-		cacheLock, err := s.lockCache(ctx, r.Cache)
+		h, cacheLock, err := s.lockHead(ctx, r.Cache)
 		if err != nil {
 			return err
 		}
 		defer cacheLock.unlock()
-		h, err := s.readHead(r.Cache)
-		if err != nil && !errors.Is(err, ErrNotFound) {
-			return err
-		}
 		if h != nil && h.UID == r.CacheUID && h.hasLayer(l.ID) {
 			return fmt.Errorf("volume %q: its commit already landed as layer %s; retry the commit to finish it", r.ID, l.ID)
 		}
@@ -513,15 +509,11 @@ func (s *Store) prepareCommit(ctx context.Context, r *volumeRecord) (err error) 
 // Every step checks whether it already happened, so it can be replayed after
 // a crash at any point.
 func (s *Store) finishCommit(ctx context.Context, r *volumeRecord) (CommitResult, error) {
-	cacheLock, err := s.lockCache(ctx, r.Cache)
+	h, cacheLock, err := s.lockHead(ctx, r.Cache)
 	if err != nil {
 		return CommitResult{}, err
 	}
 	defer cacheLock.unlock()
-	h, err := s.readHead(r.Cache)
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return CommitResult{}, err
-	}
 	if h == nil || h.UID != r.CacheUID {
 		res := CommitResult{Cache: r.Cache, Dropped: true}
 		// The cache was removed while the volume was in use: the removal
@@ -632,16 +624,30 @@ func (s *Store) sweepIfOrphaned(r *volumeRecord) {
 	}
 }
 
+// lockHead takes the cache's lock and reads its head, nil if the cache does
+// not exist. The caller unlocks.
+func (s *Store) lockHead(ctx context.Context, c CacheRef) (*head, *fileLock, error) {
+	l, err := s.lockCache(ctx, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := s.readHead(c)
+	if errors.Is(err, ErrNotFound) {
+		return nil, l, nil
+	}
+	if err != nil {
+		l.unlock()
+		return nil, nil, err
+	}
+	return h, l, nil
+}
+
 func (s *Store) rollBackCommit(ctx context.Context, r *volumeRecord) error {
-	cacheLock, err := s.lockCache(ctx, r.Cache)
+	h, cacheLock, err := s.lockHead(ctx, r.Cache)
 	if err != nil {
 		return err
 	}
 	defer cacheLock.unlock()
-	h, err := s.readHead(r.Cache)
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return err
-	}
 	if h == nil || !h.hasLayer(r.CommitLayer.ID) {
 		return os.RemoveAll(s.layerDir(r.CommitLayer.ID))
 	}

@@ -132,12 +132,10 @@ func NextPodName(s System, c Case, run int) string {
 // named as Kubernetes names it: POD-VOLUME.
 func ClaimName(pod string) string { return pod + "-cache" }
 
-// Script is the build: make the cache warm, build, commit (see the package
-// documentation). It prints the markers that ParseMarkers reads; busybox's
-// date has no sub-second format, ts has. Environment: BENCH_RUN, and for
-// local-path BENCH_STORE (the store directory); BENCH_EXPECT lists paths
-// the warm cache must hold.
-const Script = `set -eu
+// scriptStart begins both build scripts: it marks the start, copies the
+// cache in from the store for local-path (BENCH_STORE), and marks the
+// build as ready.
+const scriptStart = `set -eu
 mark() { echo "BENCH $1 $(echo | ts %.s)"; }
 mark ` + MarkStart + `
 if [ -n "${BENCH_STORE:-}" ]; then
@@ -145,7 +143,14 @@ if [ -n "${BENCH_STORE:-}" ]; then
 	cp -a "$BENCH_STORE/." ` + CacheMount + `/
 fi
 mark ` + MarkReady + `
-for f in ${BENCH_EXPECT:-}; do
+`
+
+// Script is the build: make the cache warm, build, commit (see the package
+// documentation). It prints the markers that ParseMarkers reads; busybox's
+// date has no sub-second format, ts has. Environment: BENCH_RUN, and for
+// local-path BENCH_STORE (the store directory); BENCH_EXPECT lists paths
+// the warm cache must hold.
+const Script = scriptStart + `for f in ${BENCH_EXPECT:-}; do
 	if [ ! -e "` + CacheMount + `/$f" ]; then
 		echo "BENCH-ERROR the cache is not warm: ` + CacheMount + `/$f is missing"
 		exit 1
@@ -173,15 +178,7 @@ fi
 // before (BENCH_PREV, a path under the cache) and print MarkWarm, or
 // MarkStale if it does not. It exits 0 either way: a stale cache is a
 // result, counted, not a failure of the benchmark.
-const NextScript = `set -eu
-mark() { echo "BENCH $1 $(echo | ts %.s)"; }
-mark ` + MarkStart + `
-if [ -n "${BENCH_STORE:-}" ]; then
-	mkdir -p "$BENCH_STORE"
-	cp -a "$BENCH_STORE/." ` + CacheMount + `/
-fi
-mark ` + MarkReady + `
-if [ -e "` + CacheMount + `/$BENCH_PREV/output.bin" ]; then
+const NextScript = scriptStart + `if [ -e "` + CacheMount + `/$BENCH_PREV/output.bin" ]; then
 	mark ` + MarkWarm + `
 else
 	mark ` + MarkStale + `
