@@ -62,6 +62,60 @@ type CacheStatus struct {
 	// LastUsed is the latest LastUsed over all nodes.
 	// +optional
 	LastUsed *metav1.Time `json:"lastUsed,omitempty"`
+
+	// Published is the cache's cluster-wide generation log, when its
+	// StorageClass syncs it through a registry. Node agents append their
+	// layers to it with an optimistic update (a resourceVersion
+	// precondition): the Cache is the sequencer, the registry holds the
+	// bytes.
+	// +optional
+	Published *PublishedChain `json:"published,omitempty"`
+}
+
+// PublishedChain is a cache's layer chain in its registry repository.
+type PublishedChain struct {
+	// Repository holds the layers as blobs of one image, for example
+	// "registry.example:5000/ci-caches/team-a/maven".
+	Repository string `json:"repository"`
+
+	// Secret names the Secret, in the node agents' namespace, with the
+	// credentials for Repository (from the StorageClass's registrySecret);
+	// empty for a registry without authentication.
+	// +optional
+	Secret string `json:"secret,omitempty"`
+
+	// Generation counts the layers ever appended; the newest layer has it.
+	Generation int64 `json:"generation"`
+
+	// Layers is the chain, newest first.
+	// +optional
+	// +listType=atomic
+	Layers []PublishedLayer `json:"layers,omitempty"`
+}
+
+// PublishedLayer is one layer of a cache's chain.
+type PublishedLayer struct {
+	// Digest is the layer's (compressed) blob digest in the repository.
+	Digest string `json:"digest"`
+
+	// DiffID is the digest of the layer's uncompressed tar.
+	DiffID string `json:"diffID"`
+
+	// Size is the blob's size in bytes.
+	Size int64 `json:"size"`
+
+	// Generation is the cache's generation that this layer made.
+	Generation int64 `json:"generation"`
+
+	// Node is the node that committed the layer.
+	// +optional
+	Node string `json:"node,omitempty"`
+
+	// Covers lists the digests of the layers this layer replaced (newest
+	// first), when it is a squash of them.
+	// +optional
+	// +listType=atomic
+	Covers []string `json:"covers,omitempty"`
 }
 
 // NodeCacheStatus is the cache's state on one node.
@@ -88,6 +142,12 @@ type NodeCacheStatus struct {
 	// claim (NAMESPACE/NAME).
 	// +optional
 	LastWriter string `json:"lastWriter,omitempty"`
+
+	// Unpublished counts the layers committed on this node that are not
+	// in the registry yet (it was unreachable, or the push is under way);
+	// they are pushed, oldest first, as soon as the registry answers.
+	// +optional
+	Unpublished int32 `json:"unpublished,omitempty"`
 }
 
 // Cache is a named build cache. PVCs of the layercache StorageClass name it

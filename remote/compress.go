@@ -1,0 +1,85 @@
+package remote
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+)
+
+// Compression is how layers are compressed on the way to the registry.
+type Compression string
+
+const (
+	// Zstd is the default: `make bench` measured it faster than gzip at
+	// a similar ratio on build caches (README, "Caches across nodes").
+	Zstd Compression = "zstd"
+	Gzip Compression = "gzip"
+)
+
+func (c Compression) validate() error {
+	switch c {
+	case Zstd, Gzip:
+		return nil
+	}
+	return fmt.Errorf("compression %q is not known: use zstd or gzip", c)
+}
+
+func (c Compression) mediaType() types.MediaType {
+	if c == Gzip {
+		return types.OCILayer
+	}
+	return types.OCILayerZStd
+}
+
+// writer compresses into w.
+func (c Compression) writer(w io.Writer) (io.WriteCloser, error) {
+	if c == Gzip {
+		return gzip.NewWriterLevel(w, gzip.BestSpeed)
+	}
+	return zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest))
+}
+
+var (
+	gzipMagic = []byte{0x1f, 0x8b}
+	zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+)
+
+// decompress reads a layer blob whatever its compression, as a registry
+// may hold layers that another node pushed with another setting.
+func decompress(rc io.ReadCloser) (io.ReadCloser, error) {
+	br := bufio.NewReaderSize(rc, 64<<10)
+	head, err := br.Peek(4)
+	if err != nil && err != io.EOF {
+		rc.Close()
+		return nil, fmt.Errorf("read layer blob: %w", err)
+	}
+	switch {
+	case bytes.HasPrefix(head, gzipMagic):
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			rc.Close()
+			return nil, fmt.Errorf("read gzip layer blob: %w", err)
+		}
+		return readCloser{zr, func() error { zr.Close(); return rc.Close() }}, nil
+	case bytes.HasPrefix(head, zstdMagic):
+		zr, err := zstd.NewReader(br)
+		if err != nil {
+			rc.Close()
+			return nil, fmt.Errorf("read zstd layer blob: %w", err)
+		}
+		return readCloser{zr, func() error { zr.Close(); return rc.Close() }}, nil
+	}
+	return readCloser{br, rc.Close}, nil
+}
+
+type readCloser struct {
+	io.Reader
+	close func() error
+}
+
+func (r readCloser) Close() error { return r.close() }

@@ -1,0 +1,14 @@
+// Package remote moves a cache's layers between a node's store and an OCI
+// registry, the distributed store of caches that span nodes.
+//
+// A cache is one repository (<registry>/<namespace>/<cache>). Each layer is
+// a blob: an OCI layer tar (overlay whiteouts as .wh. files, see
+// layerfs.ExportLayer), compressed with zstd or gzip. A plain OCI image
+// manifest, tagged "latest", lists the chain base-first, so registry
+// garbage collection keeps the blobs and crane or skopeo can inspect a
+// cache. The chain's order is not the registry's to decide: the Cache
+// resource's status is the sequencer (see the node agent).
+//
+// This package knows nothing of Kubernetes or of the store: it pushes what
+// an export function writes and hands out digest-verified streams.
+package remote

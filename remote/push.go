@@ -1,0 +1,160 @@
+package remote
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
+	ggcr "github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// Blob is a layer as the registry holds it.
+type Blob struct {
+	Digest    v1.Hash // of the compressed blob
+	DiffID    v1.Hash // of the uncompressed tar
+	Size      int64   // of the compressed blob
+	MediaType types.MediaType
+	// TarBytes is the uncompressed size, for throughput reports.
+	TarBytes int64
+}
+
+// Export writes a layer's uncompressed OCI tar to w.
+type Export func(w io.Writer) error
+
+// PushLayer compresses what export writes into a temp file in tmpDir,
+// hashing both streams on the way, then uploads the blob unless the
+// repository has it already (a retried push of the same layer: exports are
+// deterministic, so the digest is the same).
+func (t *Target) PushLayer(ctx context.Context, tmpDir string, export Export) (Blob, error) {
+	f, err := os.CreateTemp(tmpDir, "new-push-*.blob")
+	if err != nil {
+		return Blob{}, fmt.Errorf("create temp file for a layer blob: %w", err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	blob, err := t.compressTo(f, export)
+	if err != nil {
+		return Blob{}, err
+	}
+	layer, err := partial.CompressedToLayer(&fileBlob{path: f.Name(), blob: blob})
+	if err != nil {
+		return Blob{}, err
+	}
+	if err := ggcr.WriteLayer(t.Repository, layer, t.options(ggcr.WithContext(ctx))...); err != nil {
+		return Blob{}, fmt.Errorf("push layer %s (%d bytes) to %s: %w", blob.Digest, blob.Size, t.Repository, err)
+	}
+	return blob, nil
+}
+
+func (t *Target) compressTo(f *os.File, export Export) (Blob, error) {
+	compressed := newCounter(sha256.New())
+	zw, err := t.Compression.writer(io.MultiWriter(f, compressed))
+	if err != nil {
+		return Blob{}, fmt.Errorf("start %s compression: %w", t.Compression, err)
+	}
+	uncompressed := newCounter(sha256.New())
+	if err := export(io.MultiWriter(zw, uncompressed)); err != nil {
+		zw.Close()
+		return Blob{}, fmt.Errorf("export layer: %w", err)
+	}
+	if err := zw.Close(); err != nil {
+		return Blob{}, fmt.Errorf("compress layer: %w", err)
+	}
+	return Blob{
+		Digest:    v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%x", compressed.h.Sum(nil))},
+		DiffID:    v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%x", uncompressed.h.Sum(nil))},
+		Size:      compressed.n,
+		TarBytes:  uncompressed.n,
+		MediaType: t.Compression.mediaType(),
+	}, nil
+}
+
+// counter hashes and counts what is written through it.
+type counter struct {
+	h hash.Hash
+	n int64
+}
+
+func newCounter(h hash.Hash) *counter { return &counter{h: h} }
+
+func (c *counter) Write(p []byte) (int, error) {
+	c.n += int64(len(p))
+	return c.h.Write(p)
+}
+
+// fileBlob is a compressed layer in a temp file (partial.CompressedLayer).
+type fileBlob struct {
+	path string
+	blob Blob
+}
+
+func (b *fileBlob) Digest() (v1.Hash, error)            { return b.blob.Digest, nil }
+func (b *fileBlob) Size() (int64, error)                { return b.blob.Size, nil }
+func (b *fileBlob) MediaType() (types.MediaType, error) { return b.blob.MediaType, nil }
+func (b *fileBlob) DiffID() (v1.Hash, error)            { return b.blob.DiffID, nil }
+func (b *fileBlob) Compressed() (io.ReadCloser, error)  { return os.Open(b.path) }
+
+// PushManifest tags "latest" with an OCI image manifest of the chain
+// (base first), whose config lists the layers' diff IDs. The tag keeps the
+// blobs alive through registry garbage collection and lets crane or skopeo
+// inspect a cache; the order that counts is the Cache resource's.
+func (t *Target) PushManifest(ctx context.Context, chainBaseFirst []Blob) error {
+	config, err := imageConfig(chainBaseFirst)
+	if err != nil {
+		return err
+	}
+	opts := t.options(ggcr.WithContext(ctx))
+	configLayer := static.NewLayer(config, types.OCIConfigJSON)
+	if err := ggcr.WriteLayer(t.Repository, configLayer, opts...); err != nil {
+		return fmt.Errorf("push image config to %s: %w", t.Repository, err)
+	}
+	manifest, err := imageManifest(configLayer, chainBaseFirst)
+	if err != nil {
+		return err
+	}
+	if err := ggcr.Put(t.Repository.Tag("latest"), manifest, opts...); err != nil {
+		return fmt.Errorf("push manifest to %s: %w", t.Repository.Tag("latest"), err)
+	}
+	return nil
+}
+
+func imageConfig(chain []Blob) ([]byte, error) {
+	cfg := v1.ConfigFile{OS: "linux", Architecture: "amd64", RootFS: v1.RootFS{Type: "layers", DiffIDs: []v1.Hash{}}}
+	for _, b := range chain {
+		cfg.RootFS.DiffIDs = append(cfg.RootFS.DiffIDs, b.DiffID)
+	}
+	return json.Marshal(cfg)
+}
+
+func imageManifest(config v1.Layer, chain []Blob) (rawManifest, error) {
+	digest, err1 := config.Digest()
+	size, err2 := config.Size()
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	m := v1.Manifest{
+		SchemaVersion: 2,
+		MediaType:     types.OCIManifestSchema1,
+		Config:        v1.Descriptor{MediaType: types.OCIConfigJSON, Digest: digest, Size: size},
+		Layers:        []v1.Descriptor{},
+	}
+	for _, b := range chain {
+		m.Layers = append(m.Layers, v1.Descriptor{MediaType: b.MediaType, Digest: b.Digest, Size: b.Size})
+	}
+	return json.Marshal(m)
+}
+
+// rawManifest is a manifest ready to put (remote.Taggable).
+type rawManifest []byte
+
+func (m rawManifest) RawManifest() ([]byte, error)        { return m, nil }
+func (m rawManifest) MediaType() (types.MediaType, error) { return types.OCIManifestSchema1, nil }

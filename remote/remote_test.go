@@ -1,0 +1,227 @@
+package remote
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+	ggcr "github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+)
+
+const (
+	user     = "ci"
+	password = "s3cret"
+)
+
+// testRegistry is go-containerregistry's in-process registry behind TLS
+// and basic auth, as a real one is deployed.
+type testRegistry struct {
+	*httptest.Server
+	host string
+	ca   []byte
+	// corrupt, if set, replaces every blob's body on GET.
+	corrupt bool
+}
+
+func newTestRegistry(t *testing.T) *testRegistry {
+	t.Helper()
+	r := &testRegistry{}
+	inner := registry.New(registry.Logger(nopLogger()))
+	r.Server = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		u, p, ok := req.BasicAuth()
+		if !ok || u != user || p != password {
+			w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
+			http.Error(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`, http.StatusUnauthorized)
+			return
+		}
+		if r.corrupt && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/sha256:") {
+			fmt.Fprint(w, "not the blob you asked for")
+			return
+		}
+		inner.ServeHTTP(w, req)
+	}))
+	t.Cleanup(r.Close)
+	r.host = strings.TrimPrefix(r.URL, "https://")
+	r.ca = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Certificate().Raw})
+	return r
+}
+
+func (r *testRegistry) config(user, password string) []byte {
+	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
+	return []byte(fmt.Sprintf(`{"auths":{"https://%s":{"auth":%q}}}`, r.host, auth))
+}
+
+func (r *testRegistry) target(t *testing.T, c Compression) *Target {
+	t.Helper()
+	tg, err := NewTarget(r.host+"/caches/team/maven", Credentials{DockerConfigJSON: r.config(user, password), CAPEM: r.ca}, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tg
+}
+
+// layerTar is a small OCI layer with a whiteout.
+func layerTar(t *testing.T, content string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	files := map[string]string{"dir/file": content, "dir/.wh.gone": ""}
+	for _, name := range []string{"dir/file", "dir/.wh.gone"} {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(files[name])), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(tw, files[name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func exportOf(b []byte) Export {
+	return func(w io.Writer) error { _, err := w.Write(b); return err }
+}
+
+func TestPushFetchRoundTrip(t *testing.T) {
+	reg := newTestRegistry(t)
+	for _, c := range []Compression{Zstd, Gzip} {
+		t.Run(string(c), func(t *testing.T) {
+			ctx := context.Background()
+			tg := reg.target(t, c)
+			want := layerTar(t, strings.Repeat("cache ", 1000)+string(c))
+			blob, err := tg.PushLayer(ctx, t.TempDir(), exportOf(want))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if blob.TarBytes != int64(len(want)) || blob.Size <= 0 || blob.Size >= blob.TarBytes {
+				t.Errorf("blob %+v: want TarBytes %d and a smaller compressed size", blob, len(want))
+			}
+			again, err := tg.PushLayer(ctx, t.TempDir(), exportOf(want))
+			if err != nil || again.Digest != blob.Digest {
+				t.Errorf("second push of the same layer: digest %s (first %s), err %v; exports are deterministic, so pushes must be too", again.Digest, blob.Digest, err)
+			}
+			rc, err := tg.Fetch(ctx, blob.Digest.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rc.Close()
+			got, err := io.ReadAll(rc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("fetched %d bytes, pushed %d: not the same tar", len(got), len(want))
+			}
+		})
+	}
+}
+
+func TestPushManifestListsTheChainBaseFirst(t *testing.T) {
+	reg := newTestRegistry(t)
+	ctx := context.Background()
+	tg := reg.target(t, Zstd)
+	var chain []Blob
+	for i := range 3 {
+		b, err := tg.PushLayer(ctx, t.TempDir(), exportOf(layerTar(t, fmt.Sprint("generation ", i))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		chain = append(chain, b)
+	}
+	if err := tg.PushManifest(ctx, chain); err != nil {
+		t.Fatal(err)
+	}
+	img, err := ggcr.Image(tg.Repository.Tag("latest"), tg.options(ggcr.WithContext(ctx))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Layers) != 3 || len(cfg.RootFS.DiffIDs) != 3 {
+		t.Fatalf("manifest has %d layers and config %d diff IDs, want 3", len(m.Layers), len(cfg.RootFS.DiffIDs))
+	}
+	for i, b := range chain {
+		if m.Layers[i].Digest != b.Digest || cfg.RootFS.DiffIDs[i] != b.DiffID {
+			t.Errorf("layer %d: manifest %s / diff ID %s, want %s / %s", i, m.Layers[i].Digest, cfg.RootFS.DiffIDs[i], b.Digest, b.DiffID)
+		}
+	}
+}
+
+func TestFetchVerifiesTheDigest(t *testing.T) {
+	reg := newTestRegistry(t)
+	ctx := context.Background()
+	tg := reg.target(t, Gzip)
+	blob, err := tg.PushLayer(ctx, t.TempDir(), exportOf(layerTar(t, "real")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.corrupt = true
+	rc, err := tg.Fetch(ctx, blob.Digest.String())
+	if err == nil {
+		_, err = io.ReadAll(rc)
+		rc.Close()
+	}
+	if err == nil {
+		t.Fatal("a blob whose bytes do not match its digest was read without error")
+	}
+}
+
+func TestBadCredentialsAreUnauthorized(t *testing.T) {
+	reg := newTestRegistry(t)
+	tg, err := NewTarget(reg.host+"/caches/team/maven", Credentials{DockerConfigJSON: reg.config(user, "wrong"), CAPEM: reg.ca}, Zstd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tg.PushLayer(context.Background(), t.TempDir(), exportOf(layerTar(t, "x")))
+	if !IsUnauthorized(err) {
+		t.Errorf("push with a wrong password: %v, want an error that IsUnauthorized", err)
+	}
+	var terr *transport.Error
+	if !errors.As(err, &terr) {
+		t.Errorf("error %v does not carry the registry's answer", err)
+	}
+}
+
+func TestNewTargetErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, repo string
+		creds      Credentials
+		c          Compression
+		want       string
+	}{
+		{"bad repository", "Registry.Example/UPPER", Credentials{}, Zstd, "is not valid"},
+		{"unknown compression", "reg.example:5000/caches/a/b", Credentials{}, "lz4", `compression "lz4"`},
+		{"bad docker config", "reg.example:5000/caches/a/b", Credentials{DockerConfigJSON: []byte("{")}, Zstd, "docker config JSON is not valid"},
+		{"no entry for the registry", "reg.example:5000/caches/a/b", Credentials{DockerConfigJSON: []byte(`{"auths":{"other.example":{"auth":"eDp5"}}}`)}, Zstd, "no credentials for registry reg.example:5000"},
+		{"CA without a certificate", "reg.example:5000/caches/a/b", Credentials{CAPEM: []byte("nope")}, Zstd, "holds no PEM certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewTarget(tc.repo, tc.creds, tc.c)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("NewTarget: %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func nopLogger() *log.Logger { return log.New(io.Discard, "", 0) }
