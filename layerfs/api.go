@@ -105,6 +105,10 @@ type LayerInfo struct {
 	Bytes   int64     `json:"bytes"`
 	Files   int64     `json:"files"`
 	Created time.Time `json:"created"`
+	// Digest is the layer's blob digest in the cache's registry repository
+	// ("sha256:<hex>"), set once the layer was published or pulled; empty
+	// for a layer only this node has (unpublished).
+	Digest string `json:"digest,omitempty"`
 }
 
 // CacheInfo is what List and Inspect report about one cache.
