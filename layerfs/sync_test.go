@@ -423,3 +423,74 @@ func TestSyncDropsOverlayXattrs(t *testing.T) {
 }
 
 func (iotestErr) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+// A squash of published layers stands for them: Sync fetches nothing, and
+// a chain that publishes the squash replaces the covered layers.
+func TestSquashOfPublishedLayersStaysPublished(t *testing.T) {
+	ctx := context.Background()
+	reg := registry{}
+	a, b := newTestStore(t, Options{}), newTestStore(t, Options{})
+	buildChain(t, a, "ns/c", layerSteps)
+	chain := publish(t, a, reg, "ns/c")
+	mustSync(t, b, "ns/c", chain, reg.fetch)
+	commitFiles(t, b, "ns/c", map[string]string{"local": "b"})
+	want := view(t, b, "ns/c")
+
+	res, err := b.Squash(ctx, mustRef(t, "ns/c"), 1)
+	must(t, err)
+	if !res.Squashed || res.OldLayers != 3 {
+		t.Fatalf("Squash = %+v, want the 3 published layers merged", res)
+	}
+	info, err := b.Inspect(ctx, mustRef(t, "ns/c"))
+	must(t, err)
+	var digests []string
+	for _, l := range chain.Layers {
+		digests = append(digests, l.Digest)
+	}
+	if len(info.Layers) != 2 || info.Layers[0].published() || !slices.Equal(info.Layers[1].Covers, digests) {
+		t.Fatalf("head after squash %+v, want the local layer on one layer covering %v", info.Layers, digests)
+	}
+	if res := mustSync(t, b, "ns/c", chain, reg.fetch); res.Changed || res.Fetched != 0 {
+		t.Fatalf("Sync after squash = %+v, want nothing fetched or changed", res)
+	}
+	if diff := diffSnapshots(want, view(t, b, "ns/c")); diff != "" {
+		t.Fatalf("squash changed the view:\n%s", diff)
+	}
+
+	// A publishes its own squash: the chain becomes one layer, which A
+	// has and B fetches, dropping its covering layer.
+	_, err = a.Squash(ctx, mustRef(t, "ns/c"), 1)
+	must(t, err)
+	squashed := publish(t, a, reg, "ns/c")
+	if res := mustSync(t, a, "ns/c", squashed, reg.fetch); res.Fetched != 0 {
+		t.Fatalf("A's Sync of its own squash = %+v, want nothing fetched", res)
+	}
+	if res := mustSync(t, b, "ns/c", squashed, reg.fetch); res.Fetched != 1 || res.Unpublished != 1 {
+		t.Fatalf("B's Sync of A's squash = %+v, want 1 fetched, 1 unpublished", res)
+	}
+	if diff := diffSnapshots(want, view(t, b, "ns/c")); diff != "" {
+		t.Fatalf("syncing the published squash changed the view:\n%s", diff)
+	}
+	assertNoOrphans(t, b)
+}
+
+func TestSquashRun(t *testing.T) {
+	pub := LayerInfo{ID: "p", Digest: "sha256:x"}
+	cov := LayerInfo{ID: "c", Covers: []string{"sha256:y"}}
+	loc := LayerInfo{ID: "l"}
+	for _, tc := range []struct {
+		name   string
+		layers []LayerInfo
+		want   int
+	}{
+		{"all local", []LayerInfo{loc, loc, loc}, 3},
+		{"all published", []LayerInfo{pub, cov, pub}, 3},
+		{"local on published", []LayerInfo{loc, loc, pub, pub}, 2},
+		{"published on local", []LayerInfo{pub, loc, loc}, 2},
+		{"empty", nil, 0},
+	} {
+		if got := squashRun(tc.layers); got != tc.want {
+			t.Errorf("%s: squashRun = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
