@@ -24,9 +24,9 @@ type Options struct {
 
 // Progress reports how far a long operation has come.
 type Progress struct {
-	Op    string // "squash" or "gc"
+	Op    string // "squash", "gc" or "pull"
 	Cache string // NAMESPACE/NAME, if the operation is about one cache
-	Done  int64  // entries (squash) or items (gc) handled so far
+	Done  int64  // entries (squash), items (gc) or layers (pull) handled so far
 	Total int64  // 0 when unknown
 }
 
@@ -105,7 +105,19 @@ type LayerInfo struct {
 	Bytes   int64     `json:"bytes"`
 	Files   int64     `json:"files"`
 	Created time.Time `json:"created"`
+	// Digest is the layer's blob digest in the cache's registry repository
+	// ("sha256:<hex>"), set once the layer was published or pulled; empty
+	// for a layer only this node has (unpublished).
+	Digest string `json:"digest,omitempty"`
+	// Covers lists the digests of the published layers a squash merged
+	// into this one, newest first: the layer stands for that run of the
+	// cluster-wide chain, so it is neither pushed again nor fetched again.
+	Covers []string `json:"covers,omitempty"`
 }
+
+// published tells whether the layer's content is in the registry, as
+// itself (Digest) or as the run of layers it merged (Covers).
+func (l LayerInfo) published() bool { return l.Digest != "" || len(l.Covers) > 0 }
 
 // CacheInfo is what List and Inspect report about one cache.
 type CacheInfo struct {

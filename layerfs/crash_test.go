@@ -37,6 +37,9 @@ type crashOp struct {
 	name  string
 	setup func(t testing.TB, s *Store)
 	run   func(ctx context.Context, s *Store) error
+	// redo: after a crash and Recover, running the operation again must
+	// reach its new state (a retried Sync completes).
+	redo bool
 }
 
 var crashOps = []crashOp{
@@ -104,6 +107,14 @@ var crashOps = []crashOp{
 			}
 			return err
 		},
+	},
+	{
+		// A pull of two layers under an unpublished commit, which must
+		// survive whatever the crash interrupts.
+		name:  "sync",
+		setup: setupSyncCrash,
+		run:   runSyncCrash,
+		redo:  true,
 	},
 }
 
@@ -198,6 +209,14 @@ func TestCrashAtEveryStep(t *testing.T) {
 				finishPending(t, s)
 				if got := observe(t, s); op.name == "commit" && !got.matches(after) {
 					t.Fatalf("crash at step %d: the retried commit did not land: %+v", at, got)
+				}
+				if op.redo {
+					if err := op.run(ctx, s); err != nil {
+						t.Fatalf("crash at step %d: %s again after Recover: %v", at, op.name, err)
+					}
+					if got := observe(t, s); !got.matches(after) {
+						t.Fatalf("crash at step %d: %s again after Recover did not reach the new state: %+v", at, op.name, got)
+					}
 				}
 				assertNoOrphans(t, s)
 				if !killed {

@@ -12,7 +12,7 @@
 //	caches/<namespace>/<name>/head.json  generation and layer list
 //	volumes/<id>/{upper,work,merged,volume.json}
 //	locks/                               flock files
-//	tmp/                                 squash views, trash, probes
+//	tmp/                                 squash views, pulls in progress, trash, probes
 //	probe.json, reserve                  last overlay probe; space kept for a full disk
 //
 // The directories are root-only (0700): layer roots may be world-writable
@@ -34,6 +34,18 @@
 //	RemoveIfUnused(ctx, CacheRef) (removed bool, err error)
 //	List(ctx) ([]CacheInfo, error) / Inspect(ctx, CacheRef) (CacheInfo, error)
 //	Recover(ctx) (RecoverResult, error)
+//
+// Across nodes, through an OCI registry (remote.go, export.go, sync.go;
+// the registry client is the caller's):
+//
+//	ExportLayer(ctx, CacheRef, layerID, io.Writer) error
+//	SetLayerDigest(ctx, CacheRef, layerID, digest) error
+//	Sync(ctx, CacheRef, Chain, Fetch, SyncOptions) (SyncResult, error)
+//
+// A layer is published once it has a Digest (LayerInfo.Digest); a squash
+// of published layers lists theirs in LayerInfo.Covers and counts as
+// published too. Sync makes a head the cluster-wide chain with the
+// node's unpublished layers on top.
 //
 // Errors: ErrNotFound (errors.Is) for unknown volumes and caches,
 // *InvalidNameError for bad names, ErrBusy when a mount is still in use.

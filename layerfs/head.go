@@ -27,13 +27,16 @@ func (h *head) layerIDs() []string {
 	return ids
 }
 
-func (h *head) hasLayer(id string) bool {
-	for _, l := range h.Layers {
+func (h *head) hasLayer(id string) bool { return h.layerIndex(id) >= 0 }
+
+// layerIndex is the position of layer id in the head, -1 if absent.
+func (h *head) layerIndex(id string) int {
+	for i, l := range h.Layers {
 		if l.ID == id {
-			return true
+			return i
 		}
 	}
-	return false
+	return -1
 }
 
 func (h *head) bytes() int64 {

@@ -10,7 +10,10 @@ import (
 )
 
 // Squash merges a cache's layers into one when the head is deeper than
-// maxLayers (Options.MaxLayers if 0). The merge copies the kernel's own
+// maxLayers (Options.MaxLayers if 0). In a cache synced through a registry
+// it merges the bottom run of published layers, and the new layer's
+// Covers lists their digests, so that it still counts as published; the
+// unpublished layers above stay as they are (see squashRun). The merge copies the kernel's own
 // read-only overlay view of the chain, so whiteouts and opaque directories
 // are honoured exactly as mounts see them. It runs without the cache lock;
 // commits that land meanwhile stay on top. Old layers are removed once no
@@ -42,14 +45,22 @@ func (s *Store) squash(ctx context.Context, cache CacheRef, maxLayers int) (res 
 	if err != nil {
 		return res, fmt.Errorf("squash cache %s: %w", cache, err)
 	}
-	if len(h.Layers) <= maxLayers || len(h.Layers) < 2 {
+	if len(h.Layers) <= maxLayers {
 		return res, nil
 	}
-	old := h.Layers
-	layer, err := s.mergeLayers(ctx, cache, h.layerIDs())
+	old := h.Layers[len(h.Layers)-squashRun(h.Layers):]
+	if len(old) < 2 {
+		return res, nil
+	}
+	ids := make([]string, len(old))
+	for i, l := range old {
+		ids[i] = l.ID
+	}
+	layer, err := s.mergeLayers(ctx, cache, ids)
 	if err != nil {
 		return res, err
 	}
+	layer.Covers = covers(old)
 	defer func() {
 		if err != nil {
 			os.RemoveAll(s.layerDir(layer.ID))
@@ -59,6 +70,37 @@ func (s *Store) squash(ctx context.Context, cache CacheRef, maxLayers int) (res 
 		return res, err
 	}
 	return SquashResult{Squashed: true, Layer: layer.ID, OldLayers: len(old), Entries: layer.Files}, nil
+}
+
+// squashRun is how many of the head's bottom layers a squash may merge:
+// the longest bottom run of layers that are all published or all
+// unpublished. A merge must start at the bottom (a read-only view of
+// upper layers alone would drop their whiteouts), and a layer mixing
+// published and unpublished content could be neither skipped by a push
+// nor stacked on a newer chain without shadowing it.
+func squashRun(layers []LayerInfo) int {
+	n := len(layers)
+	if n == 0 {
+		return 0
+	}
+	i := n - 1
+	for i > 0 && layers[i-1].published() == layers[n-1].published() {
+		i--
+	}
+	return n - i
+}
+
+// covers is the chain run that published layers stand for, newest first.
+func covers(layers []LayerInfo) []string {
+	var ds []string
+	for _, l := range layers {
+		if l.Digest != "" {
+			ds = append(ds, l.Digest)
+		} else {
+			ds = append(ds, l.Covers...)
+		}
+	}
+	return ds
 }
 
 func (s *Store) lockedHead(ctx context.Context, cache CacheRef) (*head, error) {

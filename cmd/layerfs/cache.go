@@ -238,11 +238,24 @@ func writeCacheInfo(w io.Writer, format string, info layerfs.CacheInfo, now time
 	}
 	fmt.Fprintln(w)
 	t = newTable(w)
-	fmt.Fprintln(t, "LAYER\tSIZE\tFILES\tCREATED")
+	fmt.Fprintln(t, "LAYER\tSIZE\tFILES\tCREATED\tPUBLISHED")
 	for _, l := range info.Layers {
-		fmt.Fprintf(t, "%s\t%s\t%d\t%s\n", l.ID, v1alpha1.FormatSize(l.Bytes), l.Files, formatAge(l.Created, now))
+		fmt.Fprintf(t, "%s\t%s\t%d\t%s\t%s\n", l.ID, v1alpha1.FormatSize(l.Bytes), l.Files, formatAge(l.Created, now), published(l))
 	}
 	return t.Flush()
+}
+
+// published says how a layer is in the cache's registry: its digest
+// (short, as docker prints image ids), as a squash of published layers,
+// or "-" if only this node has it.
+func published(l layerfs.LayerInfo) string {
+	switch {
+	case l.Digest != "":
+		return l.Digest[:min(len(l.Digest), len("sha256:")+12)]
+	case len(l.Covers) > 0:
+		return fmt.Sprintf("squash of %d", len(l.Covers))
+	}
+	return "-"
 }
 
 // volumeDetails is what inspect --volume -o json prints: the volume as ls

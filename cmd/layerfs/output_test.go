@@ -27,9 +27,10 @@ var fixtureCaches = []layerfs.CacheInfo{
 		Generation: 12,
 		Layers: []layerfs.LayerInfo{
 			{ID: "l3", Bytes: 1536, Files: 3, Created: now.Add(-5 * time.Minute)},
-			{ID: "l1", Bytes: 3 << 30, Files: 70000, Created: now.Add(-50 * time.Hour)},
+			{ID: "l2", Bytes: 1024, Files: 1, Created: now.Add(-10 * time.Minute), Digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"},
+			{ID: "l1", Bytes: 3 << 30, Files: 70000, Created: now.Add(-50 * time.Hour), Covers: []string{"sha256:a", "sha256:b"}},
 		},
-		Bytes:      3<<30 + 1536,
+		Bytes:      3<<30 + 2560,
 		LastUsed:   now.Add(-5 * time.Minute),
 		LastWriter: "ci/build-42",
 		Volumes:    []string{"build-43", "build-44"},
@@ -51,7 +52,7 @@ func TestWriteCaches(t *testing.T) {
 			format: outputTable,
 			caches: fixtureCaches,
 			want: `CACHE      GENERATION   LAYERS   SIZE     LAST USED   VOLUMES
-ci/maven   12           2        3.0GiB   5m ago      2
+ci/maven   12           3        3.0GiB   5m ago      2
 ci/npm     0            0        0B       never       0
 `,
 		},
@@ -82,7 +83,8 @@ func TestWriteCachesJSONRoundTrips(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
 		t.Fatalf("output is not JSON: %v\n%s", err, b.String())
 	}
-	if len(got) != 2 || got[0].Cache != maven || got[0].Generation != 12 || len(got[0].Layers) != 2 || got[1].Cache != npm {
+	if len(got) != 2 || got[0].Cache != maven || got[0].Generation != 12 || len(got[0].Layers) != 3 || got[1].Cache != npm ||
+		got[0].Layers[1].Digest != fixtureCaches[1].Layers[1].Digest || len(got[0].Layers[2].Covers) != 2 {
 		t.Errorf("round trip gave %+v", got)
 	}
 	if !strings.Contains(b.String(), `"cache": "ci/maven"`) {
@@ -132,15 +134,16 @@ func TestWriteCacheInfo(t *testing.T) {
 			info: fixtureCaches[1],
 			want: `Cache:         ci/maven
 Generation:    12
-Layers:        2
-Size:          3.0GiB (3221227008 bytes)
+Layers:        3
+Size:          3.0GiB (3221228032 bytes)
 Last used:     2026-05-01T11:55:00Z (5m ago)
 Last writer:   ci/build-42
 Volumes:       build-43, build-44
 
-LAYER   SIZE     FILES   CREATED
-l3      1.5KiB   3       5m ago
-l1      3.0GiB   70000   2d2h ago
+LAYER   SIZE     FILES   CREATED    PUBLISHED
+l3      1.5KiB   3       5m ago     -
+l2      1.0KiB   1       10m ago    sha256:0123456789ab
+l1      3.0GiB   70000   2d2h ago   squash of 2
 `,
 		},
 		{

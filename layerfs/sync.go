@@ -1,0 +1,371 @@
+package layerfs
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/moby/go-archive"
+	"golang.org/x/sync/errgroup"
+)
+
+// defaultSyncParallel is how many layers a Sync fetches at once.
+const defaultSyncParallel = 4
+
+// maxSyncRounds bounds how often Sync fetches again because the head
+// changed while it fetched (a squash or another sync took layers away).
+const maxSyncRounds = 3
+
+// Sync makes cache's head the chain, with the node's unpublished layers (no
+// Digest) stacked on top in their current order. Layers of the chain the
+// head lacks (by Digest) are fetched in parallel, each streamed into a new
+// temp dir under tmp/ with OCI whiteouts converted to overlay whiteouts,
+// fsynced, and renamed into layers/; the head is swapped atomically under
+// the cache lock only once all are present, so a crash never leaves a
+// half-updated head (temp dirs are removed by Recover, complete but
+// unreferenced layers by GC). Holds the store lock shared throughout so GC
+// cannot sweep a fetched layer before the head references it. Local
+// layers with a digest that the chain no longer has leave the head
+// (volumes that use them keep them). Generation after sync = max(old
+// generation, chain.Generation + unpublished count). Creates the cache if
+// it does not exist. A second Sync with the same chain changes nothing.
+// Reports progress through Options.Progress (Op "pull").
+//
+// A local layer whose Covers equals a contiguous run of the chain (a
+// squash of published layers) stands for that run: nothing is fetched.
+func (s *Store) Sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fetch, opts SyncOptions) (SyncResult, error) {
+	if err := validateSync(cache, chain, opts); err != nil {
+		return SyncResult{}, err
+	}
+	if opts.Parallel == 0 {
+		opts.Parallel = defaultSyncParallel
+	}
+	res, err := s.sync(ctx, cache, chain, fetch, opts)
+	if err != nil || !res.Changed {
+		return res, err
+	}
+	if _, err := s.sweepLayers(ctx); err != nil {
+		return res, fmt.Errorf("synced cache %s, but removing the layers it dropped failed (gc retries): %w", cache, err)
+	}
+	return res, nil
+}
+
+func validateSync(cache CacheRef, chain Chain, opts SyncOptions) error {
+	if err := cache.Validate(); err != nil {
+		return err
+	}
+	if opts.Parallel < 0 {
+		return fmt.Errorf("sync parallelism %d is negative: use a positive number, or 0 for %d", opts.Parallel, defaultSyncParallel)
+	}
+	if chain.Generation < 0 {
+		return fmt.Errorf("chain generation %d of cache %s is negative", chain.Generation, cache)
+	}
+	for i, l := range chain.Layers {
+		if err := validateDigest(fmt.Sprintf("layer %d of the chain of cache %s", i, cache), l.Digest); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fetch, opts SyncOptions) (res SyncResult, err error) {
+	storeLock, err := s.lockStore(ctx, false)
+	if err != nil {
+		return res, err
+	}
+	defer storeLock.unlock()
+	fetched := map[int]LayerInfo{} // chain index -> layer fetched for it
+	var kept []string              // the new head's layers
+	defer func() {
+		// Fetched layers the head did not take (or all, on failure) are
+		// unreferenced; the store lock keeps anyone else from using them.
+		for _, l := range fetched {
+			if err != nil || !slices.Contains(kept, l.ID) {
+				os.RemoveAll(s.layerDir(l.ID))
+			}
+		}
+	}()
+	for range maxSyncRounds {
+		h, err := s.lockedHead(ctx, cache)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return res, fmt.Errorf("sync cache %s: %w", cache, err)
+		}
+		var local []LayerInfo
+		if h != nil {
+			local = h.Layers
+		}
+		if p := planSync(local, chain.Layers, fetched); len(p.missing) > 0 {
+			if err := s.fetchLayers(ctx, cache, chain, p.missing, fetch, opts, fetched); err != nil {
+				return res, err
+			}
+		}
+		var done bool
+		done, kept, err = s.swapInSynced(ctx, cache, chain, fetched, &res)
+		if err != nil || done {
+			return res, err
+		}
+	}
+	return res, fmt.Errorf("sync cache %s: its head kept changing while layers were fetched; try again", cache)
+}
+
+// syncPlan is the head a Sync aims at, and what it lacks.
+type syncPlan struct {
+	layers      []LayerInfo // the new head, newest first
+	missing     []int       // chain indexes no local or fetched layer stands for
+	unpublished int
+}
+
+// planSync lays the chain out of local layers (by Digest, or a squash by
+// Covers, the longest run first) and fetched ones, under the local
+// unpublished layers. Each local layer is used once: overlay stacks a
+// directory only once.
+func planSync(local []LayerInfo, chain []ChainLayer, fetched map[int]LayerInfo) syncPlan {
+	var p syncPlan
+	used := map[string]bool{}
+	for _, l := range local {
+		if !l.published() {
+			p.layers = append(p.layers, l)
+			used[l.ID] = true
+			p.unpublished++
+		}
+	}
+	for i := 0; i < len(chain); {
+		l, n := standsFor(local, used, chain[i:])
+		switch {
+		case n > 0:
+			p.layers = append(p.layers, l)
+			used[l.ID] = true
+			i += n
+			continue
+		case fetched[i].ID != "":
+			p.layers = append(p.layers, fetched[i])
+		default:
+			p.missing = append(p.missing, i)
+		}
+		i++
+	}
+	return p
+}
+
+// standsFor finds the unused local layer that stands for the longest run
+// at the start of chain: itself by Digest, or the layers its Covers lists.
+func standsFor(local []LayerInfo, used map[string]bool, chain []ChainLayer) (LayerInfo, int) {
+	var best LayerInfo
+	n := 0
+	for _, l := range local {
+		if used[l.ID] || !l.published() {
+			continue
+		}
+		if l.Digest == chain[0].Digest && n < 1 {
+			best, n = l, 1
+		}
+		if len(l.Covers) > n && coversPrefix(l.Covers, chain) {
+			best, n = l, len(l.Covers)
+		}
+	}
+	return best, n
+}
+
+func coversPrefix(covers []string, chain []ChainLayer) bool {
+	if len(covers) > len(chain) {
+		return false
+	}
+	for i, d := range covers {
+		if chain[i].Digest != d {
+			return false
+		}
+	}
+	return true
+}
+
+// swapInSynced plans again under the cache lock and, if nothing is
+// missing, writes the new head. done is false when the head changed so
+// that more layers must be fetched; kept lists the head's layers.
+func (s *Store) swapInSynced(ctx context.Context, cache CacheRef, chain Chain, fetched map[int]LayerInfo, res *SyncResult) (done bool, kept []string, err error) {
+	h, l, err := s.lockHead(ctx, cache)
+	if err != nil {
+		return false, nil, err
+	}
+	defer l.unlock()
+	now := time.Now().UTC()
+	created := h == nil
+	if created {
+		h = &head{Cache: cache, UID: randomID(), Created: now}
+	}
+	p := planSync(h.Layers, chain.Layers, fetched)
+	if len(p.missing) > 0 {
+		return false, nil, nil
+	}
+	gen := max(h.Generation, chain.Generation+int64(p.unpublished))
+	*res = SyncResult{Generation: gen, Unpublished: p.unpublished}
+	for _, fl := range fetched {
+		if slices.ContainsFunc(p.layers, func(x LayerInfo) bool { return x.ID == fl.ID }) {
+			res.Fetched++
+			res.FetchedBytes += fl.Bytes
+		}
+	}
+	if !created && gen == h.Generation && slices.EqualFunc(p.layers, h.Layers, sameLayer) {
+		return true, h.layerIDs(), nil
+	}
+	faultPoint()
+	h.Layers, h.Generation, h.LastUsed = p.layers, gen, now
+	if err := s.writeHead(h); err != nil {
+		return false, nil, fmt.Errorf("sync cache %s: write its head: %w", cache, err)
+	}
+	res.Changed = true
+	return true, h.layerIDs(), nil
+}
+
+func sameLayer(a, b LayerInfo) bool {
+	return a.ID == b.ID && a.Digest == b.Digest && slices.Equal(a.Covers, b.Covers)
+}
+
+// fetchLayers fetches the chain layers at indexes missing, opts.Parallel
+// at a time, into fetched, reporting each as it lands. On failure the
+// layers fetched so far stay in fetched for the caller to remove.
+func (s *Store) fetchLayers(ctx context.Context, cache CacheRef, chain Chain, missing []int, fetch Fetch, opts SyncOptions, fetched map[int]LayerInfo) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opts.Parallel)
+	var mu sync.Mutex // guards fetched, done and the progress calls
+	done := 0
+	for _, i := range missing {
+		g.Go(func() error {
+			d := chain.Layers[i].Digest
+			l, err := s.pullLayer(gctx, d, fetch)
+			if err != nil {
+				return fmt.Errorf("sync cache %s: pull layer %s: %w", cache, d, err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			fetched[i] = l
+			done++
+			s.progress(Progress{Op: "pull", Cache: cache.String(), Done: int64(done), Total: int64(len(missing))})
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// pullLayer streams one layer into a temp dir under tmp/, syncs it and
+// renames it into layers/ under a new id.
+func (s *Store) pullLayer(ctx context.Context, digest string, fetch Fetch) (layer LayerInfo, err error) {
+	tmp, err := os.MkdirTemp(s.tmpDir(), "pull-")
+	if err != nil {
+		return layer, err
+	}
+	defer func() {
+		if tmp != "" {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := importLayer(ctx, tmp, digest, fetch); err != nil {
+		return layer, err
+	}
+	if err := syncFS(tmp); err != nil {
+		return layer, err
+	}
+	bytes, files, err := diskUsage(tmp)
+	if err != nil {
+		return layer, err
+	}
+	layer = LayerInfo{ID: randomID(), Bytes: bytes, Files: files, Created: time.Now().UTC(), Digest: digest}
+	if err := renameDurable(tmp, s.layerDir(layer.ID)); err != nil {
+		return layer, fmt.Errorf("move it into the store: %w", err)
+	}
+	tmp = ""
+	return layer, nil
+}
+
+// importLayer unpacks the layer's tar into dir with go-archive, which
+// turns OCI whiteouts into overlay ones and refuses entries that would
+// land outside dir. The stream is read to its end, so that the fetcher
+// sees every byte and can check the digest.
+func importLayer(ctx context.Context, dir, digest string, fetch Fetch) error {
+	rc, err := fetch(ctx, digest)
+	if err != nil {
+		return fmt.Errorf("fetch: %w", err)
+	}
+	defer rc.Close()
+	r := &ctxReader{ctx: ctx, r: rc}
+	filtered := withoutOverlayXattrs(r)
+	defer filtered.Close()
+	faultPoint()
+	if err := archive.Unpack(filtered, dir, &archive.TarOptions{WhiteoutFormat: archive.OverlayWhiteoutFormat}); err != nil {
+		// go-archive's refusals (an entry or link leaving the layer's
+		// directory) name the entry; the head is not touched either way.
+		return fmt.Errorf("unpack its tar (the cache is unchanged): %w", err)
+	}
+	// Unpack stops at the end-of-archive marker: read the rest, through
+	// the filter and then raw.
+	if _, err := io.Copy(io.Discard, filtered); err != nil {
+		return fmt.Errorf("read to the end: %w", err)
+	}
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return fmt.Errorf("read to the end: %w", err)
+	}
+	if err := rc.Close(); err != nil {
+		return fmt.Errorf("fetch: %w", err)
+	}
+	// The temp dir was made 0700; the layer's root is never a volume's
+	// root (the upper layer's is), but squash views show it.
+	return os.Chmod(dir, 0o755)
+}
+
+// ctxReader stops a stream once ctx is done: Unpack takes no context.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+// withoutOverlayXattrs passes a tar through without overlay's own xattrs
+// (trusted.overlay.*, user.overlay.*). A layer this store exported has
+// none, but a blob someone else pushed could carry redirects or origins
+// that make the kernel look elsewhere in the node's layer stack.
+func withoutOverlayXattrs(r io.Reader) io.ReadCloser {
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(copyTarWithoutOverlayXattrs(r, pw)) }()
+	return pr
+}
+
+func copyTarWithoutOverlayXattrs(r io.Reader, w io.Writer) error {
+	tr, tw := tar.NewReader(r), tar.NewWriter(w)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return tw.Close()
+		}
+		if err != nil {
+			return err
+		}
+		for k := range hdr.PAXRecords {
+			if x, ok := strings.CutPrefix(k, paxXattr); ok && isOverlayXattr(x) {
+				delete(hdr.PAXRecords, k)
+			}
+		}
+		for k := range hdr.Xattrs { //nolint:staticcheck // the reader fills both
+			if isOverlayXattr(k) {
+				delete(hdr.Xattrs, k) //nolint:staticcheck
+			}
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return fmt.Errorf("%s: %w", hdr.Name, err)
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return fmt.Errorf("%s: %w", hdr.Name, err)
+		}
+	}
+}

@@ -1,0 +1,496 @@
+package layerfs
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/continuity/sysx"
+	"golang.org/x/sys/unix"
+)
+
+func mustSync(t testing.TB, s *Store, cache string, chain Chain, fetch Fetch) SyncResult {
+	t.Helper()
+	res, err := s.Sync(context.Background(), mustRef(t, cache), chain, fetch, SyncOptions{})
+	if err != nil {
+		t.Fatalf("Sync(%s): %v", cache, err)
+	}
+	return res
+}
+
+// roundTripSteps add to layerSteps what only a tar can lose: a sparse
+// file, an empty file and directory, a nanosecond mtime, a trusted xattr.
+var roundTripSteps = append(slices.Clone(layerSteps), func(t testing.TB, d string) {
+	f, err := os.Create(filepath.Join(d, "sparse"))
+	must(t, err)
+	must(t, f.Truncate(32<<20))
+	_, err = f.WriteAt([]byte("end"), 32<<20-3)
+	must(t, err)
+	must(t, f.Close())
+	writeFile(t, filepath.Join(d, "empty"), "")
+	must(t, os.Mkdir(filepath.Join(d, "emptydir"), 0o711))
+	must(t, unix.Setxattr(filepath.Join(d, "empty"), "trusted.app", []byte("v"), 0))
+	must(t, os.Remove(filepath.Join(d, "keep.txt")))
+})
+
+func TestExportSyncRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	a := newTestStore(t, Options{})
+	buildChain(t, a, "ns/c", roundTripSteps)
+	must(t, unix.UtimesNano(filepath.Join(a.layerDir(headIDs(t, a, "ns/c")[0]), "empty"),
+		[]unix.Timespec{{Sec: 1, Nsec: 123456789}, {Sec: 1, Nsec: 123456789}}))
+	want := view(t, a, "ns/c")
+	if want["gone.txt"] == "" || want["replaced/old-1"] != "" || want["keep.txt"] != "" {
+		t.Fatalf("fixture lacks the whiteouts and opaque dirs it should have: %v", want)
+	}
+	reg := registry{}
+	chain := publish(t, a, reg, "ns/c")
+
+	b := newTestStore(t, Options{})
+	res := mustSync(t, b, "ns/c", chain, reg.fetch)
+	if !res.Changed || res.Fetched != len(roundTripSteps) || res.Generation != chain.Generation || res.FetchedBytes <= 0 {
+		t.Fatalf("Sync = %+v, want %d layers fetched at generation %d", res, len(roundTripSteps), chain.Generation)
+	}
+	if diff := diffSnapshots(want, view(t, b, "ns/c")); diff != "" {
+		t.Fatalf("the synced cache differs from the original:\n%s", diff)
+	}
+	info, err := b.Inspect(ctx, mustRef(t, "ns/c"))
+	must(t, err)
+	for i, l := range info.Layers {
+		if l.Digest != chain.Layers[i].Digest {
+			t.Errorf("layer %d: digest %q, want %q", i, l.Digest, chain.Layers[i].Digest)
+		}
+	}
+	// The store's own whiteout format, not the OCI one, lands on disk.
+	top := b.layerDir(info.Layers[0].ID)
+	if !isWhiteout(filepath.Join(top, "keep.txt")) {
+		t.Errorf("keep.txt in the pulled top layer is not an overlay whiteout")
+	}
+	assertMissing(t, filepath.Join(top, ".wh.keep.txt"))
+	assertNoOrphans(t, b)
+
+	// Deterministic: every export of a layer, on either node, is the
+	// same blob.
+	for _, s := range []*Store{a, b} {
+		for i, id := range headIDs(t, s, "ns/c") {
+			var buf bytes.Buffer
+			must(t, s.ExportLayer(ctx, mustRef(t, "ns/c"), id, &buf))
+			if d := (registry{}).put(buf.Bytes()); d != chain.Layers[i].Digest {
+				t.Errorf("%s: layer %d exports as %s, first published as %s", s.Root(), i, d, chain.Layers[i].Digest)
+			}
+		}
+	}
+}
+
+// Two nodes commit on the same base at once; the sequencer orders B's
+// layer after A's. Synced with that chain, both show the same view, B's
+// change winning where both wrote, as on one node.
+func TestConcurrentCommitsConverge(t *testing.T) {
+	reg := registry{}
+	a, b := newTestStore(t, Options{}), newTestStore(t, Options{})
+	commitFiles(t, a, "ns/c", map[string]string{"base": "0", "both": "base"})
+	base := publish(t, a, reg, "ns/c")
+	mustSync(t, b, "ns/c", base, reg.fetch)
+
+	commitFiles(t, a, "ns/c", map[string]string{"both": "from A", "a-only": "A"})
+	commitFiles(t, b, "ns/c", map[string]string{"both": "from B", "b-only": "B"})
+	dA := publish(t, a, reg, "ns/c").Layers[0].Digest
+	dB := publish(t, b, reg, "ns/c").Layers[0].Digest
+	chain := Chain{Generation: 3, Layers: []ChainLayer{{Digest: dB}, {Digest: dA}, base.Layers[0]}}
+
+	for _, s := range []*Store{a, b} {
+		res := mustSync(t, s, "ns/c", chain, reg.fetch)
+		if !res.Changed || res.Fetched != 1 || res.Generation != 3 || res.Unpublished != 0 {
+			t.Fatalf("%s: Sync = %+v, want 1 layer fetched at generation 3", s.Root(), res)
+		}
+	}
+	va, vb := view(t, a, "ns/c"), view(t, b, "ns/c")
+	if diff := diffSnapshots(va, vb); diff != "" {
+		t.Fatalf("the nodes did not converge:\n%s", diff)
+	}
+	merged := mustMount(t, a, "check", "ns/c")
+	for name, want := range map[string]string{"both": "from B", "a-only": "A", "b-only": "B", "base": "0"} {
+		if got := readFile(t, filepath.Join(merged, name)); got != want {
+			t.Errorf("%s = %q, want %q", name, got, want)
+		}
+	}
+}
+
+// commitFiles commits one layer with the given files.
+func commitFiles(t testing.TB, s *Store, cache string, files map[string]string) CommitResult {
+	t.Helper()
+	id := "w-" + randomID()
+	merged := mustMount(t, s, id, cache)
+	ts := []unix.Timespec{unix.NsecToTimespec(fixedTime.UnixNano()), unix.NsecToTimespec(fixedTime.UnixNano())}
+	for name, content := range files {
+		// Only these files: touching others would copy them up into
+		// the layer, as a build that touched them would.
+		writeFile(t, filepath.Join(merged, name), content)
+		must(t, unix.UtimesNano(filepath.Join(merged, name), ts))
+	}
+	return mustCommit(t, s, id)
+}
+
+func TestSyncKeepsUnpublishedLayersOnTop(t *testing.T) {
+	ctx := context.Background()
+	reg := registry{}
+	a, b := newTestStore(t, Options{}), newTestStore(t, Options{})
+	commitFiles(t, a, "ns/c", map[string]string{"f": "a1"})
+	commitFiles(t, a, "ns/c", map[string]string{"f": "a2", "g": "a2"})
+	chain := publish(t, a, reg, "ns/c")
+
+	// A new cache; then the same chain again changes nothing.
+	if res := mustSync(t, b, "ns/c", chain, reg.fetch); !res.Changed || res.Fetched != 2 || res.Generation != 2 {
+		t.Fatalf("first Sync = %+v", res)
+	}
+	if res := mustSync(t, b, "ns/c", chain, reg.fetch); res.Changed || res.Fetched != 0 || res.Generation != 2 {
+		t.Fatalf("second Sync = %+v, want no change", res)
+	}
+
+	// B's own commit stays on top of a newer chain; the generation
+	// counts it above the chain's.
+	commitFiles(t, b, "ns/c", map[string]string{"f": "b", "h": "b"})
+	commitFiles(t, a, "ns/c", map[string]string{"f": "a3", "g": "a3"})
+	chain = publish(t, a, reg, "ns/c")
+	res := mustSync(t, b, "ns/c", chain, reg.fetch)
+	if !res.Changed || res.Fetched != 1 || res.Unpublished != 1 || res.Generation != 4 {
+		t.Fatalf("Sync over a local commit = %+v, want 1 fetched, 1 unpublished, generation 4", res)
+	}
+	merged := mustMount(t, b, "check", "ns/c")
+	for name, want := range map[string]string{"f": "b", "g": "a3", "h": "b"} {
+		if got := readFile(t, filepath.Join(merged, name)); got != want {
+			t.Errorf("%s = %q, want %q", name, got, want)
+		}
+	}
+	info, err := b.Inspect(ctx, mustRef(t, "ns/c"))
+	must(t, err)
+	if info.Layers[0].Digest != "" || len(info.Layers) != 4 {
+		t.Fatalf("head %+v, want the unpublished layer on top of 3", info.Layers)
+	}
+
+	// An older chain never lowers the generation.
+	old := chain
+	old.Generation = 1
+	if res := mustSync(t, b, "ns/c", old, reg.fetch); res.Generation != 4 {
+		t.Fatalf("Sync with an older chain = %+v, want generation 4 kept", res)
+	}
+	must(t, b.Discard(ctx, "check"))
+	assertNoOrphans(t, b)
+}
+
+func TestPlanSync(t *testing.T) {
+	d := func(n int) string { return fmt.Sprintf("sha256:%064d", n) }
+	chain := func(ns ...int) []ChainLayer {
+		var c []ChainLayer
+		for _, n := range ns {
+			c = append(c, ChainLayer{Digest: d(n)})
+		}
+		return c
+	}
+	ids := func(ls []LayerInfo) string {
+		var s []string
+		for _, l := range ls {
+			s = append(s, l.ID)
+		}
+		return strings.Join(s, ",")
+	}
+	for _, tc := range []struct {
+		name        string
+		local       []LayerInfo
+		chain       []ChainLayer
+		wantLayers  string
+		wantMissing []int
+	}{
+		{"empty", nil, nil, "", nil},
+		{"all missing", nil, chain(2, 1), "", []int{0, 1}},
+		{"unpublished on top", []LayerInfo{{ID: "u"}, {ID: "p1", Digest: d(1)}}, chain(2, 1), "u,p1", []int{0}},
+		{"dropped from chain", []LayerInfo{{ID: "p3", Digest: d(3)}, {ID: "p1", Digest: d(1)}}, chain(1), "p1", nil},
+		{"covers a run", []LayerInfo{{ID: "s", Covers: []string{d(2), d(1)}}}, chain(3, 2, 1), "s", []int{0}},
+		{"covers no run", []LayerInfo{{ID: "s", Covers: []string{d(3), d(1)}}}, chain(3, 2, 1), "", []int{0, 1, 2}},
+		{"longest match wins", []LayerInfo{{ID: "p2", Digest: d(2)}, {ID: "s", Covers: []string{d(2), d(1)}}}, chain(2, 1), "s", nil},
+		{"a layer is used once", []LayerInfo{{ID: "p1", Digest: d(1)}}, chain(1, 1), "p1", []int{1}},
+	} {
+		p := planSync(tc.local, tc.chain, nil)
+		if got := ids(p.layers); got != tc.wantLayers || !slices.Equal(p.missing, tc.wantMissing) {
+			t.Errorf("%s: plan %q missing %v, want %q missing %v", tc.name, got, p.missing, tc.wantLayers, tc.wantMissing)
+		}
+	}
+}
+
+func TestSyncFailureChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	reg := registry{}
+	a, b := newTestStore(t, Options{}), newTestStore(t, Options{})
+	for i := range 4 {
+		commitFiles(t, a, "ns/c", map[string]string{fmt.Sprintf("f%d", i): "x"})
+	}
+	chain := publish(t, a, reg, "ns/c")
+	commitFiles(t, b, "ns/c", map[string]string{"local": "b"})
+	before := view(t, b, "ns/c")
+	beforeHead, err := b.readHead(mustRef(t, "ns/c"))
+	must(t, err)
+
+	bad := chain.Layers[2].Digest
+	for name, fetch := range map[string]Fetch{
+		"fetch fails": func(ctx context.Context, digest string) (io.ReadCloser, error) {
+			if digest == bad {
+				return nil, errors.New("registry unavailable")
+			}
+			return reg.fetch(ctx, digest)
+		},
+		"digest mismatch": func(ctx context.Context, digest string) (io.ReadCloser, error) {
+			if digest == bad {
+				return &verifyingReader{r: bytes.NewReader(reg[chain.Layers[1].Digest]), h: sha256.New(), want: bad}, nil
+			}
+			return reg.fetch(ctx, digest)
+		},
+		"truncated": func(ctx context.Context, digest string) (io.ReadCloser, error) {
+			if digest == bad {
+				return io.NopCloser(io.MultiReader(bytes.NewReader(reg[bad][:700]), iotestErr{})), nil
+			}
+			return reg.fetch(ctx, digest)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := b.Sync(ctx, mustRef(t, "ns/c"), chain, fetch, SyncOptions{Parallel: 2})
+			if err == nil || !strings.Contains(err.Error(), bad) {
+				t.Fatalf("Sync = %v, want an error that names layer %s", err, bad)
+			}
+			h, err := b.readHead(mustRef(t, "ns/c"))
+			must(t, err)
+			if !slices.EqualFunc(h.Layers, beforeHead.Layers, sameLayer) || h.Generation != beforeHead.Generation {
+				t.Fatalf("a failed Sync changed the head: %+v", h)
+			}
+			if diff := diffSnapshots(before, view(t, b, "ns/c")); diff != "" {
+				t.Fatalf("a failed Sync changed the view:\n%s", diff)
+			}
+			_, err = b.Recover(ctx)
+			must(t, err)
+			assertNoOrphans(t, b)
+		})
+	}
+	if res := mustSync(t, b, "ns/c", chain, reg.fetch); res.Fetched != 4 || res.Unpublished != 1 {
+		t.Fatalf("Sync after the failures = %+v, want 4 fetched, 1 unpublished", res)
+	}
+}
+
+type iotestErr struct{}
+
+// A blob that is not a layer this store wrote must not write outside the
+// layer's directory.
+func TestSyncRefusesTarsThatEscape(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		entries []tar.Header
+		wantErr string // empty: the tar is harmless and imports
+	}{
+		{"dot-dot entry", []tar.Header{{Name: "../evil", Typeflag: tar.TypeReg}}, "invalid entry name"},
+		{"deep dot-dot entry", []tar.Header{{Name: "a/../../../evil", Typeflag: tar.TypeReg}}, "invalid entry name"},
+		{"hardlink out", []tar.Header{{Name: "l", Typeflag: tar.TypeLink, Linkname: "../../evil"}}, "invalid hardlink target"},
+		{"through a relative symlink", []tar.Header{
+			{Name: "up", Typeflag: tar.TypeSymlink, Linkname: "../../.."},
+			{Name: "up/evil", Typeflag: tar.TypeReg},
+		}, "escapes"},
+		{"whiteout of a parent", []tar.Header{{Name: ".wh..", Typeflag: tar.TypeReg}}, "invalid whiteout"},
+		// An absolute symlink resolves inside the layer, as in a chroot.
+		{"through an absolute symlink", []tar.Header{
+			{Name: "abs", Typeflag: tar.TypeSymlink, Linkname: "/"},
+			{Name: "abs/evil", Typeflag: tar.TypeReg},
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := t.TempDir()
+			s := newTestStore(t, Options{Root: filepath.Join(parent, "store")})
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			for _, h := range tc.entries {
+				h.Mode = 0o644
+				must(t, tw.WriteHeader(&h))
+			}
+			must(t, tw.Close())
+			reg := registry{}
+			chain := Chain{Generation: 1, Layers: []ChainLayer{{Digest: reg.put(buf.Bytes())}}}
+			_, err := s.Sync(context.Background(), mustRef(t, "ns/c"), chain, reg.fetch, SyncOptions{})
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("Sync: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("Sync = %v, want an error containing %q", err, tc.wantErr)
+			}
+			t.Log(err)
+			must(t, filepath.Walk(parent, func(p string, _ os.FileInfo, err error) error {
+				if err == nil && filepath.Base(p) == "evil" && !strings.HasPrefix(p, s.layersDir()) {
+					t.Errorf("the tar wrote %s", p)
+				}
+				return err
+			}))
+			assertMissing(t, "/evil")
+			_, err = s.Recover(context.Background())
+			must(t, err)
+			assertNoOrphans(t, s)
+		})
+	}
+}
+
+// syncCrashFixture is a published three-layer chain, built once: the
+// crash test needs it for every crash point.
+var syncCrashFixture struct {
+	chain Chain
+	reg   registry
+}
+
+func syncFixture(t testing.TB) (Chain, registry) {
+	if syncCrashFixture.reg == nil {
+		src := newTestStore(t, Options{})
+		buildChain(t, src, "ns/c", layerSteps)
+		syncCrashFixture.reg = registry{}
+		syncCrashFixture.chain = publish(t, src, syncCrashFixture.reg, "ns/c")
+	}
+	return syncCrashFixture.chain, syncCrashFixture.reg
+}
+
+// blobDir is where the crash test keeps a store's registry: the crash
+// child reads it from there.
+func blobDir(s *Store) string { return s.Root() + "-blobs" }
+
+// setupSyncCrash gives s the chain's bottom layer and an unpublished
+// commit on top, and writes the registry for the child.
+func setupSyncCrash(t testing.TB, s *Store) {
+	chain, reg := syncFixture(t)
+	must(t, os.Mkdir(blobDir(s), 0o700))
+	for d, data := range reg {
+		must(t, os.WriteFile(filepath.Join(blobDir(s), strings.TrimPrefix(d, "sha256:")), data, 0o600))
+	}
+	data, err := json.Marshal(chain)
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(blobDir(s), "chain.json"), data, 0o600))
+	bottom := Chain{Generation: 1, Layers: chain.Layers[2:]}
+	mustSync(t, s, "ns/c", bottom, reg.fetch)
+	commitFiles(t, s, "ns/c", map[string]string{"local": "unpublished", "keep.txt": "local"})
+}
+
+// runSyncCrash syncs the whole chain from blobDir, one layer at a time so
+// that the crash points come in a fixed order.
+func runSyncCrash(ctx context.Context, s *Store) error {
+	var chain Chain
+	data, err := os.ReadFile(filepath.Join(blobDir(s), "chain.json"))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, &chain); err != nil {
+		return err
+	}
+	fetch := func(ctx context.Context, digest string) (io.ReadCloser, error) {
+		return os.Open(filepath.Join(blobDir(s), strings.TrimPrefix(digest, "sha256:")))
+	}
+	_, err = s.Sync(ctx, CacheRef{"ns", "c"}, chain, fetch, SyncOptions{Parallel: 1})
+	return err
+}
+
+// Overlay's own xattrs in a blob (a redirect, an origin) would make the
+// kernel look elsewhere in the node's stack: they are dropped, others kept.
+func TestSyncDropsOverlayXattrs(t *testing.T) {
+	s := newTestStore(t, Options{})
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	must(t, tw.WriteHeader(&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755, PAXRecords: map[string]string{
+		paxXattr + "trusted.overlay.redirect": "/elsewhere",
+		paxXattr + "user.overlay.origin":      "x",
+		paxXattr + "user.kept":                "yes",
+	}}))
+	must(t, tw.Close())
+	reg := registry{}
+	chain := Chain{Generation: 1, Layers: []ChainLayer{{Digest: reg.put(buf.Bytes())}}}
+	mustSync(t, s, "ns/c", chain, reg.fetch)
+	dir := filepath.Join(s.layerDir(headIDs(t, s, "ns/c")[0]), "d")
+	xattrs, err := contentXattrs(dir)
+	must(t, err)
+	keys, err := sysx.LListxattr(dir)
+	must(t, err)
+	if len(keys) != 1 || xattrs["user.kept"] != "yes" {
+		t.Fatalf("imported xattrs %v, want only user.kept", keys)
+	}
+}
+
+func (iotestErr) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+// A squash of published layers stands for them: Sync fetches nothing, and
+// a chain that publishes the squash replaces the covered layers.
+func TestSquashOfPublishedLayersStaysPublished(t *testing.T) {
+	ctx := context.Background()
+	reg := registry{}
+	a, b := newTestStore(t, Options{}), newTestStore(t, Options{})
+	buildChain(t, a, "ns/c", layerSteps)
+	chain := publish(t, a, reg, "ns/c")
+	mustSync(t, b, "ns/c", chain, reg.fetch)
+	commitFiles(t, b, "ns/c", map[string]string{"local": "b"})
+	want := view(t, b, "ns/c")
+
+	res, err := b.Squash(ctx, mustRef(t, "ns/c"), 1)
+	must(t, err)
+	if !res.Squashed || res.OldLayers != 3 {
+		t.Fatalf("Squash = %+v, want the 3 published layers merged", res)
+	}
+	info, err := b.Inspect(ctx, mustRef(t, "ns/c"))
+	must(t, err)
+	var digests []string
+	for _, l := range chain.Layers {
+		digests = append(digests, l.Digest)
+	}
+	if len(info.Layers) != 2 || info.Layers[0].published() || !slices.Equal(info.Layers[1].Covers, digests) {
+		t.Fatalf("head after squash %+v, want the local layer on one layer covering %v", info.Layers, digests)
+	}
+	if res := mustSync(t, b, "ns/c", chain, reg.fetch); res.Changed || res.Fetched != 0 {
+		t.Fatalf("Sync after squash = %+v, want nothing fetched or changed", res)
+	}
+	if diff := diffSnapshots(want, view(t, b, "ns/c")); diff != "" {
+		t.Fatalf("squash changed the view:\n%s", diff)
+	}
+
+	// A publishes its own squash: the chain becomes one layer, which A
+	// has and B fetches, dropping its covering layer.
+	_, err = a.Squash(ctx, mustRef(t, "ns/c"), 1)
+	must(t, err)
+	squashed := publish(t, a, reg, "ns/c")
+	if res := mustSync(t, a, "ns/c", squashed, reg.fetch); res.Fetched != 0 {
+		t.Fatalf("A's Sync of its own squash = %+v, want nothing fetched", res)
+	}
+	if res := mustSync(t, b, "ns/c", squashed, reg.fetch); res.Fetched != 1 || res.Unpublished != 1 {
+		t.Fatalf("B's Sync of A's squash = %+v, want 1 fetched, 1 unpublished", res)
+	}
+	if diff := diffSnapshots(want, view(t, b, "ns/c")); diff != "" {
+		t.Fatalf("syncing the published squash changed the view:\n%s", diff)
+	}
+	assertNoOrphans(t, b)
+}
+
+func TestSquashRun(t *testing.T) {
+	pub := LayerInfo{ID: "p", Digest: "sha256:x"}
+	cov := LayerInfo{ID: "c", Covers: []string{"sha256:y"}}
+	loc := LayerInfo{ID: "l"}
+	for _, tc := range []struct {
+		name   string
+		layers []LayerInfo
+		want   int
+	}{
+		{"all local", []LayerInfo{loc, loc, loc}, 3},
+		{"all published", []LayerInfo{pub, cov, pub}, 3},
+		{"local on published", []LayerInfo{loc, loc, pub, pub}, 2},
+		{"published on local", []LayerInfo{pub, loc, loc}, 2},
+		{"empty", nil, 0},
+	} {
+		if got := squashRun(tc.layers); got != tc.want {
+			t.Errorf("%s: squashRun = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
