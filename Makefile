@@ -37,8 +37,10 @@ test-unit: ## unit tests and real-mount tests (needs root)
 	$(GO) test -count=1 ./...
 
 .PHONY: bench
-bench: ## layerfs benchmarks (needs root); ratios are printed as metrics
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./layerfs/
+bench: ## layerfs and registry-sync benchmarks (needs root): each ratio beside its target (hack/bench-targets.txt); fails on clear misses
+	@mkdir -p _output
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./layerfs/ ./remote/ | tee _output/bench.txt
+	$(GO) run ./hack/benchcheck -targets hack/bench-targets.txt _output/bench.txt
 
 ##@ Cluster (e2e harness)
 

@@ -326,6 +326,18 @@ func TestRBAC(t *testing.T) {
 	if binding.Namespace != namespace || binding.Subjects[0].Name != "layercache-manager" {
 		t.Errorf("leader election binding = %+v", binding)
 	}
+
+	// Registry Secrets: read in the agents' own namespace only, never
+	// listed or watched.
+	secrets := find[*rbacv1.Role](t, r, "layercache-node-registry")
+	if secrets.Namespace != namespace || !allows(secrets.Rules, permission{"", "secrets", "get"}) ||
+		allows(secrets.Rules, permission{"", "secrets", "list"}) || allows(secrets.Rules, permission{"", "secrets", "watch"}) {
+		t.Errorf("registry secrets role = %+v, want get secrets in %s and nothing more", secrets, namespace)
+	}
+	binding = find[*rbacv1.RoleBinding](t, r, "layercache-node-registry")
+	if binding.Namespace != namespace || binding.Subjects[0].Name != "layercache-node" {
+		t.Errorf("registry secrets binding = %+v", binding)
+	}
 }
 
 func allows(rules []rbacv1.PolicyRule, p permission) bool {

@@ -19,6 +19,11 @@ type Chain struct {
 type ChainLayer struct {
 	Digest string
 	Size   int64 // compressed blob size, for progress; 0 if unknown
+	// Covers lists, newest first, the digests of the layers this one
+	// replaced in the chain when a node published its squash of them. A
+	// node that still has those layers (or its own squash of them) uses
+	// them and fetches nothing.
+	Covers []string
 }
 
 // Fetch opens layer digest's uncompressed OCI tar stream; the reader

@@ -144,6 +144,7 @@ func planSync(local []LayerInfo, chain []ChainLayer, fetched map[int]LayerInfo) 
 			used[l.ID] = true
 			i += n
 			continue
+		case len(chain[i].Covers) > 0 && p.addRun(local, used, chain[i].Covers):
 		case fetched[i].ID != "":
 			p.layers = append(p.layers, fetched[i])
 		default:
@@ -152,6 +153,30 @@ func planSync(local []LayerInfo, chain []ChainLayer, fetched map[int]LayerInfo) 
 		i++
 	}
 	return p
+}
+
+// addRun adds the local layers that stand for a published squash's
+// covered digests, if local layers stand for all of them.
+func (p *syncPlan) addRun(local []LayerInfo, used map[string]bool, covers []string) bool {
+	run := make([]ChainLayer, len(covers))
+	for i, d := range covers {
+		run[i] = ChainLayer{Digest: d}
+	}
+	var layers []LayerInfo
+	for i := 0; i < len(run); {
+		l, n := standsFor(local, used, run[i:])
+		if n == 0 {
+			for _, l := range layers {
+				delete(used, l.ID)
+			}
+			return false
+		}
+		layers = append(layers, l)
+		used[l.ID] = true
+		i += n
+	}
+	p.layers = append(p.layers, layers...)
+	return true
 }
 
 // standsFor finds the unused local layer that stands for the longest run

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/remote"
 )
 
 // Component is the event source of the node agent.
@@ -155,9 +157,16 @@ func newAgent(opts Options, st store, c *caches, events record.EventRecorder, m 
 		gc: layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
 	}
 	maint.reports = newCacheQueue("report", maint.report)
+	sync := &syncer{
+		node: opts.NodeName, store: st, caches: c, events: events, metrics: m, reports: maint.reports,
+		tmpDir: filepath.Join(opts.Root, "tmp"), compression: remote.Compression(opts.RegistryCompression),
+		failing: map[layerfs.CacheRef]string{},
+	}
+	sync.publishes = newCacheQueue("publish", sync.publish)
+	maint.publishes = sync.publishes
 	prov := &Provisioner{
 		node: opts.NodeName, hostname: opts.NodeName, store: st, caches: c, events: events, metrics: m,
-		reports: maint.reports, squashes: newCacheQueue("squash", maint.squash), seen: newOutcomes(),
+		reports: maint.reports, squashes: newCacheQueue("squash", maint.squash), seen: newOutcomes(), sync: sync,
 	}
 	return &agent{opts: opts, store: st, prov: prov, maint: maint}
 }
@@ -185,6 +194,9 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg pr
 	}
 	a.prov.getPod = func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 		return clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	}
+	a.prov.sync.secrets = func(ctx context.Context, name string) (*corev1.Secret, error) {
+		return clientset.CoreV1().Secrets(a.opts.Namespace).Get(ctx, name, metav1.GetOptions{})
 	}
 
 	lib := libmetrics.New("controller")
@@ -286,6 +298,7 @@ func (a *agent) run(ctx context.Context) error {
 
 	go a.maint.reports.Run(ctx)
 	go a.prov.squashes.Run(ctx)
+	go a.prov.sync.publishes.Run(ctx)
 	go a.periodic(ctx)
 	go a.ends.run(ctx, buildEndWorkers)
 	// On shutdown, let the operations in flight return before the process

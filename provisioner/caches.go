@@ -78,10 +78,14 @@ func (c *caches) get(ctx context.Context, ref layerfs.CacheRef) (*v1alpha1.Cache
 }
 
 // nodeStatus is this node's status entry for a cache.
-func nodeStatus(node string, info layerfs.CacheInfo) v1alpha1.NodeCacheStatus {
+// Unpublished is counted for a cache that syncs through a registry only.
+func nodeStatus(node string, info layerfs.CacheInfo, published bool) v1alpha1.NodeCacheStatus {
 	st := v1alpha1.NodeCacheStatus{
 		Node: node, Generation: info.Generation, Layers: int32(len(info.Layers)),
 		SizeBytes: info.Bytes, LastWriter: info.LastWriter,
+	}
+	if published {
+		st.Unpublished = int32(len(unpublished(info)))
 	}
 	if !info.LastUsed.IsZero() {
 		// The API stores seconds; rounding here keeps repeated applies of an
@@ -114,8 +118,8 @@ func statusApply(ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) (*unstru
 
 // applyStatus states this node's entry on the Cache. A Cache that does not
 // exist is left alone: the agent creates Caches only for claims.
-func (c *caches) applyStatus(ctx context.Context, info layerfs.CacheInfo) error {
-	st := nodeStatus(c.node, info)
+func (c *caches) applyStatus(ctx context.Context, info layerfs.CacheInfo, published bool) error {
+	st := nodeStatus(c.node, info, published)
 	return c.apply(ctx, info.Cache, &st)
 }
 
@@ -138,4 +142,60 @@ func (c *caches) apply(ctx context.Context, ref layerfs.CacheRef, entry *v1alpha
 		return fmt.Errorf("apply status of node %s on Cache %s: %w", c.node, ref, err)
 	}
 	return nil
+}
+
+// casAttempts bounds the optimistic updates of a Cache's published chain;
+// each conflict means another node's write landed, so the loop ends.
+const casAttempts = 20
+
+// updatePublished changes the Cache's published chain with an optimistic
+// lock: it reads the Cache from the API server, lets change edit the chain
+// (nil before the first layer; change returns false to write nothing), and
+// patches with the read resourceVersion as precondition, re-reading on a
+// conflict. The Cache is the sequencer of the chain: two nodes appending
+// at once both land, one after the other. It returns the chain as written
+// (or as read, when change wrote nothing); nil if the Cache is gone.
+func (c *caches) updatePublished(ctx context.Context, ref layerfs.CacheRef, change func(*v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool)) (*v1alpha1.Cache, error) {
+	for range casAttempts {
+		var cache v1alpha1.Cache
+		err := c.reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("get Cache %s: %w", ref, err)
+		}
+		if cache.DeletionTimestamp != nil {
+			return nil, nil
+		}
+		orig := cache.DeepCopy()
+		next, changed := change(cache.Status.Published.DeepCopy())
+		if !changed {
+			return &cache, nil
+		}
+		cache.Status.Published = next
+		err = c.client.Status().Patch(ctx, &cache, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}),
+			client.FieldOwner(c.fieldManager()))
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("update the published chain of Cache %s: %w", ref, err)
+		}
+		return &cache, nil
+	}
+	return nil, fmt.Errorf("update the published chain of Cache %s: still conflicting after %d attempts; retried later", ref, casAttempts)
+}
+
+// live reads a Cache from the API server; nil if there is none.
+func (c *caches) live(ctx context.Context, ref layerfs.CacheRef) (*v1alpha1.Cache, error) {
+	var cache v1alpha1.Cache
+	err := c.reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get Cache %s: %w", ref, err)
+	}
+	return &cache, nil
 }

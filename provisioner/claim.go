@@ -85,6 +85,9 @@ type volumeRequest struct {
 	// LimitBytes is the claim's storage request: the most the build may
 	// add to the cache.
 	LimitBytes int64
+	// Registry is where the cache syncs across nodes; nil for a
+	// node-local cache.
+	Registry *registryRef
 }
 
 func (r volumeRequest) mountOptions() layerfs.MountOptions {
@@ -106,6 +109,9 @@ type classParams struct {
 	// CacheTemplate names the cache of claims without the cache
 	// annotation; nil if the class has none.
 	CacheTemplate *cacheTemplate
+	// Registry syncs the class's caches across nodes; nil for node-local
+	// caches.
+	Registry *registryParams
 }
 
 // needsPod tells whether parseClaim needs the claim's owning pod.
@@ -130,15 +136,18 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	}
 	var unknown []string
 	for k := range class.Parameters {
-		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices}, k) {
+		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout}, k) {
 			unknown = append(unknown, k)
 		}
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid, mode, allowSetuid and allowDevices", unknown)
+		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid, mode, allowSetuid, allowDevices, registry, registrySecret and syncTimeout", unknown)
 	}
 	var err error
+	if p.Registry, err = parseRegistry(class); err != nil {
+		return p, err
+	}
 	if text, ok := class.Parameters[paramCache]; ok {
 		if p.CacheTemplate, err = parseCacheTemplate(class.Name, text); err != nil {
 			return p, err
@@ -218,6 +227,7 @@ func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *cor
 		return req, err
 	}
 	req.Cache = ref
+	req.Registry = class.Registry.forCache(ref)
 	own := ref.Namespace == claim.Namespace
 
 	switch m := ann[v1alpha1.AnnotationMode]; m {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -355,4 +356,18 @@ func (s *fakeStore) mountCount() int {
 
 func clientKey(ref layerfs.CacheRef) client.ObjectKey {
 	return client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}
+}
+
+var errFakeStoreSync = errors.New("fakeStore keeps no layer data; sync tests use a real store")
+
+func (s *fakeStore) ExportLayer(context.Context, layerfs.CacheRef, string, io.Writer) error {
+	return errFakeStoreSync
+}
+
+func (s *fakeStore) SetLayerDigest(context.Context, layerfs.CacheRef, string, string) error {
+	return errFakeStoreSync
+}
+
+func (s *fakeStore) Sync(context.Context, layerfs.CacheRef, layerfs.Chain, layerfs.Fetch, layerfs.SyncOptions) (layerfs.SyncResult, error) {
+	return layerfs.SyncResult{}, errFakeStoreSync
 }

@@ -29,6 +29,8 @@ type maintainer struct {
 	metrics *metrics
 	gc      layerfs.GCOptions
 	reports *cacheQueue
+	// publishes pushes caches whose layers are not in their registry yet.
+	publishes *cacheQueue
 }
 
 // report states this node's view of a cache on its Cache resource.
@@ -49,7 +51,7 @@ func (m *maintainer) report(ctx context.Context, ref layerfs.CacheRef) error {
 		// deletion handler withdraws.
 		return err
 	}
-	if err := m.caches.applyStatus(ctx, info); err != nil {
+	if err := m.caches.applyStatus(ctx, info, cache.Status.Published != nil); err != nil {
 		m.metrics.fail(opReport, "api")
 		return err
 	}
@@ -72,6 +74,8 @@ func (m *maintainer) squash(ctx context.Context, ref layerfs.CacheRef) error {
 	if res.Squashed {
 		logger.Info("Squashed", "oldLayers", res.OldLayers, "layer", res.Layer, "entries", res.Entries, "took", time.Since(start).Round(time.Millisecond).String())
 		m.reports.Add(ref)
+		// A squash of published layers shortens the cluster-wide chain too.
+		m.publishes.Add(ref)
 	}
 	return nil
 }
@@ -194,6 +198,9 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 		}
 	}
 	m.reports.Add(info.Cache)
+	if cache.Status.Published != nil && needsPublish(info, cache.Status.Published) {
+		m.publishes.Add(info.Cache)
+	}
 	return nil
 }
 

@@ -18,6 +18,9 @@ type metrics struct {
 	generation       *prometheus.GaugeVec
 	failures         *prometheus.CounterVec
 	ends             *prometheus.CounterVec
+
+	registryBytes, registryLayers *prometheus.CounterVec
+	registrySeconds               *prometheus.HistogramVec
 }
 
 // Operations of the failures metric.
@@ -31,6 +34,8 @@ const (
 	opReport    = "report"
 	opRemove    = "remove"
 	opRecover   = "recover"
+	opPush      = "push"
+	opPull      = "pull"
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -75,8 +80,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "layercache_volume_ends_total",
 			Help: "Volumes whose build ended, by result (committed, discarded, dropped) and by what ended it: the pod's end (pod) or the claim's release (release).",
 		}, []string{"result", "trigger"}),
+		registryBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "layercache_registry_bytes_total",
+			Help: "Bytes of layers moved between this node and registries, by direction (push: compressed blobs; pull: layers unpacked on disk).",
+		}, []string{"direction"}),
+		registryLayers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "layercache_registry_layers_total",
+			Help: "Layers moved between this node and registries, by direction (push, pull).",
+		}, []string{"direction"}),
+		registrySeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "layercache_registry_duration_seconds", Buckets: buckets,
+			Help: "Time to push one layer (export, compress, upload, append to the Cache's chain) or to pull a cache's missing layers.",
+		}, []string{"direction"}),
 	}
-	for _, c := range []prometheus.Collector{m.provisionSeconds, m.commitSeconds, m.hits, m.misses, m.bytes, m.layers, m.generation, m.failures, m.ends} {
+	for _, c := range []prometheus.Collector{m.provisionSeconds, m.commitSeconds, m.hits, m.misses, m.bytes, m.layers, m.generation, m.failures, m.ends, m.registryBytes, m.registryLayers, m.registrySeconds} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/remote"
 )
 
 // Environment variables that set flag defaults; a DaemonSet sets NODE_NAME
@@ -21,6 +22,10 @@ import (
 const (
 	EnvRoot     = "LAYERCACHE_ROOT"
 	EnvNodeName = "NODE_NAME"
+	// EnvNamespace is the agent's own namespace, where the registry
+	// Secrets of StorageClasses live; a DaemonSet sets it from
+	// metadata.namespace.
+	EnvNamespace = "POD_NAMESPACE"
 )
 
 // Options configure the node agent.
@@ -52,6 +57,12 @@ type Options struct {
 	// ResyncInterval is how often the agent reports cache status, applies
 	// retention and runs GC.
 	ResyncInterval time.Duration
+	// Namespace is the agent's own namespace: registry Secrets are read
+	// there only.
+	Namespace string
+	// RegistryCompression compresses the layers the agent pushes: zstd or
+	// gzip.
+	RegistryCompression string
 }
 
 // DefaultOptions returns the defaults, taking root and node name from the
@@ -61,7 +72,13 @@ func DefaultOptions() Options {
 	if v := os.Getenv(EnvRoot); v != "" {
 		root = v
 	}
+	namespace := "layercache-system"
+	if v := os.Getenv(EnvNamespace); v != "" {
+		namespace = v
+	}
 	return Options{
+		Namespace:              namespace,
+		RegistryCompression:    string(remote.Zstd),
 		Root:                   root,
 		NodeName:               os.Getenv(EnvNodeName),
 		MetricsBindAddress:     ":8080",
@@ -87,6 +104,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Var(&bytesFlag{&o.GCMinFreeBytes}, "gc-min-free", "evict least recently used caches while the store's filesystem has less free space than this (e.g. 20Gi); 0 disables")
 	fs.Float64Var(&o.GCMinFreePercent, "gc-min-free-percent", o.GCMinFreePercent, "evict least recently used caches while the store's filesystem has less than this percentage free; keep it above the kubelet's eviction threshold (10% by default); 0 disables")
 	fs.DurationVar(&o.ResyncInterval, "resync-interval", o.ResyncInterval, "how often to report cache status, apply retention and run GC")
+	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "the agent's own namespace, where StorageClasses' registry Secrets are read (env "+EnvNamespace+")")
+	fs.StringVar(&o.RegistryCompression, "registry-compression", o.RegistryCompression, "compression of the layers pushed to registries: zstd or gzip")
 }
 
 // Validate checks every option and reports all problems at once.
@@ -123,6 +142,12 @@ func (o *Options) Validate() error {
 	}
 	if o.GCMinFreePercent < 0 || o.GCMinFreePercent >= 100 {
 		errs = append(errs, fmt.Errorf("--gc-min-free-percent %g is out of range: use a percentage from 0 (disabled) to below 100, for example 15", o.GCMinFreePercent))
+	}
+	if msgs := validation.IsDNS1123Label(o.Namespace); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--namespace %q is not a namespace name: %s; pass the agent's own namespace (env %s, from metadata.namespace)", o.Namespace, msgs[0], EnvNamespace))
+	}
+	if c := remote.Compression(o.RegistryCompression); c != remote.Zstd && c != remote.Gzip {
+		errs = append(errs, fmt.Errorf("--registry-compression %q is not known: use zstd (default) or gzip", o.RegistryCompression))
 	}
 	if o.ResyncInterval < time.Second {
 		errs = append(errs, fmt.Errorf("--resync-interval %s is too short: use at least 1s, for example 1m", o.ResyncInterval))

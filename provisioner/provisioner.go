@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path"
 	"time"
 
@@ -37,6 +38,9 @@ type store interface {
 	Inspect(ctx context.Context, cache layerfs.CacheRef) (layerfs.CacheInfo, error)
 	Recover(ctx context.Context) (layerfs.RecoverResult, error)
 	HasControlFile(ctx context.Context, volumeID, name string) (bool, error)
+	ExportLayer(ctx context.Context, cache layerfs.CacheRef, layerID string, w io.Writer) error
+	SetLayerDigest(ctx context.Context, cache layerfs.CacheRef, layerID, digest string) error
+	Sync(ctx context.Context, cache layerfs.CacheRef, chain layerfs.Chain, fetch layerfs.Fetch, opts layerfs.SyncOptions) (layerfs.SyncResult, error)
 }
 
 // podGetter reads a pod from the API server. Provision needs the pod that
@@ -60,6 +64,9 @@ type Provisioner struct {
 	// don't look at them.
 	reports  *cacheQueue
 	squashes *cacheQueue
+	// sync keeps caches whose class names a registry in step across
+	// nodes.
+	sync *syncer
 }
 
 var (
@@ -111,6 +118,9 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 			opts.StorageClass.Name, req.Cache, v1alpha1.AnnotationMode, v1alpha1.ModeWrite)
 	}
 
+	if req.Registry != nil {
+		p.sync.pull(ctx, claim, req.Cache, req.Registry)
+	}
 	vol, err := p.store.Mount(ctx, opts.PVName, req.mountOptions())
 	if err != nil {
 		p.metrics.fail(opProvision, reasonMountFailed)
@@ -292,6 +302,10 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 	logger.Info("Committed", "generation", res.Generation, "layer", res.Layer, "bytes", res.Bytes, "dropped", res.Dropped, "torn", res.Torn, "overLimit", res.OverLimit)
 	if res.NeedsSquash {
 		p.squashes.Add(rec.Cache)
+	}
+	if res.Layer != "" {
+		// A cache without a registry costs the publisher one read.
+		p.sync.queuePublish(rec.Cache)
 	}
 	return out, nil
 }

@@ -33,6 +33,14 @@ func requireRoot(t testing.TB) {
 // every mount under it is gone when the test ends.
 func newRealEnv(t *testing.T, maxLayers int, objs ...client.Object) (*testEnv, *layerfs.Store) {
 	t.Helper()
+	st := openRealStore(t, maxLayers)
+	return newTestEnv(t, st, objs...), st
+}
+
+// openRealStore opens a store in a temp root; every mount under it is
+// gone when the test ends.
+func openRealStore(t *testing.T, maxLayers int) *layerfs.Store {
+	t.Helper()
 	requireRoot(t)
 	root := t.TempDir()
 	st, err := layerfs.Open(context.Background(), layerfs.Options{Root: root, MaxLayers: maxLayers})
@@ -50,7 +58,7 @@ func newRealEnv(t *testing.T, maxLayers int, objs ...client.Object) (*testEnv, *
 			}
 		}
 	})
-	return newTestEnv(t, st, objs...), st
+	return st
 }
 
 // provisionReal provisions a claim named name of namespace ns and returns

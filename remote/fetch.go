@@ -13,6 +13,16 @@ import (
 // is read: a stream whose bytes do not match digest fails at its end,
 // before the caller can take the layer as whole.
 func (t *Target) Fetch(ctx context.Context, digest string) (io.ReadCloser, error) {
+	rc, err := t.FetchCompressed(ctx, digest)
+	if err != nil {
+		return nil, err
+	}
+	return decompress(rc)
+}
+
+// FetchCompressed opens layer digest's blob as the registry holds it,
+// verified as it is read.
+func (t *Target) FetchCompressed(ctx context.Context, digest string) (io.ReadCloser, error) {
 	h, err := v1.NewHash(digest)
 	if err != nil {
 		return nil, fmt.Errorf("layer digest %q is not valid (want sha256:<64 hex>): %w", digest, err)
@@ -25,5 +35,5 @@ func (t *Target) Fetch(ctx context.Context, digest string) (io.ReadCloser, error
 	if err != nil {
 		return nil, fmt.Errorf("fetch layer %s from %s: %w", digest, t.Repository, err)
 	}
-	return decompress(rc)
+	return rc, nil
 }

@@ -158,3 +158,11 @@ type rawManifest []byte
 
 func (m rawManifest) RawManifest() ([]byte, error)        { return m, nil }
 func (m rawManifest) MediaType() (types.MediaType, error) { return types.OCIManifestSchema1, nil }
+
+// BlobOf is the Blob a chain records; digests that do not parse make an
+// empty hash, which the registry then refuses in the manifest.
+func BlobOf(digest, diffID, mediaType string, size int64) Blob {
+	d, _ := v1.NewHash(digest)
+	id, _ := v1.NewHash(diffID)
+	return Blob{Digest: d, DiffID: id, MediaType: types.MediaType(mediaType), Size: size}
+}

@@ -4,68 +4,21 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"encoding/base64"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"log"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/registry"
 	ggcr "github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+
+	"github.com/layercache/layercache/remote/registrytest"
 )
 
-const (
-	user     = "ci"
-	password = "s3cret"
-)
-
-// testRegistry is go-containerregistry's in-process registry behind TLS
-// and basic auth, as a real one is deployed.
-type testRegistry struct {
-	*httptest.Server
-	host string
-	ca   []byte
-	// corrupt, if set, replaces every blob's body on GET.
-	corrupt bool
-}
-
-func newTestRegistry(t *testing.T) *testRegistry {
+func target(t *testing.T, reg *registrytest.Registry, c Compression) *Target {
 	t.Helper()
-	r := &testRegistry{}
-	inner := registry.New(registry.Logger(nopLogger()))
-	r.Server = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		u, p, ok := req.BasicAuth()
-		if !ok || u != user || p != password {
-			w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
-			http.Error(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`, http.StatusUnauthorized)
-			return
-		}
-		if r.corrupt && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/sha256:") {
-			fmt.Fprint(w, "not the blob you asked for")
-			return
-		}
-		inner.ServeHTTP(w, req)
-	}))
-	t.Cleanup(r.Close)
-	r.host = strings.TrimPrefix(r.URL, "https://")
-	r.ca = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Certificate().Raw})
-	return r
-}
-
-func (r *testRegistry) config(user, password string) []byte {
-	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
-	return []byte(fmt.Sprintf(`{"auths":{"https://%s":{"auth":%q}}}`, r.host, auth))
-}
-
-func (r *testRegistry) target(t *testing.T, c Compression) *Target {
-	t.Helper()
-	tg, err := NewTarget(r.host+"/caches/team/maven", Credentials{DockerConfigJSON: r.config(user, password), CAPEM: r.ca}, c)
+	tg, err := NewTarget(reg.Host+"/caches/team/maven", Credentials{DockerConfigJSON: reg.DockerConfig(registrytest.User, registrytest.Password), CAPEM: reg.CA}, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,11 +50,11 @@ func exportOf(b []byte) Export {
 }
 
 func TestPushFetchRoundTrip(t *testing.T) {
-	reg := newTestRegistry(t)
+	reg := registrytest.New(t)
 	for _, c := range []Compression{Zstd, Gzip} {
 		t.Run(string(c), func(t *testing.T) {
 			ctx := context.Background()
-			tg := reg.target(t, c)
+			tg := target(t, reg, c)
 			want := layerTar(t, strings.Repeat("cache ", 1000)+string(c))
 			blob, err := tg.PushLayer(ctx, t.TempDir(), exportOf(want))
 			if err != nil {
@@ -131,9 +84,9 @@ func TestPushFetchRoundTrip(t *testing.T) {
 }
 
 func TestPushManifestListsTheChainBaseFirst(t *testing.T) {
-	reg := newTestRegistry(t)
+	reg := registrytest.New(t)
 	ctx := context.Background()
-	tg := reg.target(t, Zstd)
+	tg := target(t, reg, Zstd)
 	var chain []Blob
 	for i := range 3 {
 		b, err := tg.PushLayer(ctx, t.TempDir(), exportOf(layerTar(t, fmt.Sprint("generation ", i))))
@@ -168,14 +121,14 @@ func TestPushManifestListsTheChainBaseFirst(t *testing.T) {
 }
 
 func TestFetchVerifiesTheDigest(t *testing.T) {
-	reg := newTestRegistry(t)
+	reg := registrytest.New(t)
 	ctx := context.Background()
-	tg := reg.target(t, Gzip)
+	tg := target(t, reg, Gzip)
 	blob, err := tg.PushLayer(ctx, t.TempDir(), exportOf(layerTar(t, "real")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg.corrupt = true
+	reg.SetCorrupt(true)
 	rc, err := tg.Fetch(ctx, blob.Digest.String())
 	if err == nil {
 		_, err = io.ReadAll(rc)
@@ -187,8 +140,8 @@ func TestFetchVerifiesTheDigest(t *testing.T) {
 }
 
 func TestBadCredentialsAreUnauthorized(t *testing.T) {
-	reg := newTestRegistry(t)
-	tg, err := NewTarget(reg.host+"/caches/team/maven", Credentials{DockerConfigJSON: reg.config(user, "wrong"), CAPEM: reg.ca}, Zstd)
+	reg := registrytest.New(t)
+	tg, err := NewTarget(reg.Host+"/caches/team/maven", Credentials{DockerConfigJSON: reg.DockerConfig(registrytest.User, "wrong"), CAPEM: reg.CA}, Zstd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,5 +176,3 @@ func TestNewTargetErrors(t *testing.T) {
 		})
 	}
 }
-
-func nopLogger() *log.Logger { return log.New(io.Discard, "", 0) }

@@ -101,6 +101,9 @@ type PublishedLayer struct {
 	// DiffID is the digest of the layer's uncompressed tar.
 	DiffID string `json:"diffID"`
 
+	// MediaType is the blob's OCI media type, which says its compression.
+	MediaType string `json:"mediaType"`
+
 	// Size is the blob's size in bytes.
 	Size int64 `json:"size"`
 

@@ -1,0 +1,327 @@
+package remote_test
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/remote"
+	"github.com/layercache/layercache/remote/registrytest"
+)
+
+// The benchmarks here measure caches across nodes: two stores in temp
+// roots stand for two nodes, the registry is go-containerregistry's
+// in-process one over TLS on loopback. Each reports ratios against a
+// baseline measured in the same run. `make bench` runs them.
+//
+// The cache is LAYERCACHE_BENCH_FILES files of LAYERCACHE_BENCH_BYTES in
+// all (default 50,000 files, 1 GiB, as the README reports); half of each
+// file is random and half repeats, so it compresses about 2:1, as build
+// caches of objects and archives do.
+
+func benchSize(b *testing.B) (files int, bytes int64) {
+	files, bytes = 50_000, 1<<30
+	if v := os.Getenv("LAYERCACHE_BENCH_FILES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("LAYERCACHE_BENCH_FILES=%q: want a file count", v)
+		}
+		files = n
+	}
+	if v := os.Getenv("LAYERCACHE_BENCH_BYTES"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < int64(files) {
+			b.Fatalf("LAYERCACHE_BENCH_BYTES=%q: want a byte count of at least one per file", v)
+		}
+		bytes = n
+	}
+	return files, bytes
+}
+
+var benchCache = layerfs.CacheRef{Namespace: "bench", Name: "maven"}
+
+// benchNode is a store standing for one node.
+type benchNode struct {
+	b     *testing.B
+	store *layerfs.Store
+}
+
+func newBenchNode(b *testing.B) *benchNode {
+	b.Helper()
+	if os.Geteuid() != 0 {
+		b.Fatal("needs root: the benchmark makes real overlay mounts; run `make bench` as root")
+	}
+	root := b.TempDir()
+	st, err := layerfs.Open(context.Background(), layerfs.Options{Root: root})
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := &benchNode{b: b, store: st}
+	b.Cleanup(n.unmountAll)
+	return n
+}
+
+func (n *benchNode) unmountAll() {
+	vols, _ := n.store.Volumes(context.Background())
+	for _, v := range vols {
+		unix.Unmount(v.MergedPath, unix.MNT_DETACH)
+	}
+}
+
+func (n *benchNode) mount(id string) string {
+	n.b.Helper()
+	v, err := n.store.Mount(context.Background(), id, layerfs.MountOptions{Cache: benchCache})
+	if err != nil {
+		n.b.Fatal(err)
+	}
+	return v.MergedPath
+}
+
+func (n *benchNode) commit(id string) layerfs.CommitResult {
+	n.b.Helper()
+	res, err := n.store.Commit(context.Background(), id)
+	if err != nil {
+		n.b.Fatal(err)
+	}
+	return res
+}
+
+// fill commits one layer of files files holding bytes in all.
+func (n *benchNode) fill(files int, bytes int64) string {
+	n.b.Helper()
+	merged := n.mount("fill")
+	rng := rand.New(rand.NewChaCha8([32]byte{1}))
+	size := int(bytes / int64(files))
+	data := make([]byte, size)
+	for i := range files {
+		dir := filepath.Join(merged, fmt.Sprintf("d%03d", i/1000))
+		if i%1000 == 0 {
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				n.b.Fatal(err)
+			}
+		}
+		for j := 0; j < size/2; j += 8 {
+			v := rng.Uint64()
+			for k := 0; k < 8 && j+k < size/2; k++ {
+				data[j+k] = byte(v >> (8 * k))
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%05d", i)), data, 0o644); err != nil {
+			n.b.Fatal(err)
+		}
+	}
+	return n.commit("fill").Layer
+}
+
+func benchTarget(b *testing.B, reg *registrytest.Registry, c remote.Compression) *remote.Target {
+	b.Helper()
+	t, err := remote.NewTarget(reg.Host+"/bench/maven", remote.Credentials{
+		DockerConfigJSON: reg.DockerConfig(registrytest.User, registrytest.Password), CAPEM: reg.CA}, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return t
+}
+
+func (n *benchNode) push(t *remote.Target, layer string) remote.Blob {
+	n.b.Helper()
+	blob, err := t.PushLayer(context.Background(), n.b.TempDir(), func(w io.Writer) error {
+		return n.store.ExportLayer(context.Background(), benchCache, layer, w)
+	})
+	if err != nil {
+		n.b.Fatal(err)
+	}
+	return blob
+}
+
+// BenchmarkPushCompression pushes one large layer zstd- and
+// gzip-compressed and reports each one's throughput in MB/s of the layer's
+// tar, and their ratio: the default compression is the faster one.
+func BenchmarkPushCompression(b *testing.B) {
+	files, bytes := benchSize(b)
+	src := newBenchNode(b)
+	layer := src.fill(files, bytes)
+	reg := registrytest.New(b)
+	mbps := map[remote.Compression]float64{}
+	for _, c := range []remote.Compression{remote.Zstd, remote.Gzip} {
+		start := time.Now()
+		blob := src.push(benchTarget(b, reg, c), layer)
+		secs := time.Since(start).Seconds()
+		mbps[c] = float64(blob.TarBytes) / 1e6 / secs
+		b.ReportMetric(mbps[c], string(c)+"-MB/s")
+		b.ReportMetric(float64(blob.TarBytes)/float64(blob.Size), string(c)+"-ratio")
+	}
+	b.ReportMetric(mbps[remote.Zstd]/mbps[remote.Gzip], "zstd/gzip-speed")
+}
+
+// BenchmarkPullOntoFreshNode makes a large cache available on a node that
+// has none of it: Sync (fetch, verify, decompress, unpack, fsync, rename)
+// and mount, against
+//   - a plain registry client fetching the same blob to a file (the
+//     registry's and the disk's limit on this host; goal: layercache at
+//     >= 0.8x its throughput),
+//   - a plain client that also unpacks it (docker-style pull-and-extract),
+//   - the copy-based peer restoring the cache by copying its tree (cp -a).
+func BenchmarkPullOntoFreshNode(b *testing.B) {
+	files, bytes := benchSize(b)
+	src := newBenchNode(b)
+	layer := src.fill(files, bytes)
+	reg := registrytest.New(b)
+	target := benchTarget(b, reg, remote.Zstd)
+	blob := src.push(target, layer)
+	chain := layerfs.Chain{Generation: 1, Layers: []layerfs.ChainLayer{{Digest: blob.Digest.String(), Size: blob.Size}}}
+	srcTree := src.mount("source")
+
+	layercache := timed(func() {
+		dst := newBenchNode(b)
+		if _, err := dst.store.Sync(context.Background(), benchCache, chain, target.Fetch, layerfs.SyncOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		dst.mount("warm")
+		syncFS(b, dst.store.Root())
+	})
+	blobOnly := timed(func() {
+		fetchToFile(b, target, blob, filepath.Join(b.TempDir(), "blob"))
+	})
+	extract := timed(func() {
+		plainExtract(b, target, blob, b.TempDir())
+	})
+	cp := timed(func() {
+		dst := filepath.Join(b.TempDir(), "copy")
+		if out, err := exec.Command("cp", "-a", srcTree, dst).CombinedOutput(); err != nil {
+			b.Fatalf("cp -a: %v: %s", err, out)
+		}
+		syncFS(b, dst)
+	})
+	b.ReportMetric(layercache.Seconds(), "layercache-s")
+	b.ReportMetric(blobOnly.Seconds()/layercache.Seconds(), "vs-blob-fetch")
+	b.ReportMetric(extract.Seconds()/layercache.Seconds(), "vs-plain-pull-extract")
+	b.ReportMetric(cp.Seconds()/layercache.Seconds(), "vs-copy-peer")
+}
+
+// BenchmarkDeltaReachesOtherNode commits a 1 MiB change on one node of a
+// large cache that two nodes hold, and times it until a volume on the
+// other node sees it: export and push of the new layer only, then fetch,
+// unpack and mount on the other node (goal <= 1 s; the Cache resource's
+// update, one PATCH, is not in it).
+func BenchmarkDeltaReachesOtherNode(b *testing.B) {
+	files, bytes := benchSize(b)
+	a, other := newBenchNode(b), newBenchNode(b)
+	base := a.fill(files, bytes)
+	reg := registrytest.New(b)
+	target := benchTarget(b, reg, remote.Zstd)
+	baseBlob := a.push(target, base)
+	chain := layerfs.Chain{Generation: 1, Layers: []layerfs.ChainLayer{{Digest: baseBlob.Digest.String()}}}
+	if _, err := other.store.Sync(context.Background(), benchCache, chain, target.Fetch, layerfs.SyncOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	merged := a.mount("delta")
+	delta := make([]byte, 1<<20)
+	rand.NewChaCha8([32]byte{2}).Read(delta)
+	if err := os.WriteFile(filepath.Join(merged, "delta.bin"), delta, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	res := a.commit("delta")
+	var fetched int
+	took := timed(func() {
+		blob := a.push(target, res.Layer)
+		chain.Generation = 2
+		chain.Layers = append([]layerfs.ChainLayer{{Digest: blob.Digest.String()}}, chain.Layers...)
+		sr, err := other.store.Sync(context.Background(), benchCache, chain, target.Fetch, layerfs.SyncOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		fetched = sr.Fetched
+		if _, err := os.Stat(filepath.Join(other.mount("sees-delta"), "delta.bin")); err != nil {
+			b.Fatal(err)
+		}
+	})
+	if fetched != 1 {
+		b.Errorf("the other node fetched %d layers for a one-layer delta, want 1", fetched)
+	}
+	b.ReportMetric(took.Seconds(), "delta-s")
+}
+
+func timed(fn func()) time.Duration {
+	start := time.Now()
+	fn()
+	return time.Since(start)
+}
+
+func syncFS(b *testing.B, path string) {
+	b.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func fetchToFile(b *testing.B, t *remote.Target, blob remote.Blob, path string) {
+	b.Helper()
+	rc, err := t.FetchCompressed(context.Background(), blob.Digest.String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rc.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := io.Copy(f, rc); err != nil {
+		b.Fatal(err)
+	}
+	if err := errors.Join(f.Sync(), f.Close()); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// plainExtract is a docker-style pull: fetch, decompress, untar.
+func plainExtract(b *testing.B, t *remote.Target, blob remote.Blob, dir string) {
+	b.Helper()
+	rc, err := t.Fetch(context.Background(), blob.Digest.String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		path := filepath.Join(dir, filepath.Clean("/"+h.Name))
+		switch h.Typeflag {
+		case tar.TypeDir:
+			err = os.MkdirAll(path, os.FileMode(h.Mode))
+		case tar.TypeReg:
+			var f *os.File
+			if f, err = os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode)); err == nil {
+				_, err = io.Copy(f, tr)
+				err = errors.Join(err, f.Close())
+			}
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	syncFS(b, dir)
+}
