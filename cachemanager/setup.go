@@ -1,0 +1,149 @@
+package cachemanager
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+// Field indexes on the manager's cache.
+const (
+	// indexPodClaims indexes pods by the names of the standalone PVCs they
+	// use.
+	indexPodClaims = "layercache.dev/claims"
+	// indexCacheNodes indexes Caches by the nodes in their status.
+	indexCacheNodes = "layercache.dev/nodes"
+)
+
+// Scheme returns a scheme with the types the manager reads and writes.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme,
+		v1alpha1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			return nil, fmt.Errorf("building the scheme: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// CacheOptions returns the informer cache settings of the manager. In a big
+// cluster Pods dominate memory, so they are cut down to the few fields the
+// release controller reads before they enter the cache, and no cached object
+// keeps its managed fields.
+func CacheOptions() cache.Options {
+	return cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {Transform: slimPod},
+		},
+	}
+}
+
+// Setup registers the field indexes and the controllers with mgr.
+func Setup(ctx context.Context, mgr manager.Manager) error {
+	idx := mgr.GetFieldIndexer()
+	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodClaims, podClaimsIndex); err != nil {
+		return fmt.Errorf("indexing pods by claim: %w", err)
+	}
+	if err := idx.IndexField(ctx, &v1alpha1.Cache{}, indexCacheNodes, cacheNodesIndex); err != nil {
+		return fmt.Errorf("indexing caches by node: %w", err)
+	}
+	release := &ReleaseReconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("layercache-manager"),
+	}
+	if err := release.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the release controller: %w", err)
+	}
+	caches := &CacheReconciler{
+		Client:   mgr.GetClient(),
+		Recorder: mgr.GetEventRecorder("layercache-manager"),
+	}
+	if err := caches.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the cache controller: %w", err)
+	}
+	return nil
+}
+
+// slimPod keeps what the release controller reads of a Pod: identity,
+// deletion, the volumes that name PVCs, phase, start and container finish
+// times. Everything else (containers, env, images, conditions) is dropped.
+func slimPod(in any) (any, error) {
+	pod, ok := in.(*corev1.Pod)
+	if !ok {
+		return in, nil
+	}
+	out := &corev1.Pod{
+		TypeMeta: pod.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name:              pod.Name,
+			Namespace:         pod.Namespace,
+			UID:               pod.UID,
+			ResourceVersion:   pod.ResourceVersion,
+			CreationTimestamp: pod.CreationTimestamp,
+			DeletionTimestamp: pod.DeletionTimestamp,
+			OwnerReferences:   pod.OwnerReferences,
+		},
+		Spec: corev1.PodSpec{NodeName: pod.Spec.NodeName},
+		Status: corev1.PodStatus{
+			Phase:     pod.Status.Phase,
+			StartTime: pod.Status.StartTime,
+		},
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			out.Spec.Volumes = append(out.Spec.Volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: v.PersistentVolumeClaim.ClaimName},
+			}})
+		}
+	}
+	out.Status.InitContainerStatuses = slimContainerStatuses(pod.Status.InitContainerStatuses)
+	out.Status.ContainerStatuses = slimContainerStatuses(pod.Status.ContainerStatuses)
+	return out, nil
+}
+
+func slimContainerStatuses(in []corev1.ContainerStatus) []corev1.ContainerStatus {
+	var out []corev1.ContainerStatus
+	for _, s := range in {
+		if t := s.State.Terminated; t != nil {
+			out = append(out, corev1.ContainerStatus{
+				Name:  s.Name,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: t.ExitCode, FinishedAt: t.FinishedAt}},
+			})
+		}
+	}
+	return out
+}
+
+func podClaimsIndex(obj client.Object) []string {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil
+	}
+	return claimNames(pod)
+}
+
+func cacheNodesIndex(obj client.Object) []string {
+	c, ok := obj.(*v1alpha1.Cache)
+	if !ok {
+		return nil
+	}
+	nodes := make([]string, 0, len(c.Status.Nodes))
+	for _, n := range c.Status.Nodes {
+		nodes = append(nodes, n.Node)
+	}
+	return nodes
+}

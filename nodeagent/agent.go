@@ -1,0 +1,384 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
+	libmetrics "sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller/metrics"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/remote"
+)
+
+// Component is the event source of the node agent.
+const Component = "layercache-node"
+
+// buildEndWorkers bounds the volumes ended at once. Builds that end
+// together then commit side by side; the store's locks keep each cache's
+// commits in order.
+const buildEndWorkers = 4
+
+// Run serves as the node agent until ctx ends: it recovers the store,
+// remounts the volumes of PVs bound on this node, then provisions and
+// deletes this node's volumes, reports cache status and keeps the store
+// within its bounds.
+func Run(ctx context.Context, opts Options) error {
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	logger := log.FromContext(ctx).WithValues("node", opts.NodeName)
+	ctx = log.IntoContext(ctx, logger)
+
+	cfg, err := restConfig(opts.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	clientset, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("create Kubernetes client: %w", err)
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	st, err := layerfs.Open(ctx, layerfs.Options{Root: opts.Root, MaxLayers: opts.MaxLayers, Progress: progressLogger(logger)})
+	if err != nil {
+		return fmt.Errorf("open layer store: %w", err)
+	}
+
+	mgr, err := manager.New(cfg, manager.Options{
+		Scheme:                 scheme,
+		Logger:                 logger,
+		Metrics:                metricsserver.Options{BindAddress: opts.MetricsBindAddress},
+		HealthProbeBindAddress: opts.HealthProbeBindAddress,
+		// Every node agent serves its own node; there is nothing to elect.
+		LeaderElection: false,
+	})
+	if err != nil {
+		return fmt.Errorf("create controller manager: %w", err)
+	}
+	m, err := newMetrics(crmetrics.Registry)
+	if err != nil {
+		return fmt.Errorf("register metrics: %w", err)
+	}
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events(metav1.NamespaceAll)})
+	defer broadcaster.Shutdown()
+	events := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: Component, Host: opts.NodeName})
+
+	a := newAgent(opts, st, &caches{client: mgr.GetClient(), reader: mgr.GetAPIReader(), node: opts.NodeName}, events, m)
+	a.prov.hostname = nodeHostname(ctx, clientset, opts.NodeName)
+	if err := a.wire(ctx, clientset, crmetrics.Registry); err != nil {
+		return err
+	}
+
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("provisioner", a.readyCheck); err != nil {
+		return err
+	}
+	err = builder.ControllerManagedBy(mgr).
+		For(&v1alpha1.Cache{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return o.GetDeletionTimestamp() != nil
+		}))).
+		Named("node-cache-cleanup").
+		Complete(a.maint)
+	if err != nil {
+		return fmt.Errorf("create Cache cleanup controller: %w", err)
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(runCtx context.Context) error {
+		return a.run(log.IntoContext(runCtx, logger))
+	})); err != nil {
+		return err
+	}
+	logger.Info("Starting node agent", "root", st.Root(), "hostname", a.prov.hostname)
+	logger.Info("Volume size limits (a claim's storage request) are enforced at commit: a build's larger changes are discarded. " +
+		"The store uses no filesystem project quotas, so a runaway build is not stopped while it runs; --gc-min-free-percent keeps caches from filling the node")
+	return mgr.Start(ctx)
+}
+
+// agent ties the provisioner, its informers and the maintenance together.
+type agent struct {
+	opts  Options
+	store store
+	prov  *Provisioner
+	maint *maintainer
+
+	claimInformers, pvInformers, podInformers informers.SharedInformerFactory
+	pvs                                       corelisters.PersistentVolumeLister
+	controller                                *controller.ProvisionController
+	ends                                      *buildEnds
+
+	ready atomic.Bool
+}
+
+func newAgent(opts Options, st store, c *caches, events record.EventRecorder, m *metrics) *agent {
+	maint := &maintainer{
+		node: opts.NodeName, store: st, caches: c, events: events, metrics: m,
+		gc: layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
+	}
+	maint.reports = newCacheQueue("report", maint.report)
+	sync := &syncer{
+		node: opts.NodeName, store: st, caches: c, events: events, metrics: m, reports: maint.reports,
+		tmpDir: filepath.Join(opts.Root, "tmp"), compression: remote.Compression(opts.RegistryCompression),
+		failing: map[layerfs.CacheRef]string{},
+	}
+	sync.publishes = newCacheQueue("publish", sync.publish)
+	maint.publishes = sync.publishes
+	prov := &Provisioner{
+		node: opts.NodeName, hostname: opts.NodeName, store: st, caches: c, events: events, metrics: m,
+		reports: maint.reports, squashes: newCacheQueue("squash", maint.squash), seen: newOutcomes(), sync: sync,
+	}
+	return &agent{opts: opts, store: st, prov: prov, maint: maint}
+}
+
+// wire builds the provision controller and the build-end watcher on
+// informers the agent shares: the PV and pod informers see only this node's
+// objects (by label and field), which keeps the agent's memory independent
+// of the cluster's size.
+func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg prometheus.Registerer) error {
+	resync := controller.DefaultResyncPeriod
+	a.claimInformers = informers.NewSharedInformerFactory(clientset, resync)
+	a.pvInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = labels.Set{labelNode: a.opts.NodeName}.String()
+		}))
+	a.podInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.opts.NodeName).String()
+		}))
+	pvInformer := a.pvInformers.Core().V1().PersistentVolumes()
+	a.pvs = pvInformer.Lister()
+	claimInformer := a.claimInformers.Core().V1().PersistentVolumeClaims()
+	if err := a.wireBuildEnds(clientset, pvInformer.Informer(), claimInformer.Lister()); err != nil {
+		return err
+	}
+	a.prov.getPod = func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+		return clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	}
+	a.prov.sync.secrets = func(ctx context.Context, name string) (*corev1.Secret, error) {
+		return clientset.CoreV1().Secrets(a.opts.Namespace).Get(ctx, name, metav1.GetOptions{})
+	}
+
+	lib := libmetrics.New("controller")
+	for _, c := range []prometheus.Collector{
+		lib.PersistentVolumeClaimProvisionTotal, lib.PersistentVolumeClaimProvisionFailedTotal,
+		lib.PersistentVolumeClaimProvisionDurationSeconds, lib.PersistentVolumeDeleteTotal,
+		lib.PersistentVolumeDeleteFailedTotal, lib.PersistentVolumeDeleteDurationSeconds,
+	} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("register provisioner library metrics: %w", err)
+		}
+	}
+	a.controller = controller.NewProvisionController(ctx, clientset, v1alpha1.ProvisionerName, a.prov,
+		controller.LeaderElection(false),
+		controller.ClaimsInformer(claimInformer.Informer()),
+		controller.ClassesInformer(a.claimInformers.Storage().V1().StorageClasses().Informer()),
+		controller.VolumesInformer(pvInformer.Informer()),
+		// A PV deleted by hand still gets its volume committed or discarded.
+		controller.AddFinalizer(true),
+		// A commit is retried until it lands: giving up would strand the
+		// volume's changes.
+		controller.FailedDeleteThreshold(0),
+		// The library's default backoff grows to 1000s, so a claim refused
+		// for a missing grant, or a commit that failed once, would wait up
+		// to 17 minutes after the grant or the fix. Nothing tells the
+		// library that a Cache changed, so keep the retries frequent.
+		controller.RateLimiter(workqueue.NewTypedMaxOfRateLimiter(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](2*time.Second, 2*time.Minute),
+			&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+		)),
+		controller.MetricsInstance(lib),
+	)
+	return nil
+}
+
+// wireBuildEnds indexes this node's pods by claim and lets pods that end
+// queue their claims.
+func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.SharedIndexInformer, claims corelisters.PersistentVolumeClaimLister) error {
+	podInformer := a.podInformers.Core().V1().Pods().Informer()
+	if err := podInformer.AddIndexers(cache.Indexers{indexClaim: podClaims}); err != nil {
+		return fmt.Errorf("index pods by claim: %w", err)
+	}
+	a.ends = &buildEnds{
+		prov: a.prov, kube: clientset, pods: podInformer.GetIndexer(), claims: claims,
+		pvs: corelisters.NewPersistentVolumeLister(pvInformer.GetIndexer()), queue: newBuildEndQueue(), seen: a.prov.seen,
+	}
+	if _, err := podInformer.AddEventHandler(a.ends.handlers()); err != nil {
+		return fmt.Errorf("watch this node's pods: %w", err)
+	}
+	_, err := pvInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if pv, ok := obj.(*corev1.PersistentVolume); ok {
+				a.prov.seen.forget(claimKey(pv))
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("watch this node's PVs: %w", err)
+	}
+	return nil
+}
+
+// run recovers, remounts, then serves; it returns when ctx ends.
+func (a *agent) run(ctx context.Context) error {
+	logger := log.FromContext(ctx)
+	res, err := a.store.Recover(ctx)
+	if err != nil && len(res.Failed) == 0 {
+		return fmt.Errorf("recover layer store %s: %w", a.opts.Root, err)
+	}
+	// A volume that cannot be repaired (a full disk) must not keep the
+	// agent from serving every other one; its own end retries it.
+	for _, f := range res.Failed {
+		a.prov.metrics.fail(opRecover, "error")
+		logger.Error(f.Err, "Volume could not be recovered; it is retried when its build ends", "volume", f.Volume)
+	}
+	logger.Info("Recovered layer store", "remounted", len(res.Remounted), "rolledForward", len(res.RolledForward),
+		"removedTemp", res.RemovedTemp, "removedLayers", res.RemovedLayers, "torn", res.Torn, "failed", len(res.Failed))
+
+	factories := []informers.SharedInformerFactory{a.claimInformers, a.pvInformers, a.podInformers}
+	for _, f := range factories {
+		f.Start(ctx.Done())
+	}
+	for _, f := range factories {
+		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				return fmt.Errorf("sync %v informer: %w", typ, context.Cause(ctx))
+			}
+		}
+	}
+	pvs, err := a.pvs.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("list this node's PVs: %w", err)
+	}
+	n := remount(ctx, a.store, a.prov.events, a.prov.metrics, a.opts.NodeName, pvs)
+	logger.Info("Checked mounts of this node's PVs", "pvs", len(pvs), "remounted", n)
+
+	go a.maint.reports.Run(ctx)
+	go a.prov.squashes.Run(ctx)
+	go a.prov.sync.publishes.Run(ctx)
+	go a.periodic(ctx)
+	go a.ends.run(ctx, buildEndWorkers)
+	// On shutdown, let the operations in flight return before the process
+	// exits (the store would recover them, but finishing is cheaper).
+	var workers sync.WaitGroup
+	a.controller.ControllerWaitGroup(&workers)
+	a.ready.Store(true)
+	a.controller.Run(ctx)
+	workers.Wait()
+	return nil
+}
+
+// periodic runs the maintenance pass now and then every ResyncInterval.
+func (a *agent) periodic(ctx context.Context) {
+	t := time.NewTicker(a.opts.ResyncInterval)
+	defer t.Stop()
+	for {
+		a.maint.pass(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *agent) readyCheck(*http.Request) error {
+	if !a.ready.Load() {
+		return errors.New("recovering the layer store and remounting volumes")
+	}
+	return nil
+}
+
+// restConfig loads the kubeconfig file if given, else $KUBECONFIG or
+// ~/.kube/config, else the in-cluster config.
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("load Kubernetes client config (kubeconfig %q): %w; run in a pod, or pass --kubeconfig", kubeconfig, err)
+	}
+	cfg.UserAgent = Component
+	return cfg, nil
+}
+
+// nodeHostname returns the node's kubernetes.io/hostname label, which PV
+// node affinity matches; it usually equals the node name, which is the
+// fallback when the node cannot be read.
+func nodeHostname(ctx context.Context, clientset kubernetes.Interface, node string) string {
+	n, err := clientset.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		log.FromContext(ctx).Info("Cannot read this node's hostname label; PV node affinity uses the node name", "err", err.Error())
+		return node
+	}
+	if h := n.Labels[hostnameLabel]; h != "" {
+		return h
+	}
+	return node
+}
+
+// progressLogger logs long store operations at most every few seconds per
+// operation and cache, and always when one finishes.
+func progressLogger(logger logr.Logger) func(layerfs.Progress) {
+	var mu sync.Mutex
+	last := map[string]time.Time{}
+	return func(p layerfs.Progress) {
+		key := p.Op + " " + p.Cache
+		done := p.Total > 0 && p.Done >= p.Total
+		mu.Lock()
+		due := done || time.Since(last[key]) >= 5*time.Second
+		if due {
+			last[key] = time.Now()
+		}
+		if done {
+			delete(last, key)
+		}
+		mu.Unlock()
+		if due {
+			logger.Info("Progress", "op", p.Op, "cache", p.Cache, "done", p.Done, "total", p.Total)
+		}
+	}
+}

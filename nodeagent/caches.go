@@ -1,0 +1,201 @@
+package nodeagent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+)
+
+// caches reads and writes Cache resources for one node agent.
+type caches struct {
+	client client.Client
+	// reader reads from the API server, past the informer cache, where a
+	// stale answer would remove a cache a claim just created.
+	reader client.Reader
+	node   string
+}
+
+// fieldManager owns this node's status entry; one per node, so server-side
+// apply keeps the nodes from overwriting each other.
+func (c *caches) fieldManager() string { return "layercache-node-" + c.node }
+
+// authorize checks that a claim of namespace may use the cache as asked,
+// and creates the Cache of the claim's own namespace on first use.
+func (c *caches) authorize(ctx context.Context, namespace string, req volumeRequest) error {
+	ref := req.Cache
+	var cache v1alpha1.Cache
+	err := c.client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+	switch {
+	case apierrors.IsNotFound(err) && ref.Namespace == namespace:
+		return c.create(ctx, ref)
+	case apierrors.IsNotFound(err):
+		return &claimError{Reason: reasonCacheAccessDenied,
+			Message: fmt.Sprintf("cache %s does not exist, so it grants namespace %q nothing; namespace %q must create Cache %q with %q in spec.readers",
+				ref, namespace, ref.Namespace, ref.Name, namespace)}
+	case err != nil:
+		return fmt.Errorf("get Cache %s: %w", ref, err)
+	}
+	if cache.DeletionTimestamp != nil {
+		return &claimError{Reason: reasonCacheDeleting,
+			Message: fmt.Sprintf("cache %s is being deleted; the claim is retried and gets a new, empty cache once the deletion completes", ref)}
+	}
+	if ref.Namespace != namespace && !readerGranted(&cache, namespace) {
+		return &claimError{Reason: reasonCacheAccessDenied,
+			Message: fmt.Sprintf("Cache %s does not grant namespace %q read access; add %q to its spec.readers, for example: kubectl -n %s patch cache %s --type merge -p '{\"spec\":{\"readers\":[%q]}}' (the list replaces the current one)",
+				ref, namespace, namespace, ref.Namespace, ref.Name, namespace)}
+	}
+	return nil
+}
+
+func (c *caches) create(ctx context.Context, ref layerfs.CacheRef) error {
+	cache := &v1alpha1.Cache{ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name}}
+	if err := c.client.Create(ctx, cache, client.FieldOwner(c.fieldManager())); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create Cache %s on first use: %w", ref, err)
+	}
+	return nil
+}
+
+// get returns the Cache of ref, or nil if there is none.
+func (c *caches) get(ctx context.Context, ref layerfs.CacheRef) (*v1alpha1.Cache, error) {
+	var cache v1alpha1.Cache
+	err := c.client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get Cache %s: %w", ref, err)
+	}
+	return &cache, nil
+}
+
+// nodeStatus is this node's status entry for a cache.
+// Unpublished is counted for a cache that syncs through a registry only.
+func nodeStatus(node string, info layerfs.CacheInfo, published bool) v1alpha1.NodeCacheStatus {
+	st := v1alpha1.NodeCacheStatus{
+		Node: node, Generation: info.Generation, Layers: int32(len(info.Layers)),
+		SizeBytes: info.Bytes, LastWriter: info.LastWriter,
+	}
+	if published {
+		st.Unpublished = int32(len(unpublished(info)))
+	}
+	if !info.LastUsed.IsZero() {
+		// The API stores seconds; rounding here keeps repeated applies of an
+		// unchanged cache identical, so they are no-ops on the server.
+		t := metav1.NewTime(info.LastUsed.Truncate(time.Second))
+		st.LastUsed = &t
+	}
+	return st
+}
+
+// statusApply is the server-side apply body that states this node's entry
+// of a Cache's status; with entry nil it states none, which removes the
+// entry this field manager applied before.
+func statusApply(ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) (*unstructured.Unstructured, error) {
+	u := &unstructured.Unstructured{Object: map[string]any{}}
+	u.SetAPIVersion(v1alpha1.GroupVersion.String())
+	u.SetKind("Cache")
+	u.SetNamespace(ref.Namespace)
+	u.SetName(ref.Name)
+	if entry == nil {
+		return u, nil
+	}
+	fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(entry)
+	if err != nil {
+		return nil, fmt.Errorf("encode status of cache %s: %w", ref, err)
+	}
+	u.Object["status"] = map[string]any{"nodes": []any{fields}}
+	return u, nil
+}
+
+// applyStatus states this node's entry on the Cache. A Cache that does not
+// exist is left alone: the agent creates Caches only for claims.
+func (c *caches) applyStatus(ctx context.Context, info layerfs.CacheInfo, published bool) error {
+	st := nodeStatus(c.node, info, published)
+	return c.apply(ctx, info.Cache, &st)
+}
+
+// removeStatus withdraws this node's entry from the Cache.
+func (c *caches) removeStatus(ctx context.Context, ref layerfs.CacheRef) error {
+	return c.apply(ctx, ref, nil)
+}
+
+func (c *caches) apply(ctx context.Context, ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) error {
+	u, err := statusApply(ref, entry)
+	if err != nil {
+		return err
+	}
+	err = c.client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u),
+		client.FieldOwner(c.fieldManager()), client.ForceOwnership)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("apply status of node %s on Cache %s: %w", c.node, ref, err)
+	}
+	return nil
+}
+
+// casAttempts bounds the optimistic updates of a Cache's published chain;
+// each conflict means another node's write landed, so the loop ends.
+const casAttempts = 20
+
+// updatePublished changes the Cache's published chain with an optimistic
+// lock: it reads the Cache from the API server, lets change edit the chain
+// (nil before the first layer; change returns false to write nothing), and
+// patches with the read resourceVersion as precondition, re-reading on a
+// conflict. The Cache is the sequencer of the chain: two nodes appending
+// at once both land, one after the other. It returns the chain as written
+// (or as read, when change wrote nothing); nil if the Cache is gone.
+func (c *caches) updatePublished(ctx context.Context, ref layerfs.CacheRef, change func(*v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool)) (*v1alpha1.Cache, error) {
+	for range casAttempts {
+		var cache v1alpha1.Cache
+		err := c.reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("get Cache %s: %w", ref, err)
+		}
+		if cache.DeletionTimestamp != nil {
+			return nil, nil
+		}
+		orig := cache.DeepCopy()
+		next, changed := change(cache.Status.Published.DeepCopy())
+		if !changed {
+			return &cache, nil
+		}
+		cache.Status.Published = next
+		err = c.client.Status().Patch(ctx, &cache, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}),
+			client.FieldOwner(c.fieldManager()))
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("update the published chain of Cache %s: %w", ref, err)
+		}
+		return &cache, nil
+	}
+	return nil, fmt.Errorf("update the published chain of Cache %s: still conflicting after %d attempts; retried later", ref, casAttempts)
+}
+
+// live reads a Cache from the API server; nil if there is none.
+func (c *caches) live(ctx context.Context, ref layerfs.CacheRef) (*v1alpha1.Cache, error) {
+	var cache v1alpha1.Cache
+	err := c.reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get Cache %s: %w", ref, err)
+	}
+	return &cache, nil
+}

@@ -1,0 +1,327 @@
+package nodeagent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+)
+
+// StorageClass parameters.
+const (
+	paramUID  = "uid"
+	paramGID  = "gid"
+	paramMode = "mode"
+	// paramAllowSetuid and paramAllowDevices ("true") mount the class's
+	// volumes without nosuid or nodev, for the rare cache that must hold
+	// working set-id programs or device nodes. StorageClasses are the
+	// cluster admin's, so builds cannot ask for it themselves.
+	paramAllowSetuid  = "allowSetuid"
+	paramAllowDevices = "allowDevices"
+)
+
+// Event reasons; they double as the reason label of the failures metric
+// (lower-cased), so keep the set small and fixed.
+const (
+	reasonInvalidAnnotation   = "InvalidAnnotation"
+	reasonInvalidStorageClass = "InvalidStorageClass"
+	reasonCacheTemplate       = "CacheTemplateFailed"
+	reasonCacheAccessDenied   = "CacheAccessDenied"
+	reasonCacheDeleting       = "CacheDeleting"
+	reasonModeForcedRead      = "ModeForcedRead"
+	reasonMountFailed         = "MountFailed"
+	reasonCommitted           = "Committed"
+	reasonCommitDropped       = "CommitDropped"
+	reasonCommitTorn          = "CommitTorn"
+	reasonCommitOverLimit     = "CommitOverLimit"
+	reasonDiscarded           = "Discarded"
+	reasonCommitFailed        = "CommitFailed"
+	reasonDiscardFailed       = "DiscardFailed"
+	reasonInvalidVolume       = "InvalidVolumeAnnotations"
+	reasonRemountFailed       = "RemountFailed"
+	reasonRetention           = "RetentionExceeded"
+)
+
+// claimError is a claim that cannot be provisioned as it stands. Reason is
+// the Event reason; the message names the input, its value and the fix.
+type claimError struct {
+	Reason  string
+	Message string
+}
+
+func (e *claimError) Error() string { return e.Message }
+
+func annotationError(key, value, fix string) error {
+	return &claimError{Reason: reasonInvalidAnnotation,
+		Message: fmt.Sprintf("annotation %s has value %q: %s", key, value, fix)}
+}
+
+func classError(class, format string, args ...any) error {
+	return &claimError{Reason: reasonInvalidStorageClass,
+		Message: fmt.Sprintf("StorageClass %q: ", class) + fmt.Sprintf(format, args...)}
+}
+
+// volumeRequest is what a claim and its class ask for, validated.
+type volumeRequest struct {
+	Cache  layerfs.CacheRef
+	Mode   string // v1alpha1.ModeWrite or ModeRead
+	Commit string // v1alpha1.Commit*
+	// ForcedRead is set when the class turned an explicit write into a read.
+	ForcedRead bool
+	UID, GID   int
+	Perm       os.FileMode
+	Writer     string
+	// AllowSetuid and AllowDevices come from the class.
+	AllowSetuid, AllowDevices bool
+	// LimitBytes is the claim's storage request: the most the build may
+	// add to the cache.
+	LimitBytes int64
+	// Registry is where the cache syncs across nodes; nil for a
+	// node-local cache.
+	Registry *registryRef
+}
+
+func (r volumeRequest) mountOptions() layerfs.MountOptions {
+	return layerfs.MountOptions{
+		Cache: r.Cache, ReadOnly: r.Mode == v1alpha1.ModeRead,
+		UID: r.UID, GID: r.GID, Mode: r.Perm, Writer: r.Writer,
+		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices, LimitBytes: r.LimitBytes,
+	}
+}
+
+// classParams are a StorageClass's parameters, validated.
+type classParams struct {
+	Name      string
+	UID, GID  int
+	Perm      os.FileMode
+	ForceRead bool
+	// AllowSetuid and AllowDevices lift nosuid and nodev.
+	AllowSetuid, AllowDevices bool
+	// CacheTemplate names the cache of claims without the cache
+	// annotation; nil if the class has none.
+	CacheTemplate *cacheTemplate
+	// Registry syncs the class's caches across nodes; nil for node-local
+	// caches.
+	Registry *registryParams
+}
+
+// needsPod tells whether parseClaim needs the claim's owning pod.
+func (c classParams) needsPod(claim *corev1.PersistentVolumeClaim) bool {
+	_, annotated := claim.Annotations[v1alpha1.AnnotationCache]
+	return c.CacheTemplate != nil && !annotated
+}
+
+// parseClass validates the class: late binding, no mount options, and known
+// parameters with valid values.
+func parseClass(class *storagev1.StorageClass) (classParams, error) {
+	p := classParams{Name: class.Name}
+	if class.VolumeBindingMode == nil || *class.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
+		mode := storagev1.VolumeBindingImmediate
+		if class.VolumeBindingMode != nil {
+			mode = *class.VolumeBindingMode
+		}
+		return p, classError(class.Name, "volumeBindingMode is %s, but a layercache volume lives on the node that runs its pod; recreate the class with volumeBindingMode: WaitForFirstConsumer", mode)
+	}
+	if len(class.MountOptions) > 0 {
+		return p, classError(class.Name, "mountOptions %q are set, but layercache volumes are hostPath volumes, which take no mount options; remove mountOptions from the class", class.MountOptions)
+	}
+	var unknown []string
+	for k := range class.Parameters {
+		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout}, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid, mode, allowSetuid, allowDevices, registry, registrySecret and syncTimeout", unknown)
+	}
+	var err error
+	if p.Registry, err = parseRegistry(class); err != nil {
+		return p, err
+	}
+	if text, ok := class.Parameters[paramCache]; ok {
+		if p.CacheTemplate, err = parseCacheTemplate(class.Name, text); err != nil {
+			return p, err
+		}
+	}
+	if p.UID, err = parseID(class.Name, paramUID, class.Parameters[paramUID]); err != nil {
+		return p, err
+	}
+	if p.GID, err = parseID(class.Name, paramGID, class.Parameters[paramGID]); err != nil {
+		return p, err
+	}
+	if p.AllowSetuid, err = parseBool(class.Name, paramAllowSetuid, class.Parameters[paramAllowSetuid]); err != nil {
+		return p, err
+	}
+	if p.AllowDevices, err = parseBool(class.Name, paramAllowDevices, class.Parameters[paramAllowDevices]); err != nil {
+		return p, err
+	}
+	switch v := class.Parameters[paramMode]; v {
+	case "":
+	case v1alpha1.ModeRead:
+		p.ForceRead = true
+	default:
+		perm, err := strconv.ParseUint(v, 8, 32)
+		if err != nil || perm > 0o7777 {
+			return p, classError(class.Name, "parameter mode has value %q: use an octal permission of the volume root such as \"0775\", or \"read\" to make every volume of the class a read-only view", v)
+		}
+		// Mode 0 would read as "default" to the store; a volume root nobody
+		// may enter is never what a class means, so refuse it.
+		if perm&0o777 == 0 {
+			return p, classError(class.Name, "parameter mode has value %q, which lets nobody use the volume; use a permission such as \"0775\"", v)
+		}
+		if perm&0o7000 != 0 {
+			return p, classError(class.Name, "parameter mode has value %q: setuid, setgid and sticky bits are not supported on the volume root; use a permission such as \"0775\"", v)
+		}
+		p.Perm = os.FileMode(perm)
+	}
+	return p, nil
+}
+
+func parseBool(class, key, value string) (bool, error) {
+	switch value {
+	case "", "false":
+		return false, nil
+	case "true":
+		return true, nil
+	}
+	return false, classError(class, "parameter %s has value %q: use \"true\" or \"false\" (the default)", key, value)
+}
+
+func parseID(class, key, value string) (int, error) {
+	if value == "" {
+		return 0, nil
+	}
+	id, err := strconv.ParseUint(value, 10, 31)
+	if err != nil {
+		return 0, classError(class, "parameter %s has value %q: use a numeric id >= 0, for example %s: \"1000\"", key, value, key)
+	}
+	return int(id), nil
+}
+
+// parseClaim validates a claim's annotations against its class and returns
+// what to mount. pod is the pod that owns the claim, if any; it matters only
+// when the class's cache template names the cache. It does not check access
+// to another namespace's cache.
+func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod) (volumeRequest, error) {
+	req := volumeRequest{
+		UID: class.UID, GID: class.GID, Perm: class.Perm, Writer: writerOf(claim),
+		AllowSetuid: class.AllowSetuid, AllowDevices: class.AllowDevices,
+	}
+	if q, ok := claim.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
+		req.LimitBytes = q.Value()
+	}
+	ann := claim.Annotations
+
+	ref, err := claimCache(claim, class, pod)
+	if err != nil {
+		return req, err
+	}
+	req.Cache = ref
+	req.Registry = class.Registry.forCache(ref)
+	own := ref.Namespace == claim.Namespace
+
+	switch m := ann[v1alpha1.AnnotationMode]; m {
+	case "":
+		req.Mode = v1alpha1.ModeWrite
+		if !own {
+			req.Mode = v1alpha1.ModeRead
+		}
+	case v1alpha1.ModeRead:
+		req.Mode = m
+	case v1alpha1.ModeWrite:
+		if !own {
+			return req, &claimError{Reason: reasonInvalidAnnotation,
+				Message: fmt.Sprintf("annotation %s is %q, but cache %s belongs to namespace %q and a claim may only read another namespace's cache; set %s: %s, or use a cache of namespace %q",
+					v1alpha1.AnnotationMode, m, ref, ref.Namespace, v1alpha1.AnnotationMode, v1alpha1.ModeRead, claim.Namespace)}
+		}
+		req.Mode = m
+	default:
+		return req, annotationError(v1alpha1.AnnotationMode, m,
+			fmt.Sprintf("use %q or %q, or remove the annotation (the default is write in the cache's own namespace and read for another namespace's cache)", v1alpha1.ModeWrite, v1alpha1.ModeRead))
+	}
+	if class.ForceRead && req.Mode == v1alpha1.ModeWrite {
+		req.Mode = v1alpha1.ModeRead
+		req.ForcedRead = ann[v1alpha1.AnnotationMode] == v1alpha1.ModeWrite
+	}
+
+	switch c := ann[v1alpha1.AnnotationCommit]; c {
+	case "":
+		req.Commit = v1alpha1.CommitOnSuccess
+	case v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker:
+		req.Commit = c
+	default:
+		return req, annotationError(v1alpha1.AnnotationCommit, c,
+			fmt.Sprintf("use %q, %q, %q or %q, or remove the annotation (the default is %s)",
+				v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker, v1alpha1.CommitOnSuccess))
+	}
+	return req, nil
+}
+
+// claimCache is the cache the claim names by annotation, or else the one
+// its class's template names for it. The annotation wins.
+func claimCache(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod) (layerfs.CacheRef, error) {
+	if raw, ok := claim.Annotations[v1alpha1.AnnotationCache]; ok {
+		return parseCacheAnnotation(claim.Namespace, raw)
+	}
+	if class.CacheTemplate == nil {
+		return layerfs.CacheRef{}, &claimError{Reason: reasonInvalidAnnotation,
+			Message: fmt.Sprintf("annotation %s is missing and StorageClass %q has no %s parameter: set the annotation to the name of the cache to use, for example %s: maven, or use a class whose %s parameter names it",
+				v1alpha1.AnnotationCache, class.Name, paramCache, v1alpha1.AnnotationCache, paramCache)}
+	}
+	raw, err := cacheFromTemplate(class.Name, class.CacheTemplate, templateData(claim, pod))
+	if err != nil {
+		return layerfs.CacheRef{}, err
+	}
+	ref, err := parseCacheAnnotation(claim.Namespace, raw)
+	if err != nil {
+		return ref, &claimError{Reason: reasonCacheTemplate,
+			Message: fmt.Sprintf("StorageClass %q: parameter %s %q named the cache %q for this claim, which is not valid: %v",
+				class.Name, paramCache, class.CacheTemplate.text, raw, err)}
+	}
+	return ref, nil
+}
+
+// parseCacheAnnotation reads NAME (a cache of the claim's namespace) or
+// NAMESPACE/NAME.
+func parseCacheAnnotation(claimNamespace, value string) (layerfs.CacheRef, error) {
+	fix := "use NAME for a cache of the claim's namespace or NAMESPACE/NAME for another namespace's cache, where both are DNS-1123 labels (lower-case letters, digits and '-', at most 63 characters)"
+	ref := layerfs.CacheRef{Namespace: claimNamespace, Name: value}
+	if ns, name, ok := strings.Cut(value, "/"); ok {
+		if strings.Contains(name, "/") {
+			return ref, annotationError(v1alpha1.AnnotationCache, value, "it has more than one '/'; "+fix)
+		}
+		ref = layerfs.CacheRef{Namespace: ns, Name: name}
+	}
+	if err := ref.Validate(); err != nil {
+		var invalid *layerfs.InvalidNameError
+		if errors.As(err, &invalid) {
+			return ref, annotationError(v1alpha1.AnnotationCache, value, fmt.Sprintf("the %s name %q is not valid (%s); %s", invalid.Kind, invalid.Value, invalid.Reason, fix))
+		}
+		return ref, annotationError(v1alpha1.AnnotationCache, value, fix)
+	}
+	return ref, nil
+}
+
+// writerOf names who will write through the volume: the pod that owns a
+// generic ephemeral volume's claim, else the claim itself.
+func writerOf(claim *corev1.PersistentVolumeClaim) string {
+	if pod, ok := owningPod(claim); ok {
+		return claim.Namespace + "/" + pod.Name
+	}
+	return claim.Namespace + "/" + claim.Name
+}
+
+// readerGranted tells whether a Cache lets namespace read it.
+func readerGranted(cache *v1alpha1.Cache, namespace string) bool {
+	return slices.Contains(cache.Spec.Readers, namespace)
+}

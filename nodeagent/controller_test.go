@@ -1,0 +1,130 @@
+package nodeagent
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+// TestControllerTwoNodes runs the provisioner library's controller for two
+// node agents against one fake API: each provisions only the claims placed
+// on its node, and the owner commits the volume when the PV is released.
+func TestControllerTwoNodes(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	class := testClass(map[string]string{"uid": "1000"})
+	clientset := k8sfake.NewClientset(class)
+	cacheClient := newCacheClient(t)
+
+	agents := map[string]*testEnv{}
+	for _, node := range []string{"node-a", "node-b"} {
+		st := newFakeStore()
+		env := newTestEnv(t, st)
+		opts := DefaultOptions()
+		opts.NodeName = node
+		opts.ResyncInterval = time.Hour
+		a := newAgent(opts, st, &caches{client: cacheClient, reader: cacheClient, node: node}, env.events, testMetrics(t))
+		if err := a.wire(ctx, clientset, prometheus.NewRegistry()); err != nil {
+			t.Fatal(err)
+		}
+		env.prov, env.maint, env.client = a.prov, a.maint, cacheClient
+		agents[node] = env
+		go func() {
+			if err := a.run(ctx); err != nil {
+				t.Errorf("agent %s: %v", node, err)
+			}
+		}()
+	}
+
+	claim := func(name string, ann map[string]string) *corev1.PersistentVolumeClaim {
+		c := testClaim("ci", map[string]string{
+			annSelectedNode: "node-a",
+			"volume.kubernetes.io/storage-provisioner": v1alpha1.ProvisionerName,
+		})
+		for k, v := range ann {
+			c.Annotations[k] = v
+		}
+		c.Name, c.UID = name, types.UID("uid-"+name)
+		c.Spec.StorageClassName = &class.Name
+		c.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
+		c.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}
+		return c
+	}
+	for _, c := range []*corev1.PersistentVolumeClaim{
+		claim("good", map[string]string{v1alpha1.AnnotationCache: "maven"}),
+		claim("bad", map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationCommit: "sometimes"}),
+	} {
+		if _, err := clientset.CoreV1().PersistentVolumeClaims("ci").Create(ctx, c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var pv *corev1.PersistentVolume
+	poll(t, ctx, "PV of the good claim", func() bool {
+		var err error
+		pv, err = clientset.CoreV1().PersistentVolumes().Get(ctx, "pvc-uid-good", metav1.GetOptions{})
+		return err == nil
+	})
+	if pv.Annotations[v1alpha1.AnnotationNode] != "node-a" || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Name != "good" {
+		t.Errorf("PV %s: node %q claimRef %v, want node-a's PV bound to ci/good", pv.Name, pv.Annotations[v1alpha1.AnnotationNode], pv.Spec.ClaimRef)
+	}
+	var warnings []string
+	poll(t, ctx, "event on the bad claim", func() bool {
+		warnings = append(warnings, agents["node-a"].drainEvents()...)
+		for _, w := range warnings {
+			if strings.HasPrefix(w, "Warning InvalidAnnotation") && strings.Contains(w, "layercache.dev/commit") {
+				return true
+			}
+		}
+		return false
+	})
+	if _, err := clientset.CoreV1().PersistentVolumes().Get(ctx, "pvc-uid-bad", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the bad claim got a PV (err %v)", err)
+	}
+
+	// The pod succeeded, the manager recorded it and released the claim.
+	pv.Annotations[v1alpha1.AnnotationPodOutcome] = v1alpha1.OutcomeSucceeded
+	pv.Status.Phase = corev1.VolumeReleased
+	if _, err := clientset.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, ctx, "commit and PV deletion", func() bool {
+		_, err := clientset.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) && len(agents["node-a"].store.committed()) == 1
+	})
+	poll(t, ctx, "node-a's status entry at generation 1", func() bool {
+		var cache v1alpha1.Cache
+		if err := cacheClient.Get(ctx, clientKey(maven), &cache); err != nil {
+			return false
+		}
+		return len(cache.Status.Nodes) == 1 && cache.Status.Nodes[0].Node == "node-a" && cache.Status.Nodes[0].Generation == 1
+	})
+
+	if b := agents["node-b"].store; b.mountCount() != 0 || len(b.committed()) != 0 {
+		t.Errorf("node-b touched node-a's claim: %d mounts, commits %v", b.mountCount(), b.committed())
+	}
+}
+
+// poll waits for cond, failing the test after a generous bound; it is a
+// wait for asynchronous controllers, not a measurement.
+func poll(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+}

@@ -1,0 +1,373 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+)
+
+func testScheme(t testing.TB) *runtime.Scheme {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// newCacheClient is a controller-runtime fake client holding Caches.
+func newCacheClient(t testing.TB, objs ...client.Object) client.Client {
+	t.Helper()
+	return fake.NewClientBuilder().WithScheme(testScheme(t)).
+		WithObjects(objs...).WithStatusSubresource(&v1alpha1.Cache{}).Build()
+}
+
+func testMetrics(t testing.TB) *metrics {
+	t.Helper()
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// testEnv is a provisioner for node-a over a fake store and a fake API.
+type testEnv struct {
+	prov   *Provisioner
+	maint  *maintainer
+	store  *fakeStore
+	client client.Client
+	events *record.FakeRecorder
+}
+
+func newTestEnv(t testing.TB, st store, objs ...client.Object) *testEnv {
+	t.Helper()
+	fs, _ := st.(*fakeStore)
+	if st == nil {
+		fs = newFakeStore()
+		st = fs
+	}
+	c := newCacheClient(t, objs...)
+	events := record.NewFakeRecorder(100)
+	opts := DefaultOptions()
+	opts.NodeName = "node-a"
+	a := newAgent(opts, st, &caches{client: c, reader: c, node: "node-a"}, events, testMetrics(t))
+	return &testEnv{prov: a.prov, maint: a.maint, store: fs, client: c, events: events}
+}
+
+// drainEvents returns the events recorded so far as "Type Reason Message".
+func (e *testEnv) drainEvents() []string {
+	var out []string
+	for {
+		select {
+		case ev := <-e.events.Events:
+			out = append(out, ev)
+		default:
+			return out
+		}
+	}
+}
+
+// wantEvent checks that exactly one recorded event starts with prefix
+// ("Warning InvalidAnnotation") and contains every substring.
+func (e *testEnv) wantEvent(t testing.TB, prefix string, contains ...string) {
+	t.Helper()
+	events := e.drainEvents()
+	var found []string
+	for _, ev := range events {
+		if strings.HasPrefix(ev, prefix+" ") {
+			found = append(found, ev)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("want one event %q, got events %q", prefix, events)
+	}
+	for _, c := range contains {
+		if !strings.Contains(found[0], c) {
+			t.Errorf("event %q does not contain %q", found[0], c)
+		}
+	}
+}
+
+// fakeStore stands in for layerfs.Store in tests of the agent's decisions.
+type fakeStore struct {
+	mu        sync.Mutex
+	volumes   map[string]*layerfs.Volume
+	caches    map[layerfs.CacheRef]*layerfs.CacheInfo
+	mountOpts map[string]layerfs.MountOptions
+	mounts    int
+	commits   []string
+	discards  []string
+	removed   []layerfs.CacheRef
+	squashed  []layerfs.CacheRef
+	commitErr error
+	gcRemoves []layerfs.CacheRef
+	maxLayers int
+	// control holds the control files each volume's build wrote.
+	control map[string][]string
+	// torn volumes were mounted when the node went down.
+	torn map[string]bool
+	// written is how many bytes each volume's build wrote.
+	written map[string]int64
+}
+
+func newFakeStore() *fakeStore {
+	return &fakeStore{
+		volumes:   map[string]*layerfs.Volume{},
+		caches:    map[layerfs.CacheRef]*layerfs.CacheInfo{},
+		mountOpts: map[string]layerfs.MountOptions{},
+		maxLayers: 2,
+		control:   map[string][]string{},
+		torn:      map[string]bool{},
+		written:   map[string]int64{},
+	}
+}
+
+func (s *fakeStore) cache(ref layerfs.CacheRef) *layerfs.CacheInfo {
+	c, ok := s.caches[ref]
+	if !ok {
+		c = &layerfs.CacheInfo{Cache: ref}
+		s.caches[ref] = c
+	}
+	return c
+}
+
+func (s *fakeStore) Mount(_ context.Context, id string, opts layerfs.MountOptions) (*layerfs.Volume, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mounts++
+	if v, ok := s.volumes[id]; ok {
+		v.Mounted = true
+		c := *v
+		return &c, nil
+	}
+	c := s.cache(opts.Cache)
+	c.LastUsed = time.Now()
+	v := &layerfs.Volume{
+		ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
+		BaseGeneration: c.Generation, MergedPath: "/fake/volumes/" + id + "/merged", Mounted: true,
+	}
+	s.volumes[id] = v
+	s.mountOpts[id] = opts
+	c.Volumes = append(c.Volumes, id)
+	out := *v
+	return &out, nil
+}
+
+func (s *fakeStore) Commit(_ context.Context, id string) (layerfs.CommitResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.volumes[id]
+	if !ok {
+		return layerfs.CommitResult{}, fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
+	}
+	if v.ReadOnly {
+		return layerfs.CommitResult{}, errors.New("read-only volume")
+	}
+	if s.commitErr != nil {
+		return layerfs.CommitResult{}, s.commitErr
+	}
+	if limit := s.mountOpts[id].LimitBytes; limit > 0 && s.written[id] > limit {
+		delete(s.volumes, id)
+		s.discards = append(s.discards, id)
+		return layerfs.CommitResult{Cache: v.Cache, OverLimit: true, Bytes: s.written[id], Generation: s.cache(v.Cache).Generation}, nil
+	}
+	if s.torn[id] {
+		delete(s.volumes, id)
+		s.discards = append(s.discards, id)
+		return layerfs.CommitResult{Cache: v.Cache, Torn: true, Generation: s.cache(v.Cache).Generation}, nil
+	}
+	s.commits = append(s.commits, id)
+	delete(s.volumes, id)
+	c, ok := s.caches[v.Cache]
+	if !ok {
+		return layerfs.CommitResult{Dropped: true}, nil
+	}
+	c.Generation++
+	c.Layers = append([]layerfs.LayerInfo{{ID: fmt.Sprintf("l%d", c.Generation), Bytes: 100}}, c.Layers...)
+	c.Bytes += 100
+	c.LastWriter = v.Writer
+	c.Volumes = without(c.Volumes, id)
+	return layerfs.CommitResult{Generation: c.Generation, Layer: c.Layers[0].ID, Bytes: 100, NeedsSquash: len(c.Layers) > s.maxLayers}, nil
+}
+
+func without(ids []string, id string) []string {
+	var out []string
+	for _, x := range ids {
+		if x != id {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func (s *fakeStore) Discard(_ context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.volumes[id]
+	if !ok {
+		return fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
+	}
+	s.discards = append(s.discards, id)
+	delete(s.volumes, id)
+	if c, ok := s.caches[v.Cache]; ok {
+		c.Volumes = without(c.Volumes, id)
+	}
+	return nil
+}
+
+func (s *fakeStore) Volume(_ context.Context, id string) (*layerfs.Volume, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.volumes[id]
+	if !ok {
+		return nil, fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
+	}
+	c := *v
+	return &c, nil
+}
+
+func (s *fakeStore) HasControlFile(_ context.Context, id, name string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.volumes[id]; !ok {
+		return false, fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
+	}
+	return slices.Contains(s.control[id], name), nil
+}
+
+func (s *fakeStore) Squash(_ context.Context, ref layerfs.CacheRef, _ int) (layerfs.SquashResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.squashed = append(s.squashed, ref)
+	return layerfs.SquashResult{Squashed: true}, nil
+}
+
+func (s *fakeStore) GC(_ context.Context, _ layerfs.GCOptions) (layerfs.GCResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ref := range s.gcRemoves {
+		delete(s.caches, ref)
+	}
+	return layerfs.GCResult{RemovedCaches: s.gcRemoves}, nil
+}
+
+func (s *fakeStore) Remove(_ context.Context, ref layerfs.CacheRef) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.caches[ref]; !ok {
+		return fmt.Errorf("cache %s: %w", ref, layerfs.ErrNotFound)
+	}
+	delete(s.caches, ref)
+	s.removed = append(s.removed, ref)
+	return nil
+}
+
+// RemoveIfUnused keeps caches a writable volume uses, as the store does.
+func (s *fakeStore) RemoveIfUnused(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
+	s.mu.Lock()
+	c, ok := s.caches[ref]
+	if !ok {
+		s.mu.Unlock()
+		return false, nil
+	}
+	for _, id := range c.Volumes {
+		if v := s.volumes[id]; v != nil && !v.ReadOnly {
+			s.mu.Unlock()
+			return false, nil
+		}
+	}
+	s.mu.Unlock()
+	return true, s.Remove(ctx, ref)
+}
+
+func (s *fakeStore) List(_ context.Context) ([]layerfs.CacheInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []layerfs.CacheInfo
+	for _, c := range s.caches {
+		out = append(out, *c)
+	}
+	return out, nil
+}
+
+func (s *fakeStore) Inspect(_ context.Context, ref layerfs.CacheRef) (layerfs.CacheInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.caches[ref]
+	if !ok {
+		return layerfs.CacheInfo{}, fmt.Errorf("cache %s: %w", ref, layerfs.ErrNotFound)
+	}
+	return *c, nil
+}
+
+func (s *fakeStore) Recover(context.Context) (layerfs.RecoverResult, error) {
+	return layerfs.RecoverResult{}, nil
+}
+
+// metricValue reads a counter or gauge.
+func metricValue(t testing.TB, m prometheus.Metric) float64 {
+	t.Helper()
+	var out dto.Metric
+	if err := m.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case out.Counter != nil:
+		return out.Counter.GetValue()
+	case out.Gauge != nil:
+		return out.Gauge.GetValue()
+	}
+	t.Fatalf("metric %v is neither counter nor gauge", m.Desc())
+	return 0
+}
+
+func (s *fakeStore) committed() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.commits...)
+}
+
+func (s *fakeStore) mountCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mounts
+}
+
+func clientKey(ref layerfs.CacheRef) client.ObjectKey {
+	return client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}
+}
+
+var errFakeStoreSync = errors.New("fakeStore keeps no layer data; sync tests use a real store")
+
+func (s *fakeStore) ExportLayer(context.Context, layerfs.CacheRef, string, io.Writer) error {
+	return errFakeStoreSync
+}
+
+func (s *fakeStore) SetLayerDigest(context.Context, layerfs.CacheRef, string, string) error {
+	return errFakeStoreSync
+}
+
+func (s *fakeStore) Sync(context.Context, layerfs.CacheRef, layerfs.Chain, layerfs.Fetch, layerfs.SyncOptions) (layerfs.SyncResult, error) {
+	return layerfs.SyncResult{}, errFakeStoreSync
+}

@@ -1,0 +1,122 @@
+package nodeagent
+
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/layercache/layercache/layerfs"
+)
+
+// metrics are the node agent's Prometheus metrics. Per-cache series carry
+// namespace and cache labels and are dropped when the cache leaves the node.
+type metrics struct {
+	provisionSeconds *prometheus.HistogramVec
+	commitSeconds    prometheus.Histogram
+	hits, misses     *prometheus.CounterVec
+	bytes, layers    *prometheus.GaugeVec
+	generation       *prometheus.GaugeVec
+	failures         *prometheus.CounterVec
+	ends             *prometheus.CounterVec
+
+	registryBytes, registryLayers *prometheus.CounterVec
+	registrySeconds               *prometheus.HistogramVec
+}
+
+// Operations of the failures metric.
+const (
+	opProvision = "provision"
+	opCommit    = "commit"
+	opDiscard   = "discard"
+	opRemount   = "remount"
+	opSquash    = "squash"
+	opGC        = "gc"
+	opReport    = "report"
+	opRemove    = "remove"
+	opRecover   = "recover"
+	opPush      = "push"
+	opPull      = "pull"
+)
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	cacheLabels := []string{"namespace", "cache"}
+	// Mounts and commits are renames and mounts: milliseconds, unless the
+	// disk or the kernel is in trouble, which the upper buckets show.
+	buckets := prometheus.ExponentialBuckets(0.001, 2, 16) // 1ms .. 33s
+	m := &metrics{
+		provisionSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "layercache_provision_duration_seconds", Buckets: buckets,
+			Help: "Time to provision a volume: validate the claim, mount the cache view, build the PV.",
+		}, []string{"mode"}),
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "layercache_commit_duration_seconds", Buckets: buckets,
+			Help: "Time to commit a released volume's changes as the cache's newest layer.",
+		}),
+		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "layercache_cache_hits_total",
+			Help: "Volumes provisioned from a cache that already had a committed generation on this node.",
+		}, cacheLabels),
+		misses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "layercache_cache_misses_total",
+			Help: "Volumes provisioned from a cache with nothing committed on this node yet.",
+		}, cacheLabels),
+		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "layercache_cache_bytes",
+			Help: "Bytes of a cache's committed layers on this node.",
+		}, cacheLabels),
+		layers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "layercache_cache_layers",
+			Help: "Committed layers of a cache on this node.",
+		}, cacheLabels),
+		generation: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "layercache_cache_generation",
+			Help: "Generation of a cache on this node.",
+		}, cacheLabels),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "layercache_failures_total",
+			Help: "Failed operations by operation and reason.",
+		}, []string{"operation", "reason"}),
+		ends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "layercache_volume_ends_total",
+			Help: "Volumes whose build ended, by result (committed, discarded, dropped) and by what ended it: the pod's end (pod) or the claim's release (release).",
+		}, []string{"result", "trigger"}),
+		registryBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "layercache_registry_bytes_total",
+			Help: "Bytes of layers moved between this node and registries, by direction (push: compressed blobs; pull: layers unpacked on disk).",
+		}, []string{"direction"}),
+		registryLayers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "layercache_registry_layers_total",
+			Help: "Layers moved between this node and registries, by direction (push, pull).",
+		}, []string{"direction"}),
+		registrySeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "layercache_registry_duration_seconds", Buckets: buckets,
+			Help: "Time to push one layer (export, compress, upload, append to the Cache's chain) or to pull a cache's missing layers.",
+		}, []string{"direction"}),
+	}
+	for _, c := range []prometheus.Collector{m.provisionSeconds, m.commitSeconds, m.hits, m.misses, m.bytes, m.layers, m.generation, m.failures, m.ends, m.registryBytes, m.registryLayers, m.registrySeconds} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) fail(op, reason string) {
+	m.failures.WithLabelValues(op, strings.ToLower(reason)).Inc()
+}
+
+func (m *metrics) setCache(info layerfs.CacheInfo) {
+	ns, name := info.Cache.Namespace, info.Cache.Name
+	m.bytes.WithLabelValues(ns, name).Set(float64(info.Bytes))
+	m.layers.WithLabelValues(ns, name).Set(float64(len(info.Layers)))
+	m.generation.WithLabelValues(ns, name).Set(float64(info.Generation))
+}
+
+func (m *metrics) forgetCache(c layerfs.CacheRef) {
+	for _, v := range []*prometheus.GaugeVec{m.bytes, m.layers, m.generation} {
+		v.DeleteLabelValues(c.Namespace, c.Name)
+	}
+	for _, v := range []*prometheus.CounterVec{m.hits, m.misses} {
+		v.DeleteLabelValues(c.Namespace, c.Name)
+	}
+}

@@ -1,0 +1,165 @@
+package nodeagent
+
+import (
+	"fmt"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+)
+
+// labelNode selects the PVs of one node server-side (the annotation of the
+// same name is the identity the DeletionGuard checks).
+const labelNode = v1alpha1.AnnotationNode
+
+// hostnameLabel is the node label that PV node affinity matches.
+const hostnameLabel = corev1.LabelHostname
+
+// pvSpec is everything a provisioned PV records.
+type pvSpec struct {
+	Name     string
+	Node     string // node name: identity of the agent that owns the volume
+	Hostname string // value of the node's kubernetes.io/hostname label
+	Request  volumeRequest
+	Volume   *layerfs.Volume
+	Claim    *corev1.PersistentVolumeClaim
+	Class    *storagev1.StorageClass
+}
+
+// buildPV returns the hostPath PV of a mounted volume, pinned to its node.
+func buildPV(s pvSpec) *corev1.PersistentVolume {
+	reclaim := corev1.PersistentVolumeReclaimDelete
+	if s.Class.ReclaimPolicy != nil {
+		reclaim = *s.Class.ReclaimPolicy
+	}
+	accessModes := s.Claim.Spec.AccessModes
+	if len(accessModes) == 0 {
+		accessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
+	}
+	hostPathType := corev1.HostPathDirectory
+	return &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   s.Name,
+			Labels: map[string]string{labelNode: s.Node},
+			Annotations: map[string]string{
+				v1alpha1.AnnotationCache:          s.Request.Cache.String(),
+				v1alpha1.AnnotationMode:           s.Request.Mode,
+				v1alpha1.AnnotationCommit:         s.Request.Commit,
+				v1alpha1.AnnotationBaseGeneration: strconv.FormatInt(s.Volume.BaseGeneration, 10),
+				v1alpha1.AnnotationNode:           s.Node,
+			},
+		},
+		Spec: corev1.PersistentVolumeSpec{
+			PersistentVolumeReclaimPolicy: reclaim,
+			AccessModes:                   accessModes,
+			// The volume has no size of its own: it grows on the node's disk.
+			// The claim's request is recorded so that the claim binds.
+			Capacity: corev1.ResourceList{
+				corev1.ResourceStorage: s.Claim.Spec.Resources.Requests[corev1.ResourceStorage],
+			},
+			VolumeMode: s.Claim.Spec.VolumeMode,
+			PersistentVolumeSource: corev1.PersistentVolumeSource{
+				HostPath: &corev1.HostPathVolumeSource{Path: s.Volume.MergedPath, Type: &hostPathType},
+			},
+			NodeAffinity: &corev1.VolumeNodeAffinity{
+				Required: &corev1.NodeSelector{
+					NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+						MatchExpressions: []corev1.NodeSelectorRequirement{{
+							Key: hostnameLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{s.Hostname},
+						}},
+					}},
+				},
+			},
+		},
+	}
+}
+
+// provisioned is what a PV of this agent recorded at provisioning, plus what
+// is known of its build's end: the pods' outcome (recorded on the PV, or
+// seen by the agent) and, under CommitOnMarker, the build's markers.
+type provisioned struct {
+	Cache   layerfs.CacheRef
+	Mode    string
+	Commit  string
+	Outcome string // v1alpha1.Outcome*, or "" when unknown
+	Marker  marker
+}
+
+// marker is what a build said through its volume's control directory.
+type marker int
+
+const (
+	markerNone   marker = iota // no v1alpha1.MarkerCommit
+	markerCommit               // v1alpha1.MarkerCommit and no MarkerAbort
+	markerAbort                // v1alpha1.MarkerAbort, whatever else
+)
+
+// parsePV reads back the annotations buildPV wrote. An error means someone
+// edited them; the message says which and how to repair it.
+func parsePV(pv *corev1.PersistentVolume) (provisioned, error) {
+	var p provisioned
+	ann := pv.Annotations
+	ref, err := layerfs.ParseCacheRef(ann[v1alpha1.AnnotationCache])
+	if err != nil {
+		return p, fmt.Errorf("PV %s: annotation %s: %w; restore it to the NAMESPACE/NAME of the volume's cache", pv.Name, v1alpha1.AnnotationCache, err)
+	}
+	p.Cache = ref
+	switch p.Mode = ann[v1alpha1.AnnotationMode]; p.Mode {
+	case v1alpha1.ModeWrite, v1alpha1.ModeRead:
+	default:
+		return p, fmt.Errorf("PV %s: annotation %s has value %q: restore it to %q or %q", pv.Name, v1alpha1.AnnotationMode, p.Mode, v1alpha1.ModeWrite, v1alpha1.ModeRead)
+	}
+	switch p.Commit = ann[v1alpha1.AnnotationCommit]; p.Commit {
+	case v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker:
+	default:
+		return p, fmt.Errorf("PV %s: annotation %s has value %q: restore it to %q, %q, %q or %q", pv.Name, v1alpha1.AnnotationCommit, p.Commit,
+			v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker)
+	}
+	// Any other outcome value is as good as none: the pod's result is unknown.
+	switch o := ann[v1alpha1.AnnotationPodOutcome]; o {
+	case v1alpha1.OutcomeSucceeded, v1alpha1.OutcomeFailed:
+		p.Outcome = o
+	}
+	return p, nil
+}
+
+// shouldCommit decides the fate of a volume whose build ended: only
+// writable volumes are committed, and only when the policy accepts the
+// pods' outcome, or under on-marker the build's marker. An unknown outcome
+// is committed only under "always".
+func (p provisioned) shouldCommit() bool {
+	if p.Mode != v1alpha1.ModeWrite {
+		return false
+	}
+	switch p.Commit {
+	case v1alpha1.CommitAlways:
+		return true
+	case v1alpha1.CommitOnSuccess:
+		return p.Outcome == v1alpha1.OutcomeSucceeded
+	case v1alpha1.CommitOnMarker:
+		return p.Marker == markerCommit
+	}
+	return false
+}
+
+// discardWhy explains to a user why a volume's changes were not kept.
+func (p provisioned) discardWhy() string {
+	switch {
+	case p.Mode == v1alpha1.ModeRead:
+		return "it was a read-only view of cache " + p.Cache.String()
+	case p.Commit == v1alpha1.CommitNever:
+		return "its commit policy is never"
+	case p.Commit == v1alpha1.CommitOnMarker && p.Marker == markerAbort:
+		return "its build wrote " + v1alpha1.MarkerAbort + " and the commit policy is " + v1alpha1.CommitOnMarker
+	case p.Commit == v1alpha1.CommitOnMarker:
+		return "its build did not write " + v1alpha1.MarkerCommit + " and the commit policy is " + v1alpha1.CommitOnMarker
+	case p.Outcome == v1alpha1.OutcomeFailed:
+		return "its pod failed and the commit policy is " + p.Commit
+	default:
+		return "its pod's outcome is unknown and the commit policy is " + p.Commit + " (only always commits without a known outcome)"
+	}
+}

@@ -1,0 +1,398 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/remote/registrytest"
+)
+
+// The tests in this file run two node agents, each over its own real
+// store, against one API (a fake client) and one registry (in-process,
+// TLS and basic auth): a cache committed on one node reaches the other.
+
+const registrySecret = "registry-creds"
+
+// syncCluster is two nodes that share an API and a registry.
+type syncCluster struct {
+	client client.Client
+	reg    *registrytest.Registry
+	nodes  map[string]*syncNode
+	// password is what the Secret holds; a test may break it.
+	secret *corev1.Secret
+}
+
+type syncNode struct {
+	name   string
+	prov   *Provisioner
+	maint  *maintainer
+	store  *layerfs.Store
+	events *record.FakeRecorder
+}
+
+func newSyncCluster(t *testing.T) *syncCluster {
+	t.Helper()
+	reg := registrytest.New(t)
+	c := &syncCluster{client: newCacheClient(t), reg: reg, nodes: map[string]*syncNode{}}
+	c.secret = &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: registrySecret, Namespace: "layercache-system"},
+		Type:       corev1.SecretTypeDockerConfigJson,
+		Data: map[string][]byte{
+			corev1.DockerConfigJsonKey: reg.DockerConfig(registrytest.User, registrytest.Password),
+			secretKeyCA:                reg.CA,
+		},
+	}
+	c.addNode(t, "node-a")
+	c.addNode(t, "node-b")
+	return c
+}
+
+// addNode starts a node agent over a new store.
+func (c *syncCluster) addNode(t *testing.T, name string) *syncNode {
+	t.Helper()
+	st := openRealStore(t, 0)
+	opts := DefaultOptions()
+	opts.NodeName, opts.Root = name, st.Root()
+	events := record.NewFakeRecorder(100)
+	a := newAgent(opts, st, &caches{client: c.client, reader: c.client, node: name}, events, testMetrics(t))
+	a.prov.sync.secrets = c.getSecret
+	n := &syncNode{name: name, prov: a.prov, maint: a.maint, store: st, events: events}
+	c.nodes[name] = n
+	return n
+}
+
+func (c *syncCluster) getSecret(_ context.Context, name string) (*corev1.Secret, error) {
+	if name != c.secret.Name {
+		return nil, apierrors.NewNotFound(corev1.Resource("secrets"), name)
+	}
+	return c.secret, nil
+}
+
+func (c *syncCluster) params() map[string]string {
+	return map[string]string{paramRegistry: c.reg.Host + "/caches", paramRegistrySecret: registrySecret}
+}
+
+// provision provisions claim name for cache maven on node.
+func (c *syncCluster) provision(t *testing.T, node, name string) *corev1.PersistentVolume {
+	t.Helper()
+	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven"}, c.params())
+	opts.PVC.Name, opts.PVC.UID = name, types.UID("0c5e7a38-6c2d-4a8e-9a1f-"+name)
+	opts.PVC.Annotations[annSelectedNode] = node
+	opts.SelectedNodeName = node
+	opts.PVName = "pvc-" + string(opts.PVC.UID)
+	pv, state, err := c.nodes[node].prov.Provision(context.Background(), opts)
+	if err != nil || state != controller.ProvisioningFinished {
+		t.Fatalf("Provision %s on %s: %v, %v", name, node, state, err)
+	}
+	return pv
+}
+
+// commit ends the PV's build as succeeded on node and publishes as the
+// agent's queue would.
+func (c *syncCluster) commit(t *testing.T, node string, pv *corev1.PersistentVolume) error {
+	t.Helper()
+	n := c.nodes[node]
+	pv.Annotations[v1alpha1.AnnotationPodOutcome] = v1alpha1.OutcomeSucceeded
+	pv.Status.Phase = corev1.VolumeReleased
+	if err := n.prov.Delete(context.Background(), pv); err != nil {
+		t.Fatalf("Delete %s on %s: %v", pv.Name, node, err)
+	}
+	return n.prov.sync.publish(context.Background(), maven)
+}
+
+func (c *syncCluster) published(t *testing.T) *v1alpha1.PublishedChain {
+	t.Helper()
+	var cache v1alpha1.Cache
+	if err := c.client.Get(context.Background(), clientKey(maven), &cache); err != nil {
+		t.Fatal(err)
+	}
+	return cache.Status.Published
+}
+
+func wantEvents(t *testing.T, n *syncNode, prefix string, count int, contains ...string) {
+	t.Helper()
+	var found []string
+	var all []string
+	for len(n.events.Events) > 0 {
+		ev := <-n.events.Events
+		all = append(all, ev)
+		if strings.HasPrefix(ev, prefix+" ") {
+			found = append(found, ev)
+		}
+	}
+	if len(found) != count {
+		t.Fatalf("node %s: want %d events %q, got %q", n.name, count, prefix, all)
+	}
+	for _, ev := range found {
+		for _, c := range contains {
+			if !strings.Contains(ev, c) {
+				t.Errorf("event %q does not contain %q", ev, c)
+			}
+		}
+	}
+}
+
+func TestSyncCommitReachesTheOtherNode(t *testing.T) {
+	c := newSyncCluster(t)
+	pv := c.provision(t, "node-a", "build-1")
+	writeFile(t, pv, "from-a.txt", "built on a")
+	if err := c.commit(t, "node-a", pv); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	pub := c.published(t)
+	if pub == nil || pub.Generation != 1 || len(pub.Layers) != 1 || pub.Layers[0].Node != "node-a" ||
+		pub.Repository != c.reg.Host+"/caches/ci/maven" || pub.Secret != registrySecret {
+		t.Fatalf("published chain %+v: want generation 1, one layer from node-a in %s/caches/ci/maven", pub, c.reg.Host)
+	}
+
+	next := c.provision(t, "node-b", "build-2")
+	wantFile(t, next, "from-a.txt", "built on a")
+	if got := next.Annotations[v1alpha1.AnnotationBaseGeneration]; got != "1" {
+		t.Errorf("node-b's volume base generation %q, want 1", got)
+	}
+	// A second volume on node-b needs nothing more from the registry.
+	before := c.reg.Requests.Load()
+	again := c.provision(t, "node-b", "build-3")
+	wantFile(t, again, "from-a.txt", "built on a")
+	if n := c.reg.Requests.Load() - before; n != 0 {
+		t.Errorf("an up-to-date node made %d registry requests to mount, want 0", n)
+	}
+}
+
+func TestSyncConcurrentCommitsOnTwoNodesBothLand(t *testing.T) {
+	c := newSyncCluster(t)
+	onA := c.provision(t, "node-a", "a")
+	onB := c.provision(t, "node-b", "b")
+	writeFile(t, onA, "a.txt", "a")
+	writeFile(t, onB, "b.txt", "b")
+	writeFile(t, onA, "both.txt", "a")
+	writeFile(t, onB, "both.txt", "b")
+	if err := c.commit(t, "node-a", onA); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.commit(t, "node-b", onB); err != nil {
+		t.Fatal(err)
+	}
+	if pub := c.published(t); pub.Generation != 2 || len(pub.Layers) != 2 || pub.Layers[0].Node != "node-b" {
+		t.Fatalf("published chain %+v: want node-b's layer stacked on node-a's", pub)
+	}
+	// node-b took in node-a's layer when it published; node-a takes in
+	// node-b's at its next mount. Both see the same view: per file, the
+	// later commit wins, as on one node.
+	for _, node := range []string{"node-a", "node-b"} {
+		pv := c.provision(t, node, "check-"+node)
+		wantFile(t, pv, "a.txt", "a")
+		wantFile(t, pv, "b.txt", "b")
+		wantFile(t, pv, "both.txt", "b")
+	}
+}
+
+func TestSyncRegistryOutageLosesNothing(t *testing.T) {
+	c := newSyncCluster(t)
+	a := c.nodes["node-a"]
+	pv := c.provision(t, "node-a", "build")
+	writeFile(t, pv, "kept.txt", "through the outage")
+	c.reg.SetDown(true)
+	for range 3 { // the queue's retries
+		if err := c.commit(t, "node-a", pv); err == nil {
+			t.Fatal("publish succeeded while the registry was down")
+		}
+	}
+	wantEvents(t, a, "Warning "+reasonRegistryFailed, 1, "caches/ci/maven", "stay on node node-a")
+	info, err := a.store.Inspect(context.Background(), maven)
+	if err != nil || info.Generation != 1 || len(unpublished(info)) != 1 {
+		t.Fatalf("node-a's cache %+v (%v): want the committed layer kept, unpublished", info, err)
+	}
+	if err := a.maint.report(context.Background(), maven); err != nil {
+		t.Fatal(err)
+	}
+	var cache v1alpha1.Cache
+	if err := c.client.Get(context.Background(), clientKey(maven), &cache); err != nil {
+		t.Fatal(err)
+	}
+	if len(cache.Status.Nodes) != 1 || cache.Status.Nodes[0].Unpublished != 1 {
+		t.Errorf("status nodes %+v: want node-a with 1 unpublished layer (the lag shows)", cache.Status.Nodes)
+	}
+	// A build on node-b during the outage mounts what node-b has.
+	cold := c.provision(t, "node-b", "during-outage")
+	wantNoFile(t, cold, "kept.txt")
+
+	c.reg.SetDown(false)
+	if err := a.prov.sync.publish(context.Background(), maven); err != nil {
+		t.Fatalf("publish after the outage: %v", err)
+	}
+	wantEvents(t, a, "Normal "+reasonPublished, 1)
+	warm := c.provision(t, "node-b", "after-outage")
+	wantFile(t, warm, "kept.txt", "through the outage")
+}
+
+func TestSyncBadCredentialsNameTheSecretAndRegistry(t *testing.T) {
+	c := newSyncCluster(t)
+	c.secret.Data[corev1.DockerConfigJsonKey] = c.reg.DockerConfig(registrytest.User, "wrong")
+	pv := c.provision(t, "node-a", "build")
+	writeFile(t, pv, "x.txt", "x")
+	err := c.commit(t, "node-a", pv)
+	if err == nil {
+		t.Fatal("publish with a wrong password succeeded")
+	}
+	wantEvents(t, c.nodes["node-a"], "Warning "+reasonRegistryFailed, 1,
+		`Secret "`+registrySecret+`"`, c.reg.Host+"/caches/ci/maven", "refused the credentials")
+	if got := failureReason(err); got != "unauthorized" {
+		t.Errorf("failure reason %q, want unauthorized", got)
+	}
+}
+
+func TestSyncPullFailureMountsWhatTheNodeHas(t *testing.T) {
+	c := newSyncCluster(t)
+	pv := c.provision(t, "node-a", "build")
+	writeFile(t, pv, "x.txt", "x")
+	if err := c.commit(t, "node-a", pv); err != nil {
+		t.Fatal(err)
+	}
+	c.reg.SetDown(true)
+	b := c.nodes["node-b"]
+	cold := c.provision(t, "node-b", "cold")
+	wantNoFile(t, cold, "x.txt")
+	wantEvents(t, b, "Warning "+reasonRegistryFailed, 1, "mounts what node node-b has")
+}
+
+func TestSyncPullPastTheTimeoutMountsWhatTheNodeHas(t *testing.T) {
+	c := newSyncCluster(t)
+	pv := c.provision(t, "node-a", "build")
+	writeFile(t, pv, "x.txt", "x")
+	if err := c.commit(t, "node-a", pv); err != nil {
+		t.Fatal(err)
+	}
+	c.reg.SetDelay(3 * time.Second)
+	b := c.nodes["node-b"]
+	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven"},
+		map[string]string{paramRegistry: c.reg.Host + "/caches", paramRegistrySecret: registrySecret, paramSyncTimeout: "300ms"})
+	opts.SelectedNodeName, opts.PVC.Annotations[annSelectedNode] = "node-b", "node-b"
+	start := time.Now()
+	cold, _, err := b.prov.Provision(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited > 2*time.Second {
+		t.Errorf("Provision waited %s, past the class's syncTimeout of 300ms", waited)
+	}
+	wantNoFile(t, cold, "x.txt")
+	wantEvents(t, b, "Warning "+reasonSyncIncomplete, 1, "syncTimeout of 300ms", "mounts what the node has")
+}
+
+func TestParseRegistry(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		params map[string]string
+		want   string // error substring; "" for success
+	}{
+		{"none", nil, ""},
+		{"prefix", map[string]string{paramRegistry: "reg.example:5000/ci-caches"}, ""},
+		{"timeout", map[string]string{paramRegistry: "reg.example/c", paramSyncTimeout: "5s"}, ""},
+		{"no path", map[string]string{paramRegistry: "reg.example:5000"}, "HOST[:PORT]/PATH"},
+		{"scheme", map[string]string{paramRegistry: "https://reg.example/c"}, "without a scheme"},
+		{"bad timeout", map[string]string{paramRegistry: "reg.example/c", paramSyncTimeout: "soon"}, `syncTimeout has value "soon"`},
+		{"secret alone", map[string]string{paramRegistrySecret: "creds"}, "set without registry"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseClass(testClass(tc.params))
+			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("parseClass: %v, want error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// interruptedStore fails SetLayerDigest once, as an agent killed between
+// the chain's update and the digest's record leaves its store.
+type interruptedStore struct {
+	*layerfs.Store
+	failed bool
+}
+
+func (s *interruptedStore) SetLayerDigest(ctx context.Context, ref layerfs.CacheRef, id, digest string) error {
+	if !s.failed {
+		s.failed = true
+		return errors.New("killed before recording the digest")
+	}
+	return s.Store.SetLayerDigest(ctx, ref, id, digest)
+}
+
+func TestSyncPublishInterruptedAfterTheChainUpdateIsNotDuplicated(t *testing.T) {
+	c := newSyncCluster(t)
+	a := c.nodes["node-a"]
+	a.prov.sync.store = &interruptedStore{Store: a.store}
+	pv := c.provision(t, "node-a", "build")
+	writeFile(t, pv, "x.txt", "once")
+	if err := c.commit(t, "node-a", pv); err == nil {
+		t.Fatal("publish succeeded although the digest could not be recorded")
+	}
+	if pub := c.published(t); pub.Generation != 1 {
+		t.Fatalf("chain %+v: want the layer appended before the interruption", pub)
+	}
+	// The restarted agent finds the layer unpublished, pushes the same
+	// blob again and finds it in the chain.
+	if err := a.prov.sync.publish(context.Background(), maven); err != nil {
+		t.Fatal(err)
+	}
+	if pub := c.published(t); pub.Generation != 1 || len(pub.Layers) != 1 {
+		t.Errorf("chain %+v: want the layer once", pub)
+	}
+	info, err := a.store.Inspect(context.Background(), maven)
+	if err != nil || len(unpublished(info)) != 0 || info.Layers[0].Digest != c.published(t).Layers[0].Digest {
+		t.Errorf("node-a's layers %+v (%v): want the layer recorded as published", info.Layers, err)
+	}
+}
+
+func TestSyncSquashReplacesTheRunItCovers(t *testing.T) {
+	c := newSyncCluster(t)
+	ctx := context.Background()
+	for i := range 3 {
+		pv := c.provision(t, "node-a", fmt.Sprint("build-", i))
+		writeFile(t, pv, fmt.Sprint("gen-", i), fmt.Sprint(i))
+		if err := c.commit(t, "node-a", pv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.provision(t, "node-b", "holds-three") // node-b now has the three layers
+	a := c.nodes["node-a"]
+	if res, err := a.store.Squash(ctx, maven, 1); err != nil || !res.Squashed {
+		t.Fatalf("squash: %+v, %v", res, err)
+	}
+	if err := a.prov.sync.publish(ctx, maven); err != nil {
+		t.Fatal(err)
+	}
+	pub := c.published(t)
+	if len(pub.Layers) != 1 || len(pub.Layers[0].Covers) != 3 || pub.Generation != 3 || pub.Layers[0].Generation != 3 {
+		t.Fatalf("chain %+v: want one squash layer covering the three, at generation 3", pub)
+	}
+	before := c.reg.Requests.Load()
+	onB := c.provision(t, "node-b", "after-squash")
+	if n := c.reg.Requests.Load() - before; n != 0 {
+		t.Errorf("node-b, which holds the covered layers, made %d registry requests, want 0", n)
+	}
+	fresh := c.addNode(t, "node-c")
+	onC := c.provision(t, "node-c", "fresh")
+	for i := range 3 {
+		wantFile(t, onB, fmt.Sprint("gen-", i), fmt.Sprint(i))
+		wantFile(t, onC, fmt.Sprint("gen-", i), fmt.Sprint(i))
+	}
+	info, err := fresh.store.Inspect(ctx, maven)
+	if err != nil || len(info.Layers) != 1 {
+		t.Errorf("a fresh node's cache %+v (%v): want the one squash layer", info.Layers, err)
+	}
+}

@@ -1,0 +1,103 @@
+package nodeagent
+
+import (
+	"fmt"
+	"strings"
+	"text/template"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-helpers/storage/ephemeral"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+// paramCache is the StorageClass parameter that names the cache of claims
+// without the cache annotation, as a Go template: for CI systems whose
+// charts cannot annotate the claims they make (ARC, Jenkins, Concourse).
+const paramCache = "cache"
+
+// cacheTemplateData is what a class's cache template sees.
+type cacheTemplateData struct {
+	// Namespace is the claim's namespace.
+	Namespace string
+	Claim     objectData
+	// Pod is the pod that owns the claim (a generic ephemeral volume, or a
+	// claim a CI plugin made for its pod); empty for a standalone claim.
+	Pod objectData
+	// Volume is the name of the pod's volume that uses the claim, or the
+	// claim's name for a standalone claim.
+	Volume string
+}
+
+type objectData struct {
+	Name        string
+	Labels      map[string]string
+	Annotations map[string]string
+}
+
+func objectDataOf(m metav1.ObjectMeta) objectData {
+	return objectData{Name: m.Name, Labels: m.Labels, Annotations: m.Annotations}
+}
+
+// cacheTemplate is a class's cache parameter, parsed.
+type cacheTemplate struct {
+	text string
+	tmpl *template.Template
+}
+
+// parseCacheTemplate parses a class's cache template. A reference to a
+// label or annotation the object lacks fails at evaluation instead of
+// naming an accidental cache ("-cache").
+func parseCacheTemplate(class, text string) (*cacheTemplate, error) {
+	t, err := template.New(paramCache).Option("missingkey=error").Parse(text)
+	if err != nil {
+		return nil, classError(class, "parameter %s has value %q, which is not a valid Go template: %v; use for example %s: \"{{ .Pod.Labels.app }}-{{ .Volume }}\"",
+			paramCache, text, err, paramCache)
+	}
+	return &cacheTemplate{text: text, tmpl: t}, nil
+}
+
+// templateData gathers what the template sees of claim and its owning pod
+// (nil for a standalone claim).
+func templateData(claim *corev1.PersistentVolumeClaim, pod *corev1.Pod) cacheTemplateData {
+	d := cacheTemplateData{Namespace: claim.Namespace, Claim: objectDataOf(claim.ObjectMeta), Volume: claim.Name}
+	if pod == nil {
+		return d
+	}
+	d.Pod = objectDataOf(pod.ObjectMeta)
+	for i := range pod.Spec.Volumes {
+		v := &pod.Spec.Volumes[i]
+		if (v.Ephemeral != nil && ephemeral.VolumeClaimName(pod, v) == claim.Name) ||
+			(v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim.Name) {
+			d.Volume = v.Name
+		}
+	}
+	return d
+}
+
+// cacheFromTemplate evaluates the class's template for a claim that does
+// not name its cache, and validates the result as the annotation would be.
+func cacheFromTemplate(class string, t *cacheTemplate, data cacheTemplateData) (string, error) {
+	var b strings.Builder
+	if err := t.tmpl.Execute(&b, data); err != nil {
+		who := "the claim"
+		if data.Pod.Name != "" {
+			who = "pod " + data.Pod.Name
+		}
+		return "", &claimError{Reason: reasonCacheTemplate,
+			Message: fmt.Sprintf("StorageClass %q: parameter %s %q cannot name the cache of this claim (%s): %v; give %s the label or annotation the template uses, or annotate the claim with %s",
+				class, paramCache, t.text, who, err, who, v1alpha1.AnnotationCache)}
+	}
+	return b.String(), nil
+}
+
+// owningPod returns the name and UID of the pod that controls the claim,
+// if any: such a claim cannot outlive its pod, so its build ends with it.
+func owningPod(claim *corev1.PersistentVolumeClaim) (*metav1.OwnerReference, bool) {
+	ref := metav1.GetControllerOf(claim)
+	if ref == nil || ref.Kind != "Pod" || ref.APIVersion != "v1" {
+		return nil, false
+	}
+	return ref, true
+}
