@@ -69,6 +69,7 @@ type ReleaseReconciler struct {
 	// claim are really gone before the claim is released without an outcome.
 	APIReader client.Reader
 	Recorder  events.EventRecorder
+	Metrics   *Metrics
 }
 
 // SetupWithManager wires the controller: a PVC is reconciled when it changes
@@ -280,7 +281,7 @@ func (r *ReleaseReconciler) recordOutcome(ctx context.Context, pvc *corev1.Persi
 	if err := r.Client.Patch(ctx, &pv, patch); err != nil {
 		return reconcile.Result{}, fmt.Errorf("recording outcome %s on PersistentVolume %s: %w", outcome, pv.Name, err)
 	}
-	recordedOutcomes.WithLabelValues(outcome).Inc()
+	r.Metrics.recordedOutcomes.WithLabelValues(outcome).Inc()
 	r.Recorder.Eventf(pvc, deciding[0], corev1.EventTypeNormal, "OutcomeRecorded", "RecordOutcome",
 		"Recorded pod outcome %s on PersistentVolume %s (%s)", outcome, pv.Name, podNames(deciding))
 	return reconcile.Result{}, nil
@@ -306,7 +307,7 @@ func (r *ReleaseReconciler) release(ctx context.Context, pvc *corev1.PersistentV
 		}
 		return fmt.Errorf("releasing claim %s/%s: %w", pvc.Namespace, pvc.Name, err)
 	}
-	releasedClaims.WithLabelValues(outcome).Inc()
+	r.Metrics.releasedClaims.WithLabelValues(outcome).Inc()
 	log.FromContext(ctx).Info("released claim", "outcome", outcome, "why", why)
 	var relatedObj runtime.Object // a nil *Pod would be a non-nil interface
 	if related != nil {

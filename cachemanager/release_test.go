@@ -18,7 +18,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/internal/bootstrap"
 )
 
 const ns = "builds"
@@ -150,7 +153,7 @@ func storageClasses() []client.Object {
 
 func newFakeClient(t *testing.T, objs ...client.Object) client.Client {
 	t.Helper()
-	scheme, err := Scheme()
+	scheme, err := bootstrap.Scheme()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +361,7 @@ func TestRelease(t *testing.T) {
 			}
 			c := newFakeClient(t, objs...)
 			rec := events.NewFakeRecorder(100)
-			r := &ReleaseReconciler{Client: c, APIReader: c, Recorder: rec}
+			r := &ReleaseReconciler{Client: c, APIReader: c, Recorder: rec, Metrics: testMetrics(t)}
 
 			// Level-based: reconciling again must converge and then change
 			// nothing. Releasing takes two passes (delete, then lift
@@ -423,7 +426,7 @@ func TestReleaseWaitsForLaggingCache(t *testing.T) {
 	pvc := claim("ws", annotated(v1alpha1.AnnotationRelease, v1alpha1.ReleaseOnPodExit))
 	cached := newFakeClient(t, append(storageClasses(), pvc.DeepCopy(), volume(pvc))...)
 	apiServer := newFakeClient(t, pod("build", corev1.PodRunning, "ws"))
-	r := &ReleaseReconciler{Client: cached, APIReader: apiServer, Recorder: events.NewFakeRecorder(10)}
+	r := &ReleaseReconciler{Client: cached, APIReader: apiServer, Recorder: events.NewFakeRecorder(10), Metrics: testMetrics(t)}
 
 	res, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pvc)})
 	if err != nil {
@@ -488,7 +491,7 @@ func TestOutcomeFinalizerHoldsAPurgedClaim(t *testing.T) {
 	objs := append(storageClasses(), pvc, volume(pvc), assistant,
 		ran(pod("run-build-pod", corev1.PodSucceeded, "ws"), 25, 60))
 	c := newFakeClient(t, objs...)
-	r := &ReleaseReconciler{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(100)}
+	r := &ReleaseReconciler{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(100), Metrics: testMetrics(t)}
 	key := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(pvc)}
 
 	if _, err := r.Reconcile(ctx, key); err != nil {
@@ -534,4 +537,13 @@ func TestOutcomeFinalizerHoldsAPurgedClaim(t *testing.T) {
 	if o := pv.Annotations[v1alpha1.AnnotationPodOutcome]; o != v1alpha1.OutcomeSucceeded {
 		t.Errorf("PV outcome %q, want succeeded", o)
 	}
+}
+
+func testMetrics(t testing.TB) *Metrics {
+	t.Helper()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -4,19 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/layercache/layercache/internal/bootstrap"
 )
+
+// Component names the manager in Events and in the API server's logs.
+const Component = "layercache-manager"
 
 // Options configure `layercache manager`.
 type Options struct {
@@ -65,8 +67,8 @@ func (o *Options) Validate() error {
 		{"--metrics-bind-address", o.MetricsBindAddress},
 		{"--health-probe-bind-address", o.HealthProbeBindAddress},
 	} {
-		if err := validateBindAddress(a.value); err != nil {
-			errs = append(errs, fmt.Errorf("%s %q: %w; use HOST:PORT or :PORT (for example :8082), or 0 to turn it off", a.flag, a.value, err))
+		if err := bootstrap.ValidateBindAddress(a.flag, a.value); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if o.LeaderElect {
@@ -82,28 +84,14 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-func validateBindAddress(addr string) error {
-	if addr == "0" {
-		return nil
-	}
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return err
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
-	}
-	return nil
-}
-
 // Run runs the controllers until ctx is done. It expects validated options
 // and a logger set with ctrl.SetLogger.
 func Run(ctx context.Context, opts Options) error {
-	cfg, err := restConfig(opts.Kubeconfig)
+	cfg, err := bootstrap.RESTConfig(opts.Kubeconfig, Component)
 	if err != nil {
 		return err
 	}
-	scheme, err := Scheme()
+	scheme, err := bootstrap.Scheme()
 	if err != nil {
 		return err
 	}
@@ -122,7 +110,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
-	if err := Setup(ctx, mgr); err != nil {
+	if err := Setup(ctx, mgr, crmetrics.Registry); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -136,19 +124,4 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("running the controller manager: %w", err)
 	}
 	return nil
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		cfg, err := ctrl.GetConfig()
-		if err != nil {
-			return nil, fmt.Errorf("finding the API server: %w; run in a pod, or set --kubeconfig or $KUBECONFIG", err)
-		}
-		return cfg, nil
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("loading --kubeconfig %s: %w", kubeconfig, err)
-	}
-	return cfg, nil
 }

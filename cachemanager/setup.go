@@ -6,11 +6,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 )
@@ -23,20 +23,6 @@ const (
 	// indexCacheNodes indexes Caches by the nodes in their status.
 	indexCacheNodes = "layercache.dev/nodes"
 )
-
-// Scheme returns a scheme with the types the manager reads and writes.
-func Scheme() (*runtime.Scheme, error) {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme,
-		v1alpha1.AddToScheme,
-	} {
-		if err := add(s); err != nil {
-			return nil, fmt.Errorf("building the scheme: %w", err)
-		}
-	}
-	return s, nil
-}
 
 // CacheOptions returns the informer cache settings of the manager. In a big
 // cluster Pods dominate memory, so they are cut down to the few fields the
@@ -51,8 +37,13 @@ func CacheOptions() cache.Options {
 	}
 }
 
-// Setup registers the field indexes and the controllers with mgr.
-func Setup(ctx context.Context, mgr manager.Manager) error {
+// Setup registers the field indexes and the controllers with mgr, and
+// their metrics with reg.
+func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer) error {
+	metrics, err := NewMetrics(reg)
+	if err != nil {
+		return err
+	}
 	idx := mgr.GetFieldIndexer()
 	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodClaims, podClaimsIndex); err != nil {
 		return fmt.Errorf("indexing pods by claim: %w", err)
@@ -63,14 +54,15 @@ func Setup(ctx context.Context, mgr manager.Manager) error {
 	release := &ReleaseReconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
-		Recorder:  mgr.GetEventRecorder("layercache-manager"),
+		Recorder:  mgr.GetEventRecorder(Component),
+		Metrics:   metrics,
 	}
 	if err := release.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the release controller: %w", err)
 	}
 	caches := &CacheReconciler{
 		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorder("layercache-manager"),
+		Recorder: mgr.GetEventRecorder(Component),
 	}
 	if err := caches.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the cache controller: %w", err)

@@ -17,16 +17,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -40,6 +35,7 @@ import (
 	libmetrics "sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller/metrics"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/internal/bootstrap"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/remote"
 )
@@ -63,7 +59,7 @@ func Run(ctx context.Context, opts Options) error {
 	logger := log.FromContext(ctx).WithValues("node", opts.NodeName)
 	ctx = log.IntoContext(ctx, logger)
 
-	cfg, err := restConfig(opts.Kubeconfig)
+	cfg, err := bootstrap.RESTConfig(opts.Kubeconfig, Component)
 	if err != nil {
 		return err
 	}
@@ -71,11 +67,8 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("create Kubernetes client: %w", err)
 	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
+	scheme, err := bootstrap.Scheme()
+	if err != nil {
 		return err
 	}
 	st, err := layerfs.Open(ctx, layerfs.Options{Root: opts.Root, MaxLayers: opts.MaxLayers, Progress: progressLogger(logger)})
@@ -99,12 +92,7 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("register metrics: %w", err)
 	}
 
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events(metav1.NamespaceAll)})
-	defer broadcaster.Shutdown()
-	events := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: Component, Host: opts.NodeName})
-
-	a := newAgent(opts, st, &caches{client: mgr.GetClient(), reader: mgr.GetAPIReader(), node: opts.NodeName}, events, m)
+	a := newAgent(opts, st, &caches{client: mgr.GetClient(), reader: mgr.GetAPIReader(), node: opts.NodeName}, mgr.GetEventRecorder(Component), m)
 	a.prov.hostname = nodeHostname(ctx, clientset, opts.NodeName)
 	if err := a.wire(ctx, clientset, crmetrics.Registry); err != nil {
 		return err
@@ -151,7 +139,7 @@ type agent struct {
 	ready atomic.Bool
 }
 
-func newAgent(opts Options, st store, c *caches, events record.EventRecorder, m *metrics) *agent {
+func newAgent(opts Options, st store, c *caches, events events.EventRecorder, m *metrics) *agent {
 	maint := &maintainer{
 		node: opts.NodeName, store: st, caches: c, events: events, metrics: m,
 		gc: layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
@@ -330,19 +318,6 @@ func (a *agent) readyCheck(*http.Request) error {
 		return errors.New("recovering the layer store and remounting volumes")
 	}
 	return nil
-}
-
-// restConfig loads the kubeconfig file if given, else $KUBECONFIG or
-// ~/.kube/config, else the in-cluster config.
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("load Kubernetes client config (kubeconfig %q): %w; run in a pod, or pass --kubeconfig", kubeconfig, err)
-	}
-	cfg.UserAgent = Component
-	return cfg, nil
 }
 
 // nodeHostname returns the node's kubernetes.io/hostname label, which PV

@@ -51,6 +51,19 @@ const (
 	reasonRetention           = "RetentionExceeded"
 )
 
+// Actions of the agent's Events (events.k8s.io says what the reporter did
+// or failed to do).
+const (
+	actionProvision = "Provision"
+	actionCommit    = "Commit"
+	actionDiscard   = "Discard"
+	actionEnd       = "End"
+	actionRemount   = "Remount"
+	actionRemove    = "Remove"
+	actionPush      = "Push"
+	actionPull      = "Pull"
+)
+
 // claimError is a claim that cannot be provisioned as it stands. Reason is
 // the Event reason; the message names the input, its value and the fix.
 type claimError struct {

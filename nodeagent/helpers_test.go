@@ -14,22 +14,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/internal/bootstrap"
 	"github.com/layercache/layercache/layerfs"
 )
 
 func testScheme(t testing.TB) *runtime.Scheme {
 	t.Helper()
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
+	s, err := bootstrap.Scheme()
+	if err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -57,7 +54,7 @@ type testEnv struct {
 	maint  *maintainer
 	store  *fakeStore
 	client client.Client
-	events *record.FakeRecorder
+	events *events.FakeRecorder
 }
 
 func newTestEnv(t testing.TB, st store, objs ...client.Object) *testEnv {
@@ -68,7 +65,7 @@ func newTestEnv(t testing.TB, st store, objs ...client.Object) *testEnv {
 		st = fs
 	}
 	c := newCacheClient(t, objs...)
-	events := record.NewFakeRecorder(100)
+	events := events.NewFakeRecorder(100)
 	opts := DefaultOptions()
 	opts.NodeName = "node-a"
 	a := newAgent(opts, st, &caches{client: c, reader: c, node: "node-a"}, events, testMetrics(t))

@@ -9,8 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -25,7 +24,7 @@ type maintainer struct {
 	node    string
 	store   store
 	caches  *caches
-	events  record.EventRecorder
+	events  events.EventRecorder
 	metrics *metrics
 	gc      layerfs.GCOptions
 	reports *cacheQueue
@@ -192,7 +191,7 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 			return err
 		}
 		if removed {
-			m.events.Eventf(cache, corev1.EventTypeNormal, reasonRetention, "removed the cache from node %s: %s", m.node, why)
+			m.events.Eventf(cache, nil, corev1.EventTypeNormal, reasonRetention, actionRemove, "removed the cache from node %s: %s", m.node, why)
 			log.FromContext(ctx).Info("Removed cache by its retention", "cache", info.Cache.String(), "why", why)
 			return nil
 		}
@@ -247,7 +246,7 @@ func retentionExceeded(r *v1alpha1.Retention, info layerfs.CacheInfo, now time.T
 		return fmt.Sprintf("unused since %s, longer than its retention maxAge %s", info.LastUsed.UTC().Format(time.RFC3339), r.MaxAge.Duration)
 	}
 	if r.MaxSize != nil && r.MaxSize.Sign() > 0 && info.Bytes > r.MaxSize.Value() {
-		return fmt.Sprintf("%s is larger than its retention maxSize %s", resource.NewQuantity(info.Bytes, resource.BinarySI), r.MaxSize)
+		return fmt.Sprintf("%s is larger than its retention maxSize %s", v1alpha1.FormatSize(info.Bytes), r.MaxSize)
 	}
 	return ""
 }
@@ -255,7 +254,7 @@ func retentionExceeded(r *v1alpha1.Retention, info layerfs.CacheInfo, now time.T
 // remount mounts again the volumes of PVs bound on this node whose mounts
 // are gone (a reboot, or a lost mount namespace), so their pods find them.
 // Released PVs are left for Delete, which commits unmounted volumes as well.
-func remount(ctx context.Context, st store, events record.EventRecorder, m *metrics, node string, pvs []*corev1.PersistentVolume) (remounted int) {
+func remount(ctx context.Context, st store, events events.EventRecorder, m *metrics, node string, pvs []*corev1.PersistentVolume) (remounted int) {
 	logger := log.FromContext(ctx)
 	for _, pv := range pvs {
 		if pv.Annotations[v1alpha1.AnnotationNode] != node {
@@ -270,7 +269,7 @@ func remount(ctx context.Context, st store, events record.EventRecorder, m *metr
 		if err != nil {
 			m.fail(opRemount, "missing")
 			msg := fmt.Sprintf("volume %s of this PV is not in the store of node %s, so its pod cannot use it: %v", pv.Name, node, err)
-			events.Event(pv, corev1.EventTypeWarning, reasonRemountFailed, msg)
+			events.Eventf(pv, nil, corev1.EventTypeWarning, reasonRemountFailed, actionRemount, "%s", msg)
 			logger.Error(err, "PV without volume", "pv", pv.Name)
 			continue
 		}
@@ -279,7 +278,7 @@ func remount(ctx context.Context, st store, events record.EventRecorder, m *metr
 		}
 		if _, err := st.Mount(ctx, pv.Name, layerfs.MountOptions{Cache: vol.Cache, ReadOnly: vol.ReadOnly, Writer: vol.Writer}); err != nil {
 			m.fail(opRemount, "error")
-			events.Eventf(pv, corev1.EventTypeWarning, reasonRemountFailed, "remounting volume %s on node %s failed: %v", pv.Name, node, err)
+			events.Eventf(pv, nil, corev1.EventTypeWarning, reasonRemountFailed, actionRemount, "remounting volume %s on node %s failed: %v", pv.Name, node, err)
 			logger.Error(err, "Remount", "pv", pv.Name)
 			continue
 		}

@@ -3,16 +3,15 @@ package nodeagent
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/layercache/layercache/internal/bootstrap"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/remote"
 )
@@ -122,10 +121,10 @@ func (o *Options) Validate() error {
 	} else if msgs := validation.IsDNS1123Subdomain(o.NodeName); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("node name %q is not a valid node name: %s", o.NodeName, msgs[0]))
 	}
-	if err := validateBindAddress("--metrics-bind-address", o.MetricsBindAddress); err != nil {
+	if err := bootstrap.ValidateBindAddress("--metrics-bind-address", o.MetricsBindAddress); err != nil {
 		errs = append(errs, err)
 	}
-	if err := validateBindAddress("--health-probe-bind-address", o.HealthProbeBindAddress); err != nil {
+	if err := bootstrap.ValidateBindAddress("--health-probe-bind-address", o.HealthProbeBindAddress); err != nil {
 		errs = append(errs, err)
 	}
 	if o.MaxLayers < 1 {
@@ -153,21 +152,6 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--resync-interval %s is too short: use at least 1s, for example 1m", o.ResyncInterval))
 	}
 	return errors.Join(errs...)
-}
-
-// validateBindAddress accepts "0" (disabled) or host:port.
-func validateBindAddress(flag, addr string) error {
-	if addr == "0" {
-		return nil
-	}
-	_, port, err := net.SplitHostPort(addr)
-	if err == nil {
-		_, err = strconv.ParseUint(port, 10, 16)
-	}
-	if err != nil {
-		return fmt.Errorf("%s %q is not HOST:PORT: use for example :8080, 127.0.0.1:8080, or 0 to disable", flag, addr)
-	}
-	return nil
 }
 
 // bytesFlag is a size flag that takes Kubernetes quantities (100Gi, 5G).

@@ -11,9 +11,8 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 
@@ -54,7 +53,7 @@ type Provisioner struct {
 	hostname string
 	store    store
 	caches   *caches
-	events   record.EventRecorder
+	events   events.EventRecorder
 	metrics  *metrics
 	getPod   podGetter
 	// seen has the outcomes of pods that ended and went away before their
@@ -102,7 +101,7 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 	if err != nil {
 		var refused *claimError
 		if errors.As(err, &refused) {
-			p.events.Event(claim, corev1.EventTypeWarning, refused.Reason, refused.Message)
+			p.events.Eventf(claim, nil, corev1.EventTypeWarning, refused.Reason, actionProvision, "%s", refused.Message)
 			p.metrics.fail(opProvision, refused.Reason)
 		} else {
 			p.metrics.fail(opProvision, "api")
@@ -113,7 +112,7 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 		return nil, controller.ProvisioningFinished, err
 	}
 	if req.ForcedRead {
-		p.events.Eventf(claim, corev1.EventTypeNormal, reasonModeForcedRead,
+		p.events.Eventf(claim, nil, corev1.EventTypeNormal, reasonModeForcedRead, actionProvision,
 			"StorageClass %q makes every volume read-only, so the volume of cache %s is a read view that is never committed, although the claim asks for %s: %s",
 			opts.StorageClass.Name, req.Cache, v1alpha1.AnnotationMode, v1alpha1.ModeWrite)
 	}
@@ -211,7 +210,7 @@ func (p *Provisioner) end(ctx context.Context, pv *corev1.PersistentVolume, caus
 	logger := log.FromContext(ctx).WithValues("pv", pv.Name)
 	rec, err := parsePV(pv)
 	if err != nil {
-		p.events.Event(pv, corev1.EventTypeWarning, reasonInvalidVolume, err.Error())
+		p.events.Eventf(pv, nil, corev1.EventTypeWarning, reasonInvalidVolume, actionEnd, "%s", err.Error())
 		p.metrics.fail(opCommit, reasonInvalidVolume)
 		return ended{}, err
 	}
@@ -272,7 +271,7 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 		// The store keeps the upper layer on any failure; the caller
 		// retries with backoff.
 		msg := fmt.Sprintf("commit of volume %s into cache %s failed and is retried; the volume's changes are kept: %v", volume, rec.Cache, err)
-		p.events.Event(subject, corev1.EventTypeWarning, reasonCommitFailed, msg)
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonCommitFailed, actionCommit, "%s", msg)
 		return ended{}, fmt.Errorf("commit volume %s into cache %s: %w", volume, rec.Cache, err)
 	}
 	p.metrics.commitSeconds.Observe(time.Since(start).Seconds())
@@ -280,23 +279,23 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 	switch {
 	case res.Torn:
 		out = ended{Result: v1alpha1.ResultDiscarded}
-		p.events.Eventf(subject, corev1.EventTypeWarning, reasonCommitTorn,
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonCommitTorn, actionCommit,
 			"node %s went down while volume %s was mounted; its changes were written without syncs and may be torn, so they were discarded and cache %s stays at generation %d",
 			p.node, volume, rec.Cache, res.Generation)
 	case res.OverLimit:
 		out = ended{Result: v1alpha1.ResultDiscarded}
-		p.events.Eventf(subject, corev1.EventTypeWarning, reasonCommitOverLimit,
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonCommitOverLimit, actionCommit,
 			"volume %s's changes take %s, more than its claim's storage request, so they were discarded and cache %s stays at generation %d; request more storage in the claim",
-			volume, resource.NewQuantity(res.Bytes, resource.BinarySI), rec.Cache, res.Generation)
+			volume, v1alpha1.FormatSize(res.Bytes), rec.Cache, res.Generation)
 	case res.Dropped:
 		out = ended{Result: v1alpha1.ResultDropped}
-		p.events.Eventf(subject, corev1.EventTypeNormal, reasonCommitDropped,
+		p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonCommitDropped, actionCommit,
 			"cache %s was deleted while volume %s used it, so the volume's changes were dropped", rec.Cache, volume)
 	case res.Layer == "":
-		p.events.Eventf(subject, corev1.EventTypeNormal, reasonCommitted,
+		p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonCommitted, actionCommit,
 			"volume %s had no changes; cache %s stays at generation %d", volume, rec.Cache, res.Generation)
 	default:
-		p.events.Eventf(subject, corev1.EventTypeNormal, reasonCommitted,
+		p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonCommitted, actionCommit,
 			"committed volume %s as generation %d of cache %s (%d bytes)", volume, res.Generation, rec.Cache, res.Bytes)
 	}
 	logger.Info("Committed", "generation", res.Generation, "layer", res.Layer, "bytes", res.Bytes, "dropped", res.Dropped, "torn", res.Torn, "overLimit", res.OverLimit)
@@ -318,11 +317,11 @@ func (p *Provisioner) discard(ctx context.Context, logger logr.Logger, volume st
 	}
 	if err != nil {
 		p.metrics.fail(opDiscard, "error")
-		p.events.Eventf(subject, corev1.EventTypeWarning, reasonDiscardFailed, "discarding volume %s failed and is retried: %v", volume, err)
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonDiscardFailed, actionDiscard, "discarding volume %s failed and is retried: %v", volume, err)
 		return ended{}, fmt.Errorf("discard volume %s of cache %s: %w", volume, rec.Cache, err)
 	}
 	why := rec.discardWhy()
-	p.events.Eventf(subject, corev1.EventTypeNormal, reasonDiscarded, "discarded volume %s: %s", volume, why)
+	p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonDiscarded, actionDiscard, "discarded volume %s: %s", volume, why)
 	logger.Info("Discarded", "why", why)
 	return ended{Result: v1alpha1.ResultDiscarded}, nil
 }

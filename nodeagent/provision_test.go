@@ -448,5 +448,5 @@ func TestDeleteOverLimit(t *testing.T) {
 	if len(env.store.commits) != 0 || len(env.store.discards) != 1 {
 		t.Errorf("commits %v discards %v, want the volume discarded", env.store.commits, env.store.discards)
 	}
-	env.wantEvent(t, "Warning CommitOverLimit", pv.Name, "3Gi", "request more storage")
+	env.wantEvent(t, "Warning CommitOverLimit", pv.Name, "3.0GiB", "request more storage")
 }

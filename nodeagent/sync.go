@@ -11,7 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -45,7 +45,7 @@ type syncer struct {
 	store       store
 	caches      *caches
 	secrets     secretGetter
-	events      record.EventRecorder
+	events      events.EventRecorder
 	metrics     *metrics
 	tmpDir      string
 	compression remote.Compression
@@ -111,13 +111,13 @@ func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 	case err == nil:
 	case ctx.Err() != nil:
 		s.metrics.fail(opPull, "timeout")
-		s.events.Eventf(claim, corev1.EventTypeWarning, reasonSyncIncomplete,
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonSyncIncomplete, actionPull,
 			"the layers of cache %s that node %s lacks did not arrive from %s within the StorageClass's %s of %s, so the volume mounts what the node has (a colder cache); raise %s if builds wait for it gladly: %v",
 			ref, s.node, reg, paramSyncTimeout, reg.SyncTimeout, paramSyncTimeout, err)
 		logger.Info("Pull incomplete; mounting what the node has", "err", err.Error())
 	default:
 		s.metrics.fail(opPull, failureReason(err))
-		s.events.Eventf(claim, corev1.EventTypeWarning, reasonRegistryFailed,
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonRegistryFailed, actionPull,
 			"could not bring cache %s up to date from %s, so the volume mounts what node %s has: %v", ref, reg, s.node, err)
 		logger.Error(err, "Pull failed; mounting what the node has")
 	}
@@ -385,7 +385,7 @@ func (s *syncer) failed(cache *v1alpha1.Cache, err error) {
 	s.failing[ref] = msg
 	s.mu.Unlock()
 	if !same {
-		s.events.Event(cache, corev1.EventTypeWarning, reasonRegistryFailed, msg)
+		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonRegistryFailed, actionPush, "%s", msg)
 	}
 }
 
@@ -410,7 +410,7 @@ func (s *syncer) recovered(cache *v1alpha1.Cache) {
 	delete(s.failing, ref)
 	s.mu.Unlock()
 	if was {
-		s.events.Eventf(cache, corev1.EventTypeNormal, reasonPublished,
+		s.events.Eventf(cache, nil, corev1.EventTypeNormal, reasonPublished, actionPush,
 			"node %s pushed cache %s/%s to %s again; its layers are in the registry", s.node, cache.Namespace, cache.Name, cache.Status.Published.Repository)
 	}
 }

@@ -12,7 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 
@@ -41,7 +41,7 @@ type syncNode struct {
 	prov   *Provisioner
 	maint  *maintainer
 	store  *layerfs.Store
-	events *record.FakeRecorder
+	events *events.FakeRecorder
 }
 
 func newSyncCluster(t *testing.T) *syncCluster {
@@ -67,7 +67,7 @@ func (c *syncCluster) addNode(t *testing.T, name string) *syncNode {
 	st := openRealStore(t, 0)
 	opts := DefaultOptions()
 	opts.NodeName, opts.Root = name, st.Root()
-	events := record.NewFakeRecorder(100)
+	events := events.NewFakeRecorder(100)
 	a := newAgent(opts, st, &caches{client: c.client, reader: c.client, node: name}, events, testMetrics(t))
 	a.prov.sync.secrets = c.getSecret
 	n := &syncNode{name: name, prov: a.prov, maint: a.maint, store: st, events: events}

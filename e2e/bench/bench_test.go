@@ -464,7 +464,7 @@ func TestCases(t *testing.T) {
 	if big.Seed != (Seed{Files: 50_000, Bytes: 1 << 30}) || !big.Shared() {
 		t.Errorf("case %s = %+v, want a shared cache of 1 GiB in 50000 files", big.Name, big)
 	}
-	if big.Title != "1.00 GiB in 50000 files" {
+	if big.Title != "1.0GiB in 50000 files" {
 		t.Errorf("title %q", big.Title)
 	}
 	if got := empty.CacheName(1); got != "bench-empty-1" || empty.CacheName(2) == got {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/layercache/layercache/api/v1alpha1"
 )
 
 // Bounds of the waits. Every wait is also bounded by the test's context.
@@ -120,20 +122,6 @@ func (o Options) Cases() ([]Case, error) {
 	}
 	return []Case{
 		{Name: "empty", Title: "empty cache"},
-		{Name: "big", Title: fmt.Sprintf("%s in %d files", humanBytes(seed.Bytes), seed.Files), Seed: seed},
+		{Name: "big", Title: fmt.Sprintf("%s in %d files", v1alpha1.FormatSize(seed.Bytes), seed.Files), Seed: seed},
 	}, nil
-}
-
-// humanBytes formats n in binary units for titles, e.g. "1.00 GiB".
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	f, i := float64(n), -1
-	for f >= unit && i < 3 {
-		f /= unit
-		i++
-	}
-	return fmt.Sprintf("%.2f %ciB", f, "KMGT"[i])
 }

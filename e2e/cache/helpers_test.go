@@ -26,15 +26,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/e2e/framework"
+	"github.com/layercache/layercache/internal/bootstrap"
 )
 
 // Bounds of the waits below; each is also bounded by the test's context.
@@ -73,11 +72,8 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	f := framework.New(t)
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
+	scheme, err := bootstrap.Scheme()
+	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := client.New(f.Config, client.Options{Scheme: scheme})

@@ -27,7 +27,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/layercache/layercache/internal/bootstrap"
 )
 
 // Images loaded into every node by the harness. Pods must use
@@ -110,9 +111,9 @@ func RESTConfig() (*rest.Config, error) {
 	if path == "" {
 		return nil, fmt.Errorf("KUBECONFIG is not set: start a cluster with `make up` and run the suite with `make e2e` (or export KUBECONFIG=_output/cluster/kubeconfig)")
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	cfg, err := bootstrap.RESTConfig(path, "layercache-e2e")
 	if err != nil {
-		return nil, fmt.Errorf("reading KUBECONFIG %s: %w", path, err)
+		return nil, err
 	}
 	cfg.QPS, cfg.Burst = 50, 100
 	return cfg, nil
