@@ -2,6 +2,7 @@ package layerfs
 
 import (
 	"archive/tar"
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -342,11 +343,17 @@ func withoutOverlayXattrs(r io.Reader) io.ReadCloser {
 }
 
 func copyTarWithoutOverlayXattrs(r io.Reader, w io.Writer) error {
-	tr, tw := tar.NewReader(r), tar.NewWriter(w)
+	// Buffered, so that the pipe hands over large chunks rather than
+	// every header and small file on its own.
+	bw := bufio.NewWriterSize(w, 256<<10)
+	tr, tw := tar.NewReader(r), tar.NewWriter(bw)
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			return tw.Close()
+			if err := tw.Close(); err != nil {
+				return err
+			}
+			return bw.Flush()
 		}
 		if err != nil {
 			return err
