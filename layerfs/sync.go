@@ -41,6 +41,8 @@ const maxSyncRounds = 3
 //
 // A local layer whose Covers equals a contiguous run of the chain (a
 // squash of published layers) stands for that run: nothing is fetched.
+// A chain with a lower Generation than the last one synced (a stale read)
+// changes nothing.
 func (s *Store) Sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fetch, opts SyncOptions) (SyncResult, error) {
 	if err := validateSync(cache, chain, opts); err != nil {
 		return SyncResult{}, err
@@ -102,7 +104,7 @@ func (s *Store) sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 		if h != nil {
 			local = h.Layers
 		}
-		if p := planSync(local, chain.Layers, fetched); len(p.missing) > 0 {
+		if p := planSync(local, chain.Layers, fetched); len(p.missing) > 0 && !staleChain(h, chain) {
 			if err := s.fetchLayers(ctx, cache, chain, p.missing, fetch, opts, fetched); err != nil {
 				return res, err
 			}
@@ -201,6 +203,10 @@ func (s *Store) swapInSynced(ctx context.Context, cache CacheRef, chain Chain, f
 		h = &head{Cache: cache, UID: randomID(), Created: now}
 	}
 	p := planSync(h.Layers, chain.Layers, fetched)
+	if staleChain(h, chain) {
+		*res = SyncResult{Generation: h.Generation, Unpublished: countUnpublished(h.Layers)}
+		return true, h.layerIDs(), nil
+	}
 	if len(p.missing) > 0 {
 		return false, nil, nil
 	}
@@ -212,16 +218,33 @@ func (s *Store) swapInSynced(ctx context.Context, cache CacheRef, chain Chain, f
 			res.FetchedBytes += fl.Bytes
 		}
 	}
-	if !created && gen == h.Generation && slices.EqualFunc(p.layers, h.Layers, sameLayer) {
+	if !created && gen == h.Generation && chain.Generation == h.ChainGeneration && slices.EqualFunc(p.layers, h.Layers, sameLayer) {
 		return true, h.layerIDs(), nil
 	}
 	faultPoint()
-	h.Layers, h.Generation, h.LastUsed = p.layers, gen, now
+	h.Layers, h.Generation, h.ChainGeneration, h.LastUsed = p.layers, gen, chain.Generation, now
 	if err := s.writeHead(h); err != nil {
 		return false, nil, fmt.Errorf("sync cache %s: write its head: %w", cache, err)
 	}
 	res.Changed = true
 	return true, h.layerIDs(), nil
+}
+
+// staleChain tells a chain older than the last one synced: an agent's
+// stale read of the Cache resource. Applying it would drop layers the
+// cache has since gained, only to fetch them again.
+func staleChain(h *head, chain Chain) bool {
+	return h != nil && chain.Generation < h.ChainGeneration
+}
+
+func countUnpublished(layers []LayerInfo) int {
+	n := 0
+	for _, l := range layers {
+		if !l.published() {
+			n++
+		}
+	}
+	return n
 }
 
 func sameLayer(a, b LayerInfo) bool {

@@ -178,11 +178,14 @@ func TestSyncKeepsUnpublishedLayersOnTop(t *testing.T) {
 		t.Fatalf("head %+v, want the unpublished layer on top of 3", info.Layers)
 	}
 
-	// An older chain never lowers the generation.
-	old := chain
-	old.Generation = 1
-	if res := mustSync(t, b, "ns/c", old, reg.fetch); res.Generation != 4 {
-		t.Fatalf("Sync with an older chain = %+v, want generation 4 kept", res)
+	// A stale read of the chain (generation 2, without A's third layer)
+	// rolls nothing back.
+	stale := Chain{Generation: 2, Layers: chain.Layers[1:]}
+	if res := mustSync(t, b, "ns/c", stale, reg.fetch); res.Changed || res.Generation != 4 || res.Fetched != 0 || res.Unpublished != 1 {
+		t.Fatalf("Sync with a stale chain = %+v, want no change at generation 4", res)
+	}
+	if h, err := b.readHead(mustRef(t, "ns/c")); err != nil || len(h.Layers) != 4 || h.Layers[1].Digest != chain.Layers[0].Digest {
+		t.Fatalf("head after a stale Sync: %+v, %v; want A's third layer kept", h, err)
 	}
 	must(t, b.Discard(ctx, "check"))
 	assertNoOrphans(t, b)
