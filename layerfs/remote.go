@@ -38,6 +38,9 @@ type SyncResult struct {
 	FetchedBytes int64 `json:"fetchedBytes"` // bytes of the fetched layers on disk
 	Generation   int64 `json:"generation"`   // the cache's generation after the sync
 	Unpublished  int   `json:"unpublished"`  // local layers without a digest, kept on top
+	// NeedsSquash is true when the head is now deeper than
+	// Options.MaxLayers, as in CommitResult.
+	NeedsSquash bool `json:"needsSquash,omitempty"`
 }
 
 // validateDigest refuses anything but a well-formed content digest: chain

@@ -54,9 +54,12 @@ func (s *Store) Sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 	if err != nil || !res.Changed {
 		return res, err
 	}
-	if _, err := s.sweepLayers(ctx); err != nil {
-		return res, fmt.Errorf("synced cache %s, but removing the layers it dropped failed (gc retries): %w", cache, err)
-	}
+	// A build waits for this Sync: the layers it dropped are removed only
+	// if no other operation holds the store (a long pull of another
+	// cache); otherwise the next sweep or GC removes them.
+	now, cancel := context.WithCancel(ctx)
+	cancel()
+	s.sweepLayers(now)
 	return res, nil
 }
 
@@ -96,9 +99,9 @@ func (s *Store) sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 		}
 	}()
 	for range maxSyncRounds {
-		h, err := s.lockedHead(ctx, cache)
-		if err != nil && !errors.Is(err, ErrNotFound) {
-			return res, fmt.Errorf("sync cache %s: %w", cache, err)
+		h, herr := s.lockedHead(ctx, cache)
+		if herr != nil && !errors.Is(herr, ErrNotFound) {
+			return res, fmt.Errorf("sync cache %s: %w", cache, herr)
 		}
 		var local []LayerInfo
 		if h != nil {
@@ -204,14 +207,14 @@ func (s *Store) swapInSynced(ctx context.Context, cache CacheRef, chain Chain, f
 	}
 	p := planSync(h.Layers, chain.Layers, fetched)
 	if staleChain(h, chain) {
-		*res = SyncResult{Generation: h.Generation, Unpublished: countUnpublished(h.Layers)}
+		*res = SyncResult{Generation: h.Generation, Unpublished: countUnpublished(h.Layers), NeedsSquash: len(h.Layers) > s.opts.MaxLayers}
 		return true, h.layerIDs(), nil
 	}
 	if len(p.missing) > 0 {
 		return false, nil, nil
 	}
 	gen := max(h.Generation, chain.Generation+int64(p.unpublished))
-	*res = SyncResult{Generation: gen, Unpublished: p.unpublished}
+	*res = SyncResult{Generation: gen, Unpublished: p.unpublished, NeedsSquash: len(p.layers) > s.opts.MaxLayers}
 	for _, fl := range fetched {
 		if slices.ContainsFunc(p.layers, func(x LayerInfo) bool { return x.ID == fl.ID }) {
 			res.Fetched++

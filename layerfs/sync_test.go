@@ -497,3 +497,23 @@ func TestSquashRun(t *testing.T) {
 		}
 	}
 }
+
+// A deep chain is reported, as a deep commit is, so that the agent
+// squashes before overlay's depth limit.
+func TestSyncReportsNeedsSquash(t *testing.T) {
+	reg := registry{}
+	a := newTestStore(t, Options{})
+	for i := range 3 {
+		commitFiles(t, a, "ns/c", map[string]string{fmt.Sprintf("f%d", i): "x"})
+	}
+	chain := publish(t, a, reg, "ns/c")
+	for _, tc := range []struct {
+		maxLayers int
+		want      bool
+	}{{2, true}, {3, false}} {
+		b := newTestStore(t, Options{MaxLayers: tc.maxLayers})
+		if res := mustSync(t, b, "ns/c", chain, reg.fetch); res.NeedsSquash != tc.want {
+			t.Errorf("max layers %d: Sync = %+v, want NeedsSquash %v", tc.maxLayers, res, tc.want)
+		}
+	}
+}
