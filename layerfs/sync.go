@@ -319,7 +319,11 @@ func importLayer(ctx context.Context, dir, digest string, fetch Fetch) error {
 	if err != nil {
 		return fmt.Errorf("fetch: %w", err)
 	}
-	defer rc.Close()
+	defer func() {
+		if rc != nil {
+			rc.Close() // after a failure; the error that counts is returned
+		}
+	}()
 	r := &ctxReader{ctx: ctx, r: rc}
 	filtered := withoutOverlayXattrs(r)
 	defer filtered.Close()
@@ -337,7 +341,9 @@ func importLayer(ctx context.Context, dir, digest string, fetch Fetch) error {
 	if _, err := io.Copy(io.Discard, r); err != nil {
 		return fmt.Errorf("read to the end: %w", err)
 	}
-	if err := rc.Close(); err != nil {
+	err = rc.Close()
+	rc = nil
+	if err != nil {
 		return fmt.Errorf("fetch: %w", err)
 	}
 	// The temp dir was made 0700; the layer's root is never a volume's
