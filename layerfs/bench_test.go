@@ -1,10 +1,12 @@
 package layerfs
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -269,5 +271,83 @@ func BenchmarkCommitMemory(b *testing.B) {
 		// A floor of 1 MiB keeps the ratio from measuring noise.
 		b.ReportMetric(float64(max(large[0], mib))/float64(max(small[0], mib)), "commit-100k/1k")
 		b.ReportMetric(float64(max(large[1], mib))/float64(max(small[1], mib)), "squash-100k/1k")
+	}
+}
+
+// exportFixture is a one-layer cache of 64 MiB in 5,000 files.
+func exportFixture(b *testing.B) (*Store, string, int64) {
+	s := newTestStore(b, Options{})
+	const files, size = 5000, 64 << 20 / 5000
+	fillCache(b, s, "ns/big", files, size)
+	return s, headIDs(b, s, "ns/big")[0], files * size
+}
+
+// Export of a 64 MiB / 5,000-file layer as a tar vs reading every file of
+// it: the tar's headers and whiteout conversion on top of the reads.
+func BenchmarkExport(b *testing.B) {
+	ctx := context.Background()
+	s, id, total := exportFixture(b)
+	export := func() { must(b, s.ExportLayer(ctx, mustRef(b, "ns/big"), id, io.Discard)) }
+	readAll := func() {
+		must(b, filepath.WalkDir(s.layerDir(id), func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return err
+			}
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.Copy(io.Discard, f)
+			return err
+		}))
+	}
+	export()
+	readAll() // both from the page cache
+	for b.Loop() {
+		e, r := compare(5, export, readAll)
+		b.ReportMetric(float64(total)/e.Seconds()/(1<<20), "export-MiB/s")
+		b.ReportMetric(float64(total)/r.Seconds()/(1<<20), "read-MiB/s")
+		b.ReportMetric(float64(e)/float64(r), "export/read")
+	}
+}
+
+// Sync of a fresh cache from that layer's tar (in memory) vs GNU tar
+// extracting the same tar, synced the same way: go-archive's Unpack, the
+// fsync and the head swap against the physical limit of an untar.
+func BenchmarkSync(b *testing.B) {
+	ctx := context.Background()
+	src, _, total := exportFixture(b)
+	reg := registry{}
+	chain := publish(b, src, reg, "ns/big")
+	blob := reg[chain.Layers[0].Digest]
+	dst := newTestStore(b, Options{})
+	scratch := filepath.Join(filepath.Dir(dst.Root()), "untar")
+	must(b, os.Mkdir(scratch, 0o700))
+	n := 0
+	sync := func() {
+		n++
+		res, err := dst.Sync(ctx, mustRef(b, fmt.Sprintf("ns/c%d", n)), chain, reg.fetch, SyncOptions{})
+		must(b, err)
+		if res.Fetched != 1 {
+			b.Fatalf("Sync = %+v, want 1 layer fetched", res)
+		}
+	}
+	untar := func() {
+		dir, err := os.MkdirTemp(scratch, "x-")
+		must(b, err)
+		cmd := exec.Command("tar", "-x", "-C", dir)
+		cmd.Stdin = bytes.NewReader(blob)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("tar -x: %v\n%s", err, out)
+		}
+		must(b, syncFS(dir))
+	}
+	unix.Sync()
+	for b.Loop() {
+		sy, un := compare(3, sync, untar)
+		b.ReportMetric(float64(total)/sy.Seconds()/(1<<20), "sync-MiB/s")
+		b.ReportMetric(float64(total)/un.Seconds()/(1<<20), "untar-MiB/s")
+		b.ReportMetric(float64(sy)/float64(un), "sync/untar")
 	}
 }

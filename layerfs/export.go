@@ -73,7 +73,7 @@ func (s *Store) checkInHead(ctx context.Context, cache CacheRef, layerID string)
 // lexical order (WalkDir sorts), with no user or group names and no access
 // or change times, so the bytes depend on the layer's content only.
 func writeLayerTar(ctx context.Context, dir string, w io.Writer) error {
-	lw := &layerWriter{tw: tar.NewWriter(w), dir: dir, links: map[uint64]string{}}
+	lw := &layerWriter{tw: tar.NewWriter(w), dir: dir, links: map[uint64]string{}, buf: make([]byte, 256<<10)}
 	err := filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -100,6 +100,7 @@ type layerWriter struct {
 	tw    *tar.Writer
 	dir   string
 	links map[uint64]string // inode -> first name, for hardlinks
+	buf   []byte            // one copy buffer for every file
 }
 
 func (lw *layerWriter) add(p, rel string) error {
@@ -128,7 +129,7 @@ func (lw *layerWriter) add(p, rel string) error {
 		return fmt.Errorf("%s: %w", rel, err)
 	}
 	if hdr.Typeflag == tar.TypeReg && hdr.Size > 0 {
-		if err := copyContent(lw.tw, p, hdr.Size); err != nil {
+		if err := copyContent(lw.tw, p, hdr.Size, lw.buf); err != nil {
 			return fmt.Errorf("%s: %w", rel, err)
 		}
 	}
@@ -230,13 +231,13 @@ func contentXattrs(p string) (map[string]string, error) {
 // copyContent writes exactly size bytes of file p: a layer is immutable,
 // so a different length means the store is damaged, and the tar must not
 // be published.
-func copyContent(w io.Writer, p string, size int64) error {
+func copyContent(w io.Writer, p string, size int64, buf []byte) error {
 	f, err := os.Open(p)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	n, err := io.Copy(w, io.LimitReader(f, size))
+	n, err := io.CopyBuffer(w, io.LimitReader(f, size), buf)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,9 @@ type head struct {
 	Created    time.Time   `json:"created"`
 	LastUsed   time.Time   `json:"lastUsed"`
 	LastWriter string      `json:"lastWriter,omitempty"`
+	// ChainGeneration is the generation of the last chain Sync applied,
+	// so that a stale read of the chain cannot roll the cache back.
+	ChainGeneration int64 `json:"chainGeneration,omitempty"`
 }
 
 func (h *head) layerIDs() []string {

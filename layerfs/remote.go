@@ -43,6 +43,9 @@ type SyncResult struct {
 	FetchedBytes int64 `json:"fetchedBytes"` // bytes of the fetched layers on disk
 	Generation   int64 `json:"generation"`   // the cache's generation after the sync
 	Unpublished  int   `json:"unpublished"`  // local layers without a digest, kept on top
+	// NeedsSquash is true when the head is now deeper than
+	// Options.MaxLayers, as in CommitResult.
+	NeedsSquash bool `json:"needsSquash,omitempty"`
 }
 
 // validateDigest refuses anything but a well-formed content digest: chain
@@ -57,6 +60,14 @@ func validateDigest(what, d string) error {
 // SetLayerDigest records that layer layerID of cache was published as
 // digest (an atomic head rewrite under the cache lock). ErrNotFound if the
 // layer is no longer in the head (squashed away): the caller drops it.
+//
+// Call it once the chain lists the digest (the Cache resource's update
+// landed), not merely once the blob is pushed: Sync drops a layer with a
+// digest that its chain lacks, and if the update then never lands, the
+// commit would be gone from both the node and the chain. Until the call,
+// a Sync with a chain that already has the digest keeps the layer as
+// unpublished on top and fetches the blob again below it, so a node
+// agent should not run both for one cache at once.
 func (s *Store) SetLayerDigest(ctx context.Context, cache CacheRef, layerID, digest string) error {
 	if err := cache.Validate(); err != nil {
 		return err

@@ -2,6 +2,7 @@ package layerfs
 
 import (
 	"archive/tar"
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -40,6 +41,8 @@ const maxSyncRounds = 3
 //
 // A local layer whose Covers equals a contiguous run of the chain (a
 // squash of published layers) stands for that run: nothing is fetched.
+// A chain with a lower Generation than the last one synced (a stale read)
+// changes nothing.
 func (s *Store) Sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fetch, opts SyncOptions) (SyncResult, error) {
 	if err := validateSync(cache, chain, opts); err != nil {
 		return SyncResult{}, err
@@ -51,9 +54,12 @@ func (s *Store) Sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 	if err != nil || !res.Changed {
 		return res, err
 	}
-	if _, err := s.sweepLayers(ctx); err != nil {
-		return res, fmt.Errorf("synced cache %s, but removing the layers it dropped failed (gc retries): %w", cache, err)
-	}
+	// A build waits for this Sync: the layers it dropped are removed only
+	// if no other operation holds the store (a long pull of another
+	// cache); otherwise the next sweep or GC removes them.
+	now, cancel := context.WithCancel(ctx)
+	cancel()
+	s.sweepLayers(now)
 	return res, nil
 }
 
@@ -93,15 +99,15 @@ func (s *Store) sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 		}
 	}()
 	for range maxSyncRounds {
-		h, err := s.lockedHead(ctx, cache)
-		if err != nil && !errors.Is(err, ErrNotFound) {
-			return res, fmt.Errorf("sync cache %s: %w", cache, err)
+		h, herr := s.lockedHead(ctx, cache)
+		if herr != nil && !errors.Is(herr, ErrNotFound) {
+			return res, fmt.Errorf("sync cache %s: %w", cache, herr)
 		}
 		var local []LayerInfo
 		if h != nil {
 			local = h.Layers
 		}
-		if p := planSync(local, chain.Layers, fetched); len(p.missing) > 0 {
+		if p := planSync(local, chain.Layers, fetched); len(p.missing) > 0 && !staleChain(h, chain) {
 			if err := s.fetchLayers(ctx, cache, chain, p.missing, fetch, opts, fetched); err != nil {
 				return res, err
 			}
@@ -225,27 +231,48 @@ func (s *Store) swapInSynced(ctx context.Context, cache CacheRef, chain Chain, f
 		h = &head{Cache: cache, UID: randomID(), Created: now}
 	}
 	p := planSync(h.Layers, chain.Layers, fetched)
+	if staleChain(h, chain) {
+		*res = SyncResult{Generation: h.Generation, Unpublished: countUnpublished(h.Layers), NeedsSquash: len(h.Layers) > s.opts.MaxLayers}
+		return true, h.layerIDs(), nil
+	}
 	if len(p.missing) > 0 {
 		return false, nil, nil
 	}
 	gen := max(h.Generation, chain.Generation+int64(p.unpublished))
-	*res = SyncResult{Generation: gen, Unpublished: p.unpublished}
+	*res = SyncResult{Generation: gen, Unpublished: p.unpublished, NeedsSquash: len(p.layers) > s.opts.MaxLayers}
 	for _, fl := range fetched {
 		if slices.ContainsFunc(p.layers, func(x LayerInfo) bool { return x.ID == fl.ID }) {
 			res.Fetched++
 			res.FetchedBytes += fl.Bytes
 		}
 	}
-	if !created && gen == h.Generation && slices.EqualFunc(p.layers, h.Layers, sameLayer) {
+	if !created && gen == h.Generation && chain.Generation == h.ChainGeneration && slices.EqualFunc(p.layers, h.Layers, sameLayer) {
 		return true, h.layerIDs(), nil
 	}
 	faultPoint()
-	h.Layers, h.Generation, h.LastUsed = p.layers, gen, now
+	h.Layers, h.Generation, h.ChainGeneration, h.LastUsed = p.layers, gen, chain.Generation, now
 	if err := s.writeHead(h); err != nil {
 		return false, nil, fmt.Errorf("sync cache %s: write its head: %w", cache, err)
 	}
 	res.Changed = true
 	return true, h.layerIDs(), nil
+}
+
+// staleChain tells a chain older than the last one synced: an agent's
+// stale read of the Cache resource. Applying it would drop layers the
+// cache has since gained, only to fetch them again.
+func staleChain(h *head, chain Chain) bool {
+	return h != nil && chain.Generation < h.ChainGeneration
+}
+
+func countUnpublished(layers []LayerInfo) int {
+	n := 0
+	for _, l := range layers {
+		if !l.published() {
+			n++
+		}
+	}
+	return n
 }
 
 func sameLayer(a, b LayerInfo) bool {
@@ -317,7 +344,11 @@ func importLayer(ctx context.Context, dir, digest string, fetch Fetch) error {
 	if err != nil {
 		return fmt.Errorf("fetch: %w", err)
 	}
-	defer rc.Close()
+	defer func() {
+		if rc != nil {
+			rc.Close() // after a failure; the error that counts is returned
+		}
+	}()
 	r := &ctxReader{ctx: ctx, r: rc}
 	filtered := withoutOverlayXattrs(r)
 	defer filtered.Close()
@@ -335,7 +366,9 @@ func importLayer(ctx context.Context, dir, digest string, fetch Fetch) error {
 	if _, err := io.Copy(io.Discard, r); err != nil {
 		return fmt.Errorf("read to the end: %w", err)
 	}
-	if err := rc.Close(); err != nil {
+	err = rc.Close()
+	rc = nil
+	if err != nil {
 		return fmt.Errorf("fetch: %w", err)
 	}
 	// The temp dir was made 0700; the layer's root is never a volume's
@@ -367,11 +400,17 @@ func withoutOverlayXattrs(r io.Reader) io.ReadCloser {
 }
 
 func copyTarWithoutOverlayXattrs(r io.Reader, w io.Writer) error {
-	tr, tw := tar.NewReader(r), tar.NewWriter(w)
+	// Buffered, so that the pipe hands over large chunks rather than
+	// every header and small file on its own.
+	bw := bufio.NewWriterSize(w, 256<<10)
+	tr, tw := tar.NewReader(r), tar.NewWriter(bw)
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			return tw.Close()
+			if err := tw.Close(); err != nil {
+				return err
+			}
+			return bw.Flush()
 		}
 		if err != nil {
 			return err

@@ -178,11 +178,14 @@ func TestSyncKeepsUnpublishedLayersOnTop(t *testing.T) {
 		t.Fatalf("head %+v, want the unpublished layer on top of 3", info.Layers)
 	}
 
-	// An older chain never lowers the generation.
-	old := chain
-	old.Generation = 1
-	if res := mustSync(t, b, "ns/c", old, reg.fetch); res.Generation != 4 {
-		t.Fatalf("Sync with an older chain = %+v, want generation 4 kept", res)
+	// A stale read of the chain (generation 2, without A's third layer)
+	// rolls nothing back.
+	stale := Chain{Generation: 2, Layers: chain.Layers[1:]}
+	if res := mustSync(t, b, "ns/c", stale, reg.fetch); res.Changed || res.Generation != 4 || res.Fetched != 0 || res.Unpublished != 1 {
+		t.Fatalf("Sync with a stale chain = %+v, want no change at generation 4", res)
+	}
+	if h, err := b.readHead(mustRef(t, "ns/c")); err != nil || len(h.Layers) != 4 || h.Layers[1].Digest != chain.Layers[0].Digest {
+		t.Fatalf("head after a stale Sync: %+v, %v; want A's third layer kept", h, err)
 	}
 	must(t, b.Discard(ctx, "check"))
 	assertNoOrphans(t, b)
@@ -491,6 +494,26 @@ func TestSquashRun(t *testing.T) {
 	} {
 		if got := squashRun(tc.layers); got != tc.want {
 			t.Errorf("%s: squashRun = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A deep chain is reported, as a deep commit is, so that the agent
+// squashes before overlay's depth limit.
+func TestSyncReportsNeedsSquash(t *testing.T) {
+	reg := registry{}
+	a := newTestStore(t, Options{})
+	for i := range 3 {
+		commitFiles(t, a, "ns/c", map[string]string{fmt.Sprintf("f%d", i): "x"})
+	}
+	chain := publish(t, a, reg, "ns/c")
+	for _, tc := range []struct {
+		maxLayers int
+		want      bool
+	}{{2, true}, {3, false}} {
+		b := newTestStore(t, Options{MaxLayers: tc.maxLayers})
+		if res := mustSync(t, b, "ns/c", chain, reg.fetch); res.NeedsSquash != tc.want {
+			t.Errorf("max layers %d: Sync = %+v, want NeedsSquash %v", tc.maxLayers, res, tc.want)
 		}
 	}
 }
