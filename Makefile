@@ -30,7 +30,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e,benchpeer ./e2e/bench/
 
 .PHONY: test
-test: test-unit bench e2e ## everything: unit and real-mount tests, benchmarks, then e2e on a local cluster
+test: verify-generate test-unit bench e2e ## everything: generated files current, unit and real-mount tests, benchmarks, then e2e on a local cluster
 
 .PHONY: test-unit
 test-unit: ## unit tests and real-mount tests (needs root)
@@ -78,8 +78,16 @@ $(BIN)/kpt: e2e/tools/kpt/go.mod e2e/tools/kpt/go.sum
 	cd e2e/tools/kpt && $(GO) build -ldflags "-X github.com/GoogleContainerTools/kpt/run.version=$(KPT_VERSION)" -o $@ github.com/GoogleContainerTools/kpt
 
 .PHONY: generate
-generate: $(BIN)/controller-gen ## regenerate api/v1alpha1 deepcopy and the Cache CRD in config/crd
+generate: $(BIN)/controller-gen ## regenerate api/v1alpha1 deepcopy, the Cache CRD (config/crd) and RBAC from +kubebuilder:rbac markers (config/rbac/{node,manager})
 	$(BIN)/controller-gen object paths=./api/... crd paths=./api/... output:crd:dir=./config/crd
+	$(BIN)/controller-gen rbac:roleName=layercache-node paths=./nodeagent/... output:rbac:artifacts:config=config/rbac/node
+	$(BIN)/controller-gen rbac:roleName=layercache-manager paths=./cachemanager/... output:rbac:artifacts:config=config/rbac/manager
+	@# kpt's apply-setters changes the namespace where this comment marks it.
+	sed -i 's/^\(  namespace: layercache-system\)$$/\1 # kpt-set: $${namespace}/' config/rbac/node/role.yaml config/rbac/manager/role.yaml
+
+.PHONY: verify-generate
+verify-generate: generate ## fail if make generate changes a checked-in file (CI runs it)
+	@git diff --exit-code -- api config || { echo "make generate changed the files above: run it and commit the result" >&2; exit 1; }
 
 # The local cluster's kubeconfig unless KUBECONFIG is set.
 deploy undeploy: export KUBECONFIG ?= $(firstword $(wildcard $(CURDIR)/_output/cluster/kubeconfig) $(HOME)/.kube/config)

@@ -318,23 +318,23 @@ func TestRBAC(t *testing.T) {
 	}
 
 	// Leader election stays in the manager's namespace.
-	role := find[*rbacv1.Role](t, r, "layercache-manager-leader-election")
+	role := find[*rbacv1.Role](t, r, "layercache-manager")
 	if role.Namespace != namespace || !allows(role.Rules, permission{"coordination.k8s.io", "leases", "update"}) {
 		t.Errorf("leader election role = %+v, want leases in %s", role, namespace)
 	}
-	binding := find[*rbacv1.RoleBinding](t, r, "layercache-manager-leader-election")
+	binding := find[*rbacv1.RoleBinding](t, r, "layercache-manager")
 	if binding.Namespace != namespace || binding.Subjects[0].Name != "layercache-manager" {
 		t.Errorf("leader election binding = %+v", binding)
 	}
 
 	// Registry Secrets: read in the agents' own namespace only, never
 	// listed or watched.
-	secrets := find[*rbacv1.Role](t, r, "layercache-node-registry")
+	secrets := find[*rbacv1.Role](t, r, "layercache-node")
 	if secrets.Namespace != namespace || !allows(secrets.Rules, permission{"", "secrets", "get"}) ||
 		allows(secrets.Rules, permission{"", "secrets", "list"}) || allows(secrets.Rules, permission{"", "secrets", "watch"}) {
 		t.Errorf("registry secrets role = %+v, want get secrets in %s and nothing more", secrets, namespace)
 	}
-	binding = find[*rbacv1.RoleBinding](t, r, "layercache-node-registry")
+	binding = find[*rbacv1.RoleBinding](t, r, "layercache-node")
 	if binding.Namespace != namespace || binding.Subjects[0].Name != "layercache-node" {
 		t.Errorf("registry secrets binding = %+v", binding)
 	}

@@ -151,10 +151,11 @@ func newAgent(opts Options, st store, c *caches, events events.EventRecorder, m 
 		failing: map[layerfs.CacheRef]string{},
 	}
 	sync.publishes = newCacheQueue("publish", sync.publish)
+	sync.squashes = newCacheQueue("squash", maint.squash)
 	maint.publishes = sync.publishes
 	prov := &Provisioner{
 		node: opts.NodeName, hostname: opts.NodeName, store: st, caches: c, events: events, metrics: m,
-		reports: maint.reports, squashes: newCacheQueue("squash", maint.squash), seen: newOutcomes(), sync: sync,
+		reports: maint.reports, squashes: sync.squashes, seen: newOutcomes(), sync: sync,
 	}
 	return &agent{opts: opts, store: st, prov: prov, maint: maint}
 }

@@ -50,6 +50,7 @@ type syncer struct {
 	tmpDir      string
 	compression remote.Compression
 	reports     *cacheQueue
+	squashes    *cacheQueue
 	// publishes runs publish off the critical path; nil in tests that
 	// call publish themselves.
 	publishes *cacheQueue
@@ -134,7 +135,11 @@ func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, pub *v1alpha1
 		return layerfs.SyncResult{}, err
 	}
 	defer unlock()
-	return s.store.Sync(ctx, ref, chainOf(pub), target.Fetch, layerfs.SyncOptions{})
+	res, err := s.store.Sync(ctx, ref, chainOf(pub), target.Fetch, layerfs.SyncOptions{})
+	if res.NeedsSquash {
+		s.squashes.Add(ref)
+	}
+	return res, err
 }
 
 // publish pushes the cache's unpublished layers, oldest first, appends

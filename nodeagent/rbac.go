@@ -1,0 +1,36 @@
+package nodeagent
+
+// The node agent's permissions, which `make generate` turns into
+// config/rbac/node/role.yaml (ClusterRole layercache-node, and Role
+// layercache-node in the agents' namespace). Each says why.
+
+// Watch claims; update one to hand it back to the scheduler (reschedule).
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;update
+
+// Make, update and delete the node's PVs.
+// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;create;update;patch;delete
+
+// Read the classes' parameters.
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch
+
+// Watch this node's pods (field selector spec.nodeName) to end a pod's
+// volumes when it ends; get the pod that owns a claim for the StorageClass
+// cache template.
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+
+// The agent checks its own Node at start.
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get
+
+// Create a Cache on first use; state the node's own status entry and
+// append to the published chain (status only: the spec is its owner's).
+// +kubebuilder:rbac:groups=layercache.dev,resources=caches,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=layercache.dev,resources=caches/status,verbs=patch
+
+// Events: the agent's own (events.k8s.io) and the provisioner library's
+// (core).
+// +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch;update
+
+// Registry credentials: a StorageClass's registrySecret names a Secret in
+// the agents' own namespace, so the agents get Secrets there only, never
+// list or watch them.
+// +kubebuilder:rbac:groups="",namespace=layercache-system,resources=secrets,verbs=get
