@@ -26,30 +26,43 @@ func (s *Store) Remove(ctx context.Context, cache CacheRef) error {
 }
 
 func (s *Store) removeCache(ctx context.Context, cache CacheRef) error {
+	return s.withCache(ctx, cache, func(*head) (bool, error) {
+		return s.removeCacheFiles(cache)
+	})
+}
+
+// withCache runs fn on the cache's head under the cache's lock, which is
+// released on every path; its file goes with the cache when fn says the
+// cache is gone, or when there is no such cache.
+func (s *Store) withCache(ctx context.Context, cache CacheRef, fn func(h *head) (gone bool, err error)) error {
 	l, err := s.lockCache(ctx, cache)
 	if err != nil {
 		return err
 	}
-	if _, err := s.readHead(cache); err != nil {
+	h, err := s.readHead(cache)
+	if err != nil {
 		releaseOnError(l, err)
 		return fmt.Errorf("cache %s: %w", cache, err)
 	}
-	return s.removeLockedCache(cache, l)
+	gone, err := fn(h)
+	if gone {
+		l.removeAndUnlock()
+	} else {
+		l.unlock()
+	}
+	return err
 }
 
-// removeLockedCache removes a cache whose lock l the caller holds, and
-// releases the lock.
-func (s *Store) removeLockedCache(cache CacheRef, l *fileLock) error {
+// removeCacheFiles removes a cache whose lock the caller holds.
+func (s *Store) removeCacheFiles(cache CacheRef) (gone bool, err error) {
 	// Removing head.json is the commit point: from here the cache is gone.
 	if err := os.Remove(s.headPath(cache)); err != nil {
-		l.unlock()
-		return fmt.Errorf("remove cache %s: %w", cache, err)
+		return false, fmt.Errorf("remove cache %s: %w", cache, err)
 	}
 	syncDir(s.cacheDir(cache))
 	os.RemoveAll(s.cacheDir(cache))
 	os.Remove(filepath.Dir(s.cacheDir(cache))) // the namespace dir, if now empty
-	l.removeAndUnlock()
-	return nil
+	return true, nil
 }
 
 // RemoveIfUnused removes a cache unless a writable volume uses it (see
@@ -74,30 +87,21 @@ func (s *Store) RemoveIfUnused(ctx context.Context, cache CacheRef) (removed boo
 // removeIfUnused removes the cache if no volume of its current incarnation
 // exists and, unless lastUsed is zero, it was not used since lastUsed (a
 // GC decision made from an earlier List stays true).
-func (s *Store) removeIfUnused(ctx context.Context, cache CacheRef, lastUsed time.Time) (bool, error) {
-	l, err := s.lockCache(ctx, cache)
-	if err != nil {
-		return false, err
-	}
-	h, err := s.readHead(cache)
+func (s *Store) removeIfUnused(ctx context.Context, cache CacheRef, lastUsed time.Time) (removed bool, err error) {
+	err = s.withCache(ctx, cache, func(h *head) (bool, error) {
+		if !lastUsed.IsZero() && !h.LastUsed.Equal(lastUsed) {
+			return false, nil
+		}
+		if inUse, err := s.cacheInUse(h); err != nil || inUse {
+			return false, err
+		}
+		removed, err = s.removeCacheFiles(cache)
+		return removed, err
+	})
 	if errors.Is(err, ErrNotFound) {
-		l.removeAndUnlock()
 		return false, nil
 	}
-	if err != nil {
-		l.unlock()
-		return false, fmt.Errorf("cache %s: %w", cache, err)
-	}
-	if !lastUsed.IsZero() && !h.LastUsed.Equal(lastUsed) {
-		l.unlock()
-		return false, nil
-	}
-	inUse, err := s.cacheInUse(h)
-	if err != nil || inUse {
-		l.unlock()
-		return false, err
-	}
-	return true, s.removeLockedCache(cache, l)
+	return removed, err
 }
 
 // cacheInUse tells whether a writable volume of this incarnation of the

@@ -373,50 +373,40 @@ func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, erro
 	return res, err
 }
 
-func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *volumeRecord, error) {
+func (s *Store) commit(ctx context.Context, volumeID string) (res CommitResult, ended *volumeRecord, err error) {
 	storeLock, err := s.lockStore(ctx, false)
 	if err != nil {
 		return CommitResult{}, nil, err
 	}
 	defer storeLock.unlock()
-	volLock, err := s.lockVolume(ctx, volumeID)
-	if err != nil {
-		return CommitResult{}, nil, err
-	}
-	r, err := s.readVolume(volumeID)
-	if err != nil {
-		releaseOnError(volLock, err)
-		return CommitResult{}, nil, err
-	}
-	if r.ReadOnly {
-		volLock.unlock()
-		return CommitResult{}, nil, fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
-	}
-	if r.Torn {
-		res, err := s.discardTorn(r)
-		if err != nil {
-			volLock.unlock()
-			return res, nil, err
+	err = s.withVolume(ctx, volumeID, func(r *volumeRecord) (gone bool, err error) {
+		if r.ReadOnly {
+			return false, fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
 		}
-		volLock.removeAndUnlock()
-		return res, r, nil
+		if res, err = s.commitLocked(ctx, r); err != nil {
+			return false, err
+		}
+		ended = r
+		return true, nil
+	})
+	return res, ended, err
+}
+
+// commitLocked commits (or, torn or over its limit, discards) a volume
+// whose lock the caller holds; on success the volume is gone.
+func (s *Store) commitLocked(ctx context.Context, r *volumeRecord) (CommitResult, error) {
+	if r.Torn {
+		return s.discardTorn(r)
 	}
 	if r.State != stateCommitting {
 		err := s.prepareCommit(ctx, r)
 		var over *overLimitError
 		if errors.As(err, &over) {
 			res := CommitResult{Cache: r.Cache, OverLimit: true, Bytes: over.bytes}
-			err = s.discardInstead(r, &res)
-			if err != nil {
-				volLock.unlock()
-				return res, nil, err
-			}
-			volLock.removeAndUnlock()
-			return res, r, nil
+			return res, s.discardInstead(r, &res)
 		}
 		if err != nil {
-			volLock.unlock()
-			return CommitResult{}, nil, err
+			return CommitResult{}, err
 		}
 	}
 	res, err := s.finishCommit(ctx, r)
@@ -426,11 +416,8 @@ func (s *Store) commit(ctx context.Context, volumeID string) (CommitResult, *vol
 		if aerr := s.abortCommit(ctx, r); aerr != nil {
 			err = fmt.Errorf("%w (the volume stays unmounted until the commit is retried: %v)", err, aerr)
 		}
-		volLock.unlock()
-		return res, nil, err
 	}
-	volLock.removeAndUnlock()
-	return res, r, nil
+	return res, err
 }
 
 // discardTorn ends a torn volume as Discard does and reports the cache as
@@ -571,32 +558,51 @@ func (s *Store) Discard(ctx context.Context, volumeID string) error {
 	if err := ValidateName("volume", volumeID); err != nil {
 		return err
 	}
-	volLock, err := s.lockVolume(ctx, volumeID)
-	if err != nil {
-		return err
-	}
-	r, err := s.readVolume(volumeID)
-	if err != nil {
-		releaseOnError(volLock, err)
-		return err
-	}
-	if err := unmount(r.MergedPath); err != nil {
-		volLock.unlock()
-		return fmt.Errorf("discard volume %q: %w", volumeID, err)
-	}
-	if r.State == stateCommitting && r.CommitLayer != nil {
-		if err := s.rollBackCommit(ctx, r); err != nil {
-			volLock.unlock()
-			return err
+	var ended *volumeRecord
+	err := s.withVolume(ctx, volumeID, func(r *volumeRecord) (bool, error) {
+		if err := unmount(r.MergedPath); err != nil {
+			return false, fmt.Errorf("discard volume %q: %w", volumeID, err)
 		}
-	}
-	if err := s.removeVolumeDir(volumeID); err != nil {
-		volLock.unlock()
+		if r.State == stateCommitting && r.CommitLayer != nil {
+			if err := s.rollBackCommit(ctx, r); err != nil {
+				return false, err
+			}
+		}
+		if err := s.removeVolumeDir(volumeID); err != nil {
+			return false, err
+		}
+		ended = r
+		return true, nil
+	})
+	if err != nil {
 		return err
 	}
-	volLock.removeAndUnlock()
-	s.sweepIfOrphaned(r)
+	s.sweepIfOrphaned(ended)
 	return nil
+}
+
+// withVolume runs fn on the record of volume id under the volume's lock,
+// as containerd's snapshotters run a change in one transaction: the lock
+// is released on every path, and its file goes with the volume when fn
+// says the volume is gone, or when there is no such volume (so unknown
+// names leave no trace).
+func (s *Store) withVolume(ctx context.Context, id string, fn func(r *volumeRecord) (gone bool, err error)) error {
+	l, err := s.lockVolume(ctx, id)
+	if err != nil {
+		return err
+	}
+	r, err := s.readVolume(id)
+	if err != nil {
+		releaseOnError(l, err)
+		return err
+	}
+	gone, err := fn(r)
+	if gone {
+		l.removeAndUnlock()
+	} else {
+		l.unlock()
+	}
+	return err
 }
 
 // releaseOnError releases a lock after a failed lookup; the lock file of an
