@@ -7,8 +7,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -99,21 +97,12 @@ func nodeStatus(node string, info layerfs.CacheInfo, published bool) v1alpha1.No
 // statusApply is the server-side apply body that states this node's entry
 // of a Cache's status; with entry nil it states none, which removes the
 // entry this field manager applied before.
-func statusApply(ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) (*unstructured.Unstructured, error) {
-	u := &unstructured.Unstructured{Object: map[string]any{}}
-	u.SetAPIVersion(v1alpha1.GroupVersion.String())
-	u.SetKind("Cache")
-	u.SetNamespace(ref.Namespace)
-	u.SetName(ref.Name)
-	if entry == nil {
-		return u, nil
+func statusApply(ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) *v1alpha1.CacheApplyConfiguration {
+	b := v1alpha1.CacheApply(ref.Namespace, ref.Name)
+	if entry != nil {
+		b.WithNodeStatus(*entry)
 	}
-	fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(entry)
-	if err != nil {
-		return nil, fmt.Errorf("encode status of cache %s: %w", ref, err)
-	}
-	u.Object["status"] = map[string]any{"nodes": []any{fields}}
-	return u, nil
+	return b
 }
 
 // applyStatus states this node's entry on the Cache. A Cache that does not
@@ -129,11 +118,7 @@ func (c *caches) removeStatus(ctx context.Context, ref layerfs.CacheRef) error {
 }
 
 func (c *caches) apply(ctx context.Context, ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) error {
-	u, err := statusApply(ref, entry)
-	if err != nil {
-		return err
-	}
-	err = c.client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u),
+	err := c.client.Status().Apply(ctx, statusApply(ref, entry),
 		client.FieldOwner(c.fieldManager()), client.ForceOwnership)
 	if apierrors.IsNotFound(err) {
 		return nil

@@ -25,28 +25,20 @@ func TestStatusApply(t *testing.T) {
 	used := time.Date(2026, 3, 1, 12, 30, 45, 999, time.UTC)
 	info := layerfs.CacheInfo{Cache: maven, Generation: 3, Layers: make([]layerfs.LayerInfo, 2), Bytes: 4096, LastUsed: used, LastWriter: "ci/build-1"}
 	entry := nodeStatus("node-a", info, false)
-	u, err := statusApply(maven, &entry)
+	got, err := json.Marshal(statusApply(maven, &entry))
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := json.Marshal(u.Object)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := `{"apiVersion":"layercache.dev/v1alpha1","kind":"Cache","metadata":{"name":"maven","namespace":"ci"},` +
-		`"status":{"nodes":[{"generation":3,"lastUsed":"2026-03-01T12:30:45Z","lastWriter":"ci/build-1","layers":2,"node":"node-a","sizeBytes":4096}]}}`
+	want := `{"kind":"Cache","apiVersion":"layercache.dev/v1alpha1","metadata":{"name":"maven","namespace":"ci"},` +
+		`"status":{"nodes":[{"node":"node-a","generation":3,"layers":2,"sizeBytes":4096,"lastUsed":"2026-03-01T12:30:45Z","lastWriter":"ci/build-1"}]}}`
 	if string(got) != want {
 		t.Errorf("apply body\n got %s\nwant %s", got, want)
 	}
 
 	// Withdrawing states no status at all, so server-side apply removes
 	// what this field manager applied before and nothing else.
-	u, err = statusApply(maven, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := u.Object["status"]; ok {
-		t.Errorf("withdraw body has a status: %v", u.Object)
+	if withdraw := statusApply(maven, nil); withdraw.Status != nil {
+		t.Errorf("withdraw body has a status: %+v", withdraw.Status)
 	}
 }
 

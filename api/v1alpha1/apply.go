@@ -1,0 +1,44 @@
+package v1alpha1
+
+import (
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+)
+
+// CacheApplyConfiguration is a typed server-side apply body for a Cache:
+// only the fields set are stated, so a field manager owns exactly those.
+// Node agents state their own entry of status.nodes with it.
+//
+// +kubebuilder:object:generate=false
+type CacheApplyConfiguration struct {
+	metav1ac.TypeMetaApplyConfiguration    `json:",inline"`
+	*metav1ac.ObjectMetaApplyConfiguration `json:"metadata,omitempty"`
+	Status                                 *CacheStatusApplyConfiguration `json:"status,omitempty"`
+}
+
+// CacheStatusApplyConfiguration states entries of status.nodes (a map
+// keyed by node, so each field manager owns its own entries).
+//
+// +kubebuilder:object:generate=false
+type CacheStatusApplyConfiguration struct {
+	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
+}
+
+// CacheApply starts an apply body for Cache namespace/name.
+func CacheApply(namespace, name string) *CacheApplyConfiguration {
+	b := &CacheApplyConfiguration{ObjectMetaApplyConfiguration: metav1ac.ObjectMeta().WithNamespace(namespace).WithName(name)}
+	b.WithKind("Cache").WithAPIVersion(GroupVersion.String())
+	return b
+}
+
+// WithNodeStatus states entry as this field manager's entry of
+// status.nodes.
+func (b *CacheApplyConfiguration) WithNodeStatus(entry NodeCacheStatus) *CacheApplyConfiguration {
+	if b.Status == nil {
+		b.Status = &CacheStatusApplyConfiguration{}
+	}
+	b.Status.Nodes = append(b.Status.Nodes, entry)
+	return b
+}
+
+// IsApplyConfiguration marks the type as an apply configuration.
+func (b *CacheApplyConfiguration) IsApplyConfiguration() {}
