@@ -22,6 +22,24 @@ help: ## list targets
 build: ## build bin/layerfs and bin/layercache
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+# The release image: /layercache (entrypoint) and /layerfs, static, built
+# without Docker. config/setters.yaml names it; change both together.
+VERSION ?= v0.1.0
+IMAGE ?= ghcr.io/layercache/layercache:$(VERSION)
+IMAGE_ARCHIVE := _output/image/layercache.tar
+
+.PHONY: image
+image: ## build the release image $(IMAGE) into _output/image/layercache.tar (docker load / ctr import it)
+	@mkdir -p _output/image/bin
+	CGO_ENABLED=0 $(GO) build -o _output/image/bin/ ./cmd/layercache ./cmd/layerfs
+	$(GO) run ./e2e/imagebuild/cmd/buildimage --ref $(IMAGE) -o $(IMAGE_ARCHIVE) \
+		--file _output/image/bin/layercache:/layercache --file _output/image/bin/layerfs:/layerfs --entrypoint /layercache
+
+.PHONY: image-push
+image-push: image ## push $(IMAGE) with your docker login credentials, e.g. make image-push IMAGE=registry.example/layercache:v0.1.0
+	$(GO) run ./e2e/imagebuild/cmd/buildimage --ref $(IMAGE) --push \
+		--file _output/image/bin/layercache:/layercache --file _output/image/bin/layerfs:/layerfs --entrypoint /layercache
+
 .PHONY: lint
 lint: ## gofmt and go vet
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi

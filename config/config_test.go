@@ -40,6 +40,8 @@ const (
 	namespace = "layercache-system"
 	hostRoot  = "/var/lib/layercache"
 	e2eImage  = "localhost/layercache:dev"
+	// releaseImage is what `make image` builds and the package deploys.
+	releaseImage = "ghcr.io/layercache/layercache:v0.1.0"
 )
 
 // rendered is the output of one kustomization, decoded into typed objects.
@@ -440,7 +442,7 @@ func TestSettersAgreeWithValues(t *testing.T) {
 		t.Fatalf("setters.yaml has %d documents, want 1", len(setters))
 	}
 	data, _ := setters[0]["data"].(map[string]any)
-	want := map[string]string{"image": e2eImage, "namespace": namespace, "host-root": hostRoot}
+	want := map[string]string{"image": releaseImage, "namespace": namespace, "host-root": hostRoot}
 	for k, v := range want {
 		if data[k] != v {
 			t.Errorf("setter %s = %v, want %s", k, data[k], v)

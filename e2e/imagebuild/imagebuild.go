@@ -25,10 +25,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
@@ -295,4 +297,23 @@ func BusyboxFiles(ctx context.Context, busybox string) ([]File, error) {
 		return nil, fmt.Errorf("%s --list-full printed no applets", busybox)
 	}
 	return files, nil
+}
+
+// Push builds the image and pushes it to its reference's registry with
+// the credentials of the local docker config (docker login, or
+// $DOCKER_CONFIG), as crane and docker push do.
+func Push(ctx context.Context, s Spec, opts ...remote.Option) error {
+	img, err := Build(s)
+	if err != nil {
+		return err
+	}
+	ref, err := name.ParseReference(s.Ref)
+	if err != nil {
+		return fmt.Errorf("image reference %q: %w", s.Ref, err)
+	}
+	opts = append([]remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)}, opts...)
+	if err := remote.Write(ref, img, opts...); err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	return nil
 }

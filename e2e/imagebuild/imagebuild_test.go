@@ -2,17 +2,25 @@ package imagebuild
 
 import (
 	"archive/tar"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/layercache/layercache/remote/registrytest"
 )
 
 func TestSpecValidate(t *testing.T) {
@@ -193,5 +201,36 @@ func TestBusyboxFiles(t *testing.T) {
 
 	if _, err := BusyboxFiles(t.Context(), filepath.Join(t.TempDir(), "missing")); err == nil || !strings.Contains(err.Error(), "busybox-static") {
 		t.Errorf("missing binary: err = %v, want a hint about busybox-static", err)
+	}
+}
+
+func TestPushToARegistry(t *testing.T) {
+	reg := registrytest.New(t)
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	if err := os.WriteFile(filepath.Join(os.Getenv("DOCKER_CONFIG"), "config.json"), reg.DockerConfig(registrytest.User, registrytest.Password), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "layercache")
+	if err := os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(reg.CA)
+	transport := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	s := Spec{Ref: reg.Host + "/layercache/layercache:v0.1.0", Files: []File{{Path: "/layercache", Source: bin}}, Entrypoint: []string{"/layercache"}}
+	if err := Push(context.Background(), s, remote.WithTransport(transport)); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.ParseReference(s.Ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(ref, remote.WithTransport(transport), remote.WithAuthFromKeychain(authn.DefaultKeychain))
+	if err != nil {
+		t.Fatalf("pull the pushed image: %v", err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil || !slices.Equal(cfg.Config.Entrypoint, []string{"/layercache"}) {
+		t.Errorf("pushed image config %+v (%v): want entrypoint /layercache", cfg, err)
 	}
 }

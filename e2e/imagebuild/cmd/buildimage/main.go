@@ -29,14 +29,15 @@ type options struct {
 	cmd        []string
 	env        []string
 	dirs       []string
+	push       bool
 }
 
 func (o *options) validate() error {
 	if o.ref == "" {
 		return fmt.Errorf("--ref is required, e.g. --ref localhost/busybox:e2e")
 	}
-	if o.output == "" {
-		return fmt.Errorf("--output is required: the archive file to write")
+	if o.output == "" && !o.push {
+		return fmt.Errorf("--output or --push is required: the archive file to write, or push to the reference's registry")
 	}
 	if len(o.files) == 0 && o.busybox == "" {
 		return fmt.Errorf("nothing to put in %s: give --file SRC:DST or --busybox PATH", o.ref)
@@ -96,6 +97,7 @@ func newCommand() *cobra.Command {
 	f.StringArrayVar(&o.cmd, "cmd", nil, "default command argument (repeat for each word)")
 	f.StringArrayVar(&o.env, "env", nil, "NAME=VALUE in the image's environment (repeatable)")
 	f.StringArrayVar(&o.dirs, "tmpdir", nil, "world-writable sticky directory to create, e.g. /tmp (repeatable)")
+	f.BoolVar(&o.push, "push", false, "push the image to the registry of --ref, with the credentials of docker login ($DOCKER_CONFIG)")
 	return c
 }
 
@@ -104,10 +106,21 @@ func run(ctx context.Context, out io.Writer, o *options) error {
 	if err != nil {
 		return err
 	}
-	if err := imagebuild.WriteArchive(o.output, s); err != nil {
+	if o.output != "" {
+		if err := imagebuild.WriteArchive(o.output, s); err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(out, "%s\t%s\n", o.ref, o.output); err != nil {
+			return err
+		}
+	}
+	if !o.push {
+		return nil
+	}
+	if err := imagebuild.Push(ctx, s); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(out, "%s\t%s\n", o.ref, o.output)
+	_, err = fmt.Fprintf(out, "%s\tpushed\n", o.ref)
 	return err
 }
 
