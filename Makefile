@@ -81,7 +81,7 @@ demo: up ## quick start: a cache reused by a second build pod
 
 ##@ Deploy
 
-# Tools build from their own modules under e2e/tools (`go install` cannot
+# Tools build from their own modules under hack/tools (`go install` cannot
 # build kpt), pinned by those modules' go.mod and go.sum.
 KPT_VERSION := v1.0.0-beta.50
 KUBECTL ?= kubectl
@@ -89,11 +89,11 @@ KUBECTL ?= kubectl
 OVERLAY ?= default
 DEPLOY_TIMEOUT ?= 5m
 
-$(BIN)/controller-gen: e2e/tools/controller-gen/go.mod e2e/tools/controller-gen/go.sum
-	cd e2e/tools/controller-gen && $(GO) build -o $@ sigs.k8s.io/controller-tools/cmd/controller-gen
+$(BIN)/controller-gen: hack/tools/controller-gen/go.mod hack/tools/controller-gen/go.sum
+	cd hack/tools/controller-gen && $(GO) build -o $@ sigs.k8s.io/controller-tools/cmd/controller-gen
 
-$(BIN)/kpt: e2e/tools/kpt/go.mod e2e/tools/kpt/go.sum
-	cd e2e/tools/kpt && $(GO) build -ldflags "-X github.com/GoogleContainerTools/kpt/run.version=$(KPT_VERSION)" -o $@ github.com/GoogleContainerTools/kpt
+$(BIN)/kpt: hack/tools/kpt/go.mod hack/tools/kpt/go.sum
+	cd hack/tools/kpt && $(GO) build -ldflags "-X github.com/GoogleContainerTools/kpt/run.version=$(KPT_VERSION)" -o $@ github.com/GoogleContainerTools/kpt
 
 .PHONY: generate
 generate: $(BIN)/controller-gen ## regenerate api/v1alpha1 deepcopy, the Cache CRD (config/crd) and RBAC from +kubebuilder:rbac markers (config/rbac/{node,manager})

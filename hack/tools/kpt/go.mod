@@ -1,4 +1,4 @@
-module github.com/layercache/layercache/e2e/tools/kpt
+module github.com/layercache/layercache/hack/tools/kpt
 
 go 1.26.8
 

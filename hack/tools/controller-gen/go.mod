@@ -1,4 +1,4 @@
-module github.com/layercache/layercache/e2e/tools/controller-gen
+module github.com/layercache/layercache/hack/tools/controller-gen
 
 go 1.26.8
 
