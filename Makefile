@@ -111,15 +111,8 @@ verify-generate: generate ## fail if make generate changes a checked-in file (CI
 deploy undeploy: export KUBECONFIG ?= $(firstword $(wildcard $(CURDIR)/_output/cluster/kubeconfig) $(HOME)/.kube/config)
 
 .PHONY: deploy
-deploy: $(BIN)/kpt ## kpt live apply config/$(OVERLAY) (OVERLAY=default|e2e) to $KUBECONFIG and wait until it is ready
-	@[ -f "$$KUBECONFIG" ] || { echo "deploy: no kubeconfig at '$$KUBECONFIG': set KUBECONFIG, or run make up for the local cluster" >&2; exit 1; }
-	@if [ "$(OVERLAY)" = default ]; then \
-		set -x; $(BIN)/kpt live apply config --reconcile-timeout=$(DEPLOY_TIMEOUT); \
-	else \
-		mkdir -p _output/deploy; \
-		{ cat config/resourcegroup.yaml; echo ---; $(KUBECTL) kustomize config/$(OVERLAY); } > _output/deploy/$(OVERLAY).yaml; \
-		set -x; $(BIN)/kpt live apply - --reconcile-timeout=$(DEPLOY_TIMEOUT) < _output/deploy/$(OVERLAY).yaml; \
-	fi
+deploy: $(BIN)/kpt ## kpt live apply config/ (OVERLAY=default|e2e) to $KUBECONFIG, adopting a kubectl-applied install; fails if kpt skips anything
+	KPT=$(BIN)/kpt KUBECTL=$(KUBECTL) DEPLOY_TIMEOUT=$(DEPLOY_TIMEOUT) hack/deploy.sh $(OVERLAY)
 
 .PHONY: undeploy
 undeploy: $(BIN)/kpt ## delete every Cache (node agents clear them from the nodes), then everything deploy applied
