@@ -62,17 +62,10 @@ func (c *caches) create(ctx context.Context, ref layerfs.CacheRef) error {
 	return nil
 }
 
-// get returns the Cache of ref, or nil if there is none.
+// get returns the Cache of ref from the informer cache, or nil if there
+// is none.
 func (c *caches) get(ctx context.Context, ref layerfs.CacheRef) (*v1alpha1.Cache, error) {
-	var cache v1alpha1.Cache
-	err := c.client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("get Cache %s: %w", ref, err)
-	}
-	return &cache, nil
+	return readCache(ctx, c.client, ref)
 }
 
 // nodeStatus is this node's status entry for a cache.
@@ -142,24 +135,17 @@ const casAttempts = 20
 // (or as read, when change wrote nothing); nil if the Cache is gone.
 func (c *caches) updatePublished(ctx context.Context, ref layerfs.CacheRef, change func(*v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool)) (*v1alpha1.Cache, error) {
 	for range casAttempts {
-		var cache v1alpha1.Cache
-		err := c.reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
-		if apierrors.IsNotFound(err) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("get Cache %s: %w", ref, err)
-		}
-		if cache.DeletionTimestamp != nil {
-			return nil, nil
+		cache, err := c.live(ctx, ref)
+		if err != nil || cache == nil || cache.DeletionTimestamp != nil {
+			return nil, err
 		}
 		orig := cache.DeepCopy()
 		next, changed := change(cache.Status.Published.DeepCopy())
 		if !changed {
-			return &cache, nil
+			return cache, nil
 		}
 		cache.Status.Published = next
-		err = c.client.Status().Patch(ctx, &cache, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}),
+		err = c.client.Status().Patch(ctx, cache, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}),
 			client.FieldOwner(c.fieldManager()))
 		if apierrors.IsConflict(err) {
 			continue
@@ -167,15 +153,19 @@ func (c *caches) updatePublished(ctx context.Context, ref layerfs.CacheRef, chan
 		if err != nil {
 			return nil, fmt.Errorf("update the published chain of Cache %s: %w", ref, err)
 		}
-		return &cache, nil
+		return cache, nil
 	}
 	return nil, fmt.Errorf("update the published chain of Cache %s: still conflicting after %d attempts; retried later", ref, casAttempts)
 }
 
 // live reads a Cache from the API server; nil if there is none.
 func (c *caches) live(ctx context.Context, ref layerfs.CacheRef) (*v1alpha1.Cache, error) {
+	return readCache(ctx, c.reader, ref)
+}
+
+func readCache(ctx context.Context, r client.Reader, ref layerfs.CacheRef) (*v1alpha1.Cache, error) {
 	var cache v1alpha1.Cache
-	err := c.reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+	err := r.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
