@@ -32,12 +32,12 @@ IMAGE_ARCHIVE := _output/image/layercache.tar
 image: ## build the release image $(IMAGE) into _output/image/layercache.tar (docker load / ctr import it)
 	@mkdir -p _output/image/bin
 	CGO_ENABLED=0 $(GO) build -o _output/image/bin/ ./cmd/layercache ./cmd/layerfs
-	$(GO) run ./e2e/imagebuild/cmd/buildimage --ref $(IMAGE) -o $(IMAGE_ARCHIVE) \
+	$(GO) run ./hack/imagebuild/cmd/buildimage --ref $(IMAGE) -o $(IMAGE_ARCHIVE) \
 		--file _output/image/bin/layercache:/layercache --file _output/image/bin/layerfs:/layerfs --entrypoint /layercache
 
 .PHONY: image-push
 image-push: image ## push $(IMAGE) with your docker login credentials, e.g. make image-push IMAGE=registry.example/layercache:v0.1.0
-	$(GO) run ./e2e/imagebuild/cmd/buildimage --ref $(IMAGE) --push \
+	$(GO) run ./hack/imagebuild/cmd/buildimage --ref $(IMAGE) --push \
 		--file _output/image/bin/layercache:/layercache --file _output/image/bin/layerfs:/layerfs --entrypoint /layercache
 
 .PHONY: lint

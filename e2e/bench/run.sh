@@ -6,7 +6,7 @@
 #
 # Builds local-path-provisioner v0.0.33 from its Go module
 # (e2e/tools/local-path), builds its image without Docker
-# (e2e/imagebuild), imports it into every node's containerd, deploys it
+# (hack/imagebuild), imports it into every node's containerd, deploys it
 # (e2e/bench/manifests/local-path.yaml), runs TestBenchPeer, prints the
 # results table and removes the peer again. Results, the test log and the
 # peer's log go to _output/bench.
@@ -75,7 +75,7 @@ build_peer_image() {
 	log "building image $PEER_IMAGE"
 	local tool=$BENCH_OUT/bin/buildimage
 	mkdir -p "$(dirname "$tool")"
-	(cd "$REPO_DIR" && go build -o "$tool" ./e2e/imagebuild/cmd/buildimage)
+	(cd "$REPO_DIR" && go build -o "$tool" ./hack/imagebuild/cmd/buildimage)
 	"$tool" --output "$PEER_ARCHIVE" --ref "$PEER_IMAGE" \
 		--file "$PEER_BIN:/local-path-provisioner" --entrypoint /local-path-provisioner >/dev/null
 }

@@ -7,7 +7,7 @@
 # Builds the pinned release (e2e/tools/tekton: controller, webhook,
 # entrypoint, nop, workingdirinit, sidecarlogresults) with `go build` into
 # _output/bin/tekton, skipped when its inputs are unchanged; builds their
-# images without Docker (e2e/imagebuild); imports them into every node's
+# images without Docker (hack/imagebuild); imports them into every node's
 # containerd; writes the manifests from the module's own config/
 # (e2e/tekton/cmd/tekton-manifests) to _output/tekton/tekton.yaml, applies
 # them and waits until the webhook answers.
@@ -67,7 +67,7 @@ build() {
 		die "building $MODULE in $TOOLS failed; see above"
 	log "built Tekton binaries in $((SECONDS - t))s; building images"
 	local tool=$TEKTON_BIN/buildimage
-	(cd "$REPO_DIR" && go build -o "$tool" ./e2e/imagebuild/cmd/buildimage)
+	(cd "$REPO_DIR" && go build -o "$tool" ./hack/imagebuild/cmd/buildimage)
 	# Each image is its static binary where ko puts it (/ko-app/NAME, which
 	# the controller names in the pods it makes: the entrypoint copies
 	# itself from there), and /tmp, as ko's static base image has. No user

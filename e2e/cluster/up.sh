@@ -100,8 +100,8 @@ build_images() {
 	log "building images"
 	local cmds=(./cmd/layercache ./cmd/layerfs)
 	local files=(--file "$work/layercache:/layercache" --file "$work/layerfs:/layerfs")
-	(cd "$REPO_DIR" && CGO_ENABLED=0 go build -o "$work/" "${cmds[@]}" ./e2e/imagebuild/cmd/pause)
-	(cd "$REPO_DIR" && go build -o "$work/buildimage" ./e2e/imagebuild/cmd/buildimage)
+	(cd "$REPO_DIR" && CGO_ENABLED=0 go build -o "$work/" "${cmds[@]}" ./hack/imagebuild/cmd/pause)
+	(cd "$REPO_DIR" && go build -o "$work/buildimage" ./hack/imagebuild/cmd/buildimage)
 	"$work/buildimage" -o "$IMAGES_DIR/layercache.tar" --ref "$IMAGE_LAYERCACHE" "${files[@]}" --entrypoint /layercache >/dev/null
 	"$work/buildimage" -o "$IMAGES_DIR/busybox.tar" --ref "$IMAGE_BUSYBOX" --busybox "$busybox" --tmpdir /tmp \
 		--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/sh >/dev/null

@@ -1,7 +1,7 @@
 // Package kind is the e2e harness's kind backend (`make up CLUSTER=kind`),
 // for machines with a Docker engine: it creates a kind cluster with the same
 // shape as the local backend (NODES schedulable nodes), loads the image
-// archives that e2e/imagebuild writes with kind's `load image-archive`
+// archives that hack/imagebuild writes with kind's `load image-archive`
 // path, and writes the kubeconfig and cluster.json where the e2e framework
 // looks for them.
 //
@@ -66,7 +66,7 @@ func (o Options) Validate() error {
 	}
 	for _, a := range o.ImageArchives {
 		if _, err := os.Stat(a); err != nil {
-			return fmt.Errorf("image archive: %w (build it with e2e/imagebuild/cmd/buildimage)", err)
+			return fmt.Errorf("image archive: %w (build it with hack/imagebuild/cmd/buildimage)", err)
 		}
 	}
 	return nil

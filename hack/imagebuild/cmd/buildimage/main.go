@@ -17,7 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/layercache/layercache/e2e/imagebuild"
+	"github.com/layercache/layercache/hack/imagebuild"
 )
 
 type options struct {
