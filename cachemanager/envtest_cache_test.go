@@ -210,3 +210,77 @@ func TestEnvtestCacheDeletion(t *testing.T) {
 		})
 	}
 }
+
+// publish appends a layer to the Cache's published chain the way a node
+// agent does (nodeagent/caches.go updatePublished): a merge patch of the
+// status with the read resourceVersion as precondition, retried on a
+// conflict.
+func (a *apiTest) publish(c *v1alpha1.Cache, node string, layer v1alpha1.PublishedLayer) {
+	a.t.Helper()
+	a.eventually("node "+node+" publishing generation "+fmt.Sprint(layer.Generation), func(ctx context.Context) error {
+		var cur v1alpha1.Cache
+		if err := a.c.Get(ctx, client.ObjectKeyFromObject(c), &cur); err != nil {
+			return err
+		}
+		orig := cur.DeepCopy()
+		chain := cur.Status.Published
+		if chain == nil {
+			chain = &v1alpha1.PublishedChain{Repository: "registry.example:5000/ci-caches/" + c.Namespace + "/" + c.Name}
+		}
+		chain.Generation = layer.Generation
+		chain.Layers = append([]v1alpha1.PublishedLayer{layer}, chain.Layers...)
+		cur.Status.Published = chain
+		return a.c.Status().Patch(ctx, &cur, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}),
+			client.FieldOwner(agentFieldManager(node)))
+	})
+}
+
+// publishedIs reports nil once the Cache's published chain has the digests
+// of want, newest first.
+func (a *apiTest) publishedIs(c *v1alpha1.Cache, want ...string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var cur v1alpha1.Cache
+		if err := a.c.Get(ctx, client.ObjectKeyFromObject(c), &cur); err != nil {
+			return err
+		}
+		var got []string
+		if p := cur.Status.Published; p != nil {
+			for _, l := range p.Layers {
+				got = append(got, l.Digest)
+			}
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("published chain %v, want %v", got, want)
+		}
+		return nil
+	}
+}
+
+// TestEnvtestCacheStatusKeepsThePublishedChain: with a registry, node
+// agents sequence the cluster-wide chain in status.published. The
+// manager's derived status must leave it alone: the chain is how the other
+// nodes find the layers.
+func TestEnvtestCacheStatusKeepsThePublishedChain(t *testing.T) {
+	a := newAPITest(t)
+	a.startManager()
+	node := a.createNode(a.ns + "-a").Name
+	c := a.createCache("maven", node)
+	a.eventually("the cleanup finalizer", a.hasFinalizers(c, v1alpha1.FinalizerCleanup))
+
+	layer := func(gen int64) v1alpha1.PublishedLayer {
+		return v1alpha1.PublishedLayer{
+			Generation: gen, Node: node, Size: 1024, MediaType: "application/vnd.oci.image.layer.v1.tar+zstd",
+			Digest: fmt.Sprintf("sha256:%064d", gen), DiffID: fmt.Sprintf("sha256:%064d", gen+100),
+		}
+	}
+	now := time.Now().Truncate(time.Second)
+	// Commit, push, and report, as the agent does after each build.
+	for gen := int64(1); gen <= 2; gen++ {
+		a.applyEntry(c, node, nodeEntry(node, gen, gen*1024, now))
+		a.publish(c, node, layer(gen))
+		a.eventually(fmt.Sprintf("generation %d derived", gen), a.statusIs(c, derived{[]string{node}, gen, v1alpha1.FormatSize(gen * 1024), now}))
+	}
+	want := []string{layer(2).Digest, layer(1).Digest}
+	a.eventually("the published chain", a.publishedIs(c, want...))
+	a.stays("the published chain is kept", a.publishedIs(c, want...))
+}
