@@ -583,3 +583,38 @@ func TestEnvtestInvalidReleaseAnnotation(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// A claim shared by two pods is kept while one runs, with the outcome so
+// far on the PV, and released once both have ended: failed if one failed.
+func TestEnvtestSharedClaim(t *testing.T) {
+	a := newAPITest(t)
+	a.startManager()
+	pvc := a.createClaim("ws", releasable)
+	one := a.createPod("one", claimVolume(pvc.Name))
+	two := a.createPod("two", claimVolume(pvc.Name))
+	pv := a.bind(pvc)
+
+	a.endPod(one, corev1.PodSucceeded)
+	a.eventually("the outcome so far", a.outcomeIs(pv, v1alpha1.OutcomeSucceeded))
+	a.stays("the claim is kept while pod two runs", a.hasFinalizers(pvc, finalizerPVCProtection, v1alpha1.FinalizerOutcome))
+
+	a.endPod(two, corev1.PodFailed)
+	a.eventually("the claim released", a.gone(pvc))
+	if err := a.outcomeIs(pv, v1alpha1.OutcomeFailed)(a.ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// The manager's finalizer never strands a claim: one deleted before any pod
+// used it goes at once (the manager lifts the API server's pvc-protection
+// too, after confirming with the API server that no pod names it).
+func TestEnvtestUnusedClaimDeletedGoesAtOnce(t *testing.T) {
+	a := newAPITest(t)
+	a.startManager()
+	pvc := a.createClaim("ws")
+	a.eventually("the outcome finalizer on the claim", a.hasFinalizers(pvc, finalizerPVCProtection, v1alpha1.FinalizerOutcome))
+	if err := a.c.Delete(a.ctx, pvc); err != nil {
+		t.Fatalf("deleting the claim: %v", err)
+	}
+	a.eventually("the deleted claim gone", a.gone(pvc))
+}
