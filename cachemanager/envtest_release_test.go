@@ -618,3 +618,59 @@ func TestEnvtestUnusedClaimDeletedGoesAtOnce(t *testing.T) {
 	}
 	a.eventually("the deleted claim gone", a.gone(pvc))
 }
+
+// Regression: a pipeline that releases its claim and at once creates the
+// next one of the same name. The API server keeps times in whole seconds,
+// so the new claim may carry the very second the earlier run's pod started;
+// counted as a user of the new claim, that ended pod made the manager
+// delete the new claim before the next run's pod came to use it.
+//
+// The test starts each run at the beginning of a second so that the new
+// claim lands in run 1's start second, and tries again (a few times, under
+// new names) if the machine was too slow for that.
+func TestEnvtestClaimRecreatedAtOnceIsKept(t *testing.T) {
+	a := newAPITest(t)
+	a.startManager()
+	const attempts = 5
+	for i := range attempts {
+		name := fmt.Sprintf("ws-%d", i)
+		a.eventually("the start of a second", func(context.Context) error {
+			if time.Now().Nanosecond() > int(50*time.Millisecond) {
+				return fmt.Errorf("not at the start of a second")
+			}
+			return nil
+		})
+		first := a.createClaim(name, releasable)
+		run1 := a.createPod("run-1-"+name, claimVolume(name))
+		a.bind(first)
+		a.endPod(run1, corev1.PodSucceeded)
+		a.eventually("run 1's claim released", a.gone(first))
+		second := a.createClaim(name, releasable)
+		if err := a.get(a.ctx, run1); err != nil {
+			t.Fatal(err)
+		}
+		if !run1.Status.StartTime.Equal(&second.CreationTimestamp) {
+			t.Logf("attempt %d: run 1 started at %v, the new claim was created at %v; again", i, run1.Status.StartTime, second.CreationTimestamp)
+			continue
+		}
+
+		a.eventually("the new claim held for its outcome", a.hasFinalizers(second, finalizerPVCProtection, v1alpha1.FinalizerOutcome))
+		a.stays("the new claim is kept until its own pod ends", func(ctx context.Context) error {
+			cur := second.DeepCopy()
+			if err := a.get(ctx, cur); err != nil {
+				return fmt.Errorf("new claim: %w", err)
+			}
+			if !cur.DeletionTimestamp.IsZero() {
+				return fmt.Errorf("new claim is being deleted")
+			}
+			return nil
+		})
+		run2 := a.createPod("run-2-"+name, claimVolume(name))
+		pv2 := a.bind(second)
+		a.endPod(run2, corev1.PodSucceeded)
+		a.eventually("run 2's outcome on its own PV", a.outcomeIs(pv2, v1alpha1.OutcomeSucceeded))
+		a.eventually("run 2's claim released", a.gone(second))
+		return
+	}
+	t.Fatalf("in %d attempts the new claim never landed in run 1's start second: the machine is too slow for this test", attempts)
+}
