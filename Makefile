@@ -46,13 +46,23 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./e2e/...
 	$(GO) vet -tags e2e,benchpeer ./e2e/bench/
+	$(GO) vet -tags envtest ./cachemanager/
 
 .PHONY: test
-test: verify-generate test-unit bench e2e ## everything: generated files current, unit and real-mount tests, benchmarks, then e2e on a local cluster
+test: verify-generate test-unit test-envtest bench e2e ## everything: generated files current, unit and real-mount tests, the manager against a real API server, benchmarks, then e2e on a local cluster
 
 .PHONY: test-unit
 test-unit: ## unit tests and real-mount tests (needs root)
 	$(GO) test -count=1 ./...
+
+# The manager's controllers against a real kube-apiserver and etcd
+# (controller-runtime's envtest), which the tests start on free loopback
+# ports. envtest-assets.sh builds or installs the binaries (cached) and
+# prints the directory of links to them.
+.PHONY: test-envtest
+test-envtest: ## the manager's controllers against a real kube-apiserver and etcd (envtest; builds or installs them first)
+	assets=$$(e2e/cluster/envtest-assets.sh); \
+	KUBEBUILDER_ASSETS=$$assets $(GO) test -tags envtest -count=1 ./cachemanager/...
 
 .PHONY: bench
 bench: ## layerfs and registry-sync benchmarks (needs root): each ratio beside its target (hack/bench-targets.txt); fails on clear misses

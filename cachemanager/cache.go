@@ -160,9 +160,10 @@ var nodeDeleted = predicate.Funcs{
 }
 
 // derivedStatus drops the entries of gone nodes and derives the summary
-// fields from the rest.
+// fields from the rest. The published chain is the node agents' and is
+// kept as it is: left out, the status patch would delete it.
 func derivedStatus(in v1alpha1.CacheStatus, gone map[string]bool) v1alpha1.CacheStatus {
-	out := v1alpha1.CacheStatus{}
+	out := v1alpha1.CacheStatus{Published: in.Published.DeepCopy()}
 	var total int64
 	for _, n := range in.Nodes {
 		if gone[n.Node] {

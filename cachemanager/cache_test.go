@@ -203,3 +203,30 @@ func TestCachesOnNode(t *testing.T) {
 		t.Errorf("cachesOnNode(node-b) = %v, want [%s/npm]", got, ns)
 	}
 }
+
+// Regression: the derived status left out status.published, so the
+// manager's status patch deleted the registry chain that node agents
+// sequence there, whenever a node entry changed.
+func TestCacheReconcileKeepsThePublishedChain(t *testing.T) {
+	ctx := context.Background()
+	chain := &v1alpha1.PublishedChain{Repository: "registry.example:5000/ci-caches/builds/maven", Generation: 1, Layers: []v1alpha1.PublishedLayer{{
+		Generation: 1, Digest: "sha256:aa", DiffID: "sha256:bb", MediaType: "application/vnd.oci.image.layer.v1.tar+zstd", Size: 10,
+	}}}
+	cache := cacheObj([]string{v1alpha1.FinalizerCleanup}, false, entry("node-a", 1, 4096, 10))
+	cache.Status.Published = chain.DeepCopy()
+	c := newFakeClient(t, node("node-a"), cache)
+	r := &CacheReconciler{Client: c, Recorder: events.NewFakeRecorder(10)}
+	if _, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(cache)}); err != nil {
+		t.Fatalf("Reconcile() error = %v", err)
+	}
+	var got v1alpha1.Cache
+	if err := c.Get(ctx, client.ObjectKeyFromObject(cache), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Generation != 1 || got.Status.NodeCount != 1 {
+		t.Errorf("derived status = %+v, want generation 1 on 1 node", got.Status)
+	}
+	if !equality.Semantic.DeepEqual(got.Status.Published, chain) {
+		t.Errorf("published = %+v, want %+v", got.Status.Published, chain)
+	}
+}

@@ -204,10 +204,14 @@ func (r *ReleaseReconciler) claimUsers(ctx context.Context, pvc *corev1.Persiste
 // classify sorts the pods that use this incarnation of the claim into
 // running and ended ones. A pod names a claim only by name, and a released
 // claim may be created again under the same name (a pipeline that makes one
-// per run): an ended pod that started before the claim existed used an
-// earlier one. Binding (WaitForFirstConsumer) waits for a scheduled pod,
-// which starts after the claim was created, so start time against creation
-// time tells them apart.
+// per run): an ended pod used an earlier one if this one was never bound
+// (no pod mounts an unbound claim), or if it started before this one
+// existed. Binding (WaitForFirstConsumer) waits for a scheduled pod, which
+// starts after the claim was created, so start time against creation time
+// tells them apart once the claim is bound. The API server keeps both in
+// whole seconds, so the time alone would count the ended pod of a claim
+// created again within the second that pod started, and release the new
+// claim before its own pod came.
 func classify(pods []corev1.Pod, pvc *corev1.PersistentVolumeClaim) claimUsers {
 	var u claimUsers
 	for i := range pods {
@@ -218,6 +222,7 @@ func classify(pods []corev1.Pod, pvc *corev1.PersistentVolumeClaim) claimUsers {
 		switch {
 		case !isTerminal(pod):
 			u.running = append(u.running, pod)
+		case pvc.Spec.VolumeName == "":
 		case pod.Status.StartTime != nil && !pod.Status.StartTime.Before(&pvc.CreationTimestamp):
 			u.ended = append(u.ended, pod)
 		}

@@ -317,6 +317,14 @@ func TestRelease(t *testing.T) {
 		pods:  []*corev1.Pod{ran(pod("old", corev1.PodSucceeded, "ws"), 2, 60)},
 		kept:  true,
 	}, {
+		// Regression: the API server keeps times in whole seconds, and a
+		// claim created again within the second the earlier claim's pod
+		// started was released at once, before its own pod came.
+		name:  "a pod of an earlier claim of the same name, started within the new one's creation second, does not release it",
+		claim: claim("ws", annotated(v1alpha1.AnnotationRelease, v1alpha1.ReleaseOnPodExit), createdAt(2), unbound()),
+		pods:  []*corev1.Pod{ran(pod("old", corev1.PodSucceeded, "ws"), 2, 2)},
+		kept:  true,
+	}, {
 		name:    "a pod of an earlier claim of the same name does not decide a bound new one",
 		claim:   claim("ws", annotated(v1alpha1.AnnotationRelease, v1alpha1.ReleaseOnPodExit), createdAt(300)),
 		pods:    []*corev1.Pod{ran(pod("old", corev1.PodSucceeded, "ws"), 2, 60)},

@@ -83,6 +83,42 @@ wait_for() {
 	return 1
 }
 
+# --- host packages ----------------------------------------------------------
+
+apt_updated=
+apt_update_once() {
+	[[ -n $apt_updated ]] && return
+	log "apt-get update"
+	apt-get update -qq
+	apt_updated=1
+}
+
+# apt_install PKG...: install Debian packages without starting their
+# services. containerd and etcd-server would start system-wide daemons; the
+# local cluster and the envtest suite run their own, so the package scripts
+# are kept from starting any.
+apt_install() {
+	(($#)) || return 0
+	log "installing $*"
+	apt_update_once
+	local policy=/usr/sbin/policy-rc.d made_policy=
+	if [[ ! -e $policy ]]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy"
+		chmod 755 "$policy"
+		made_policy=1
+	fi
+	local rc=0
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null || rc=$?
+	[[ -z $made_policy ]] || rm -f "$policy"
+	return "$rc"
+}
+
+# install_etcd makes sure Debian's etcd is at /usr/bin/etcd: the local
+# cluster's etcd and the envtest suite's.
+install_etcd() {
+	command -v etcd >/dev/null || apt_install etcd-server
+}
+
 # cgroup_mounts prints the mount point of every cgroup hierarchy.
 cgroup_mounts() {
 	awk '{ for (i = 7; $i != "-"; i++) ; if ($(i+1) == "cgroup" || $(i+1) == "cgroup2") print $5 }' /proc/self/mountinfo

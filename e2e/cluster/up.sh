@@ -46,33 +46,13 @@ start=$SECONDS
 
 # --- host packages ----------------------------------------------------------
 
-apt_updated=
-apt_update_once() {
-	[[ -n $apt_updated ]] && return
-	log "apt-get update"
-	apt-get update -qq
-	apt_updated=1
-}
-
 install_packages() {
 	local missing=() pkg
 	command -v containerd >/dev/null || missing+=(containerd)
 	command -v runc >/dev/null || missing+=(runc)
 	[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
 	command -v etcd >/dev/null || missing+=(etcd-server)
-	((${#missing[@]})) || return 0
-	log "installing ${missing[*]}"
-	apt_update_once
-	# The packages would start system-wide containerd and etcd; this cluster
-	# runs its own, so keep the package scripts from starting services.
-	local policy=/usr/sbin/policy-rc.d made_policy=
-	if [[ ! -e $policy ]]; then
-		printf '#!/bin/sh\nexit 101\n' >"$policy"
-		chmod 755 "$policy"
-		made_policy=1
-	fi
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-	[[ -z $made_policy ]] || rm -f "$policy"
+	apt_install "${missing[@]}"
 }
 
 busybox_binary() {

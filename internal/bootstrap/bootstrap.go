@@ -50,7 +50,6 @@ func Scheme() (*runtime.Scheme, error) {
 	return s, nil
 }
 
-
 // ValidateBindAddress accepts "0" (the endpoint is off) or HOST:PORT with
 // a port from 1 to 65535. Port 0 (any free port) is refused: nothing could
 // find the endpoint.
