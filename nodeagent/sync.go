@@ -98,9 +98,13 @@ func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 	defer cancel()
 	start := time.Now()
 	pub, err := s.prepare(ctx, ref, reg)
+	var target *remote.Target
 	if err == nil && pub != nil && len(pub.Layers) > 0 {
+		target, err = s.target(ctx, pub)
+	}
+	if target != nil && err == nil {
 		var res layerfs.SyncResult
-		res, err = s.syncTo(ctx, ref, pub)
+		res, _, err = s.syncTo(ctx, ref, target)
 		if err == nil && res.Fetched > 0 {
 			s.metrics.registryLayers.WithLabelValues("pull").Add(float64(res.Fetched))
 			s.metrics.registryBytes.WithLabelValues("pull").Add(float64(res.FetchedBytes))
@@ -124,22 +128,27 @@ func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 	}
 }
 
-// syncTo makes the node's head the published chain, under the cache's lock.
-func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, pub *v1alpha1.PublishedChain) (layerfs.SyncResult, error) {
-	target, err := s.target(ctx, pub)
-	if err != nil {
-		return layerfs.SyncResult{}, err
-	}
+// syncTo makes the node's head the Cache's published chain, under the
+// cache's lock. The chain is read under the lock: one read before it could
+// predate a layer this node appended meanwhile, and a Sync to it would
+// drop that layer from the head. It returns the chain it synced to; nil
+// when the Cache has none (gone, or not synced through a registry).
+func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, target *remote.Target) (layerfs.SyncResult, *v1alpha1.PublishedChain, error) {
 	unlock, err := s.locks.lock(ctx, ref)
 	if err != nil {
-		return layerfs.SyncResult{}, err
+		return layerfs.SyncResult{}, nil, err
 	}
 	defer unlock()
+	cache, err := s.caches.live(ctx, ref)
+	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil {
+		return layerfs.SyncResult{}, nil, err
+	}
+	pub := cache.Status.Published
 	res, err := s.store.Sync(ctx, ref, chainOf(pub), target.Fetch, layerfs.SyncOptions{})
 	if res.NeedsSquash {
 		s.squashes.Add(ref)
 	}
-	return res, err
+	return res, pub, err
 }
 
 // publish pushes the cache's unpublished layers, oldest first, appends
@@ -192,8 +201,12 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 	if squashed != nil {
 		pub = squashed
 	}
-	if _, err := s.syncTo(ctx, ref, pub); err != nil {
+	_, synced, err := s.syncTo(ctx, ref, target)
+	if err != nil {
 		return fmt.Errorf("take in the layers other nodes published: %w", err)
+	}
+	if synced != nil {
+		pub = synced
 	}
 	if len(pending) > 0 || squashed != nil {
 		if err := target.PushManifest(ctx, blobsBaseFirst(pub)); err != nil {
