@@ -28,6 +28,7 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./e2e/...
 	$(GO) vet -tags e2e,benchpeer ./e2e/bench/
+	$(GO) vet -tags e2e,multinode ./e2e/multinode/
 
 .PHONY: test
 test: test-unit bench e2e ## everything: unit and real-mount tests, benchmarks, then e2e on a local cluster
@@ -43,7 +44,7 @@ bench: ## layerfs benchmarks (needs root); ratios are printed as metrics
 ##@ Cluster (e2e harness)
 
 .PHONY: up
-up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH=tekton) with layercache deployed
+up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH=tekton,registry; NODES=2 has the registry) with layercache deployed
 	e2e/cluster/up.sh --nodes $(NODES) --backend $(CLUSTER) --with "$(WITH)"
 
 .PHONY: down
@@ -52,8 +53,15 @@ down: ## stop the local cluster and remove everything it made
 
 .PHONY: e2e
 e2e: WITH += tekton
-e2e: up ## start the cluster (with Tekton) and run the e2e suite against it
+e2e: up ## the e2e suite on a one-node cluster (with Tekton), then e2e-multinode
 	e2e/cluster/run-e2e.sh
+	$(MAKE) e2e-multinode
+
+.PHONY: e2e-multinode
+e2e-multinode: ## a fresh two-node cluster with the registry, and the scenarios of e2e/multinode on it
+	$(MAKE) down
+	$(MAKE) up NODES=2 WITH=
+	e2e/cluster/run-e2e.sh --multinode
 
 .PHONY: demo
 demo: up ## quick start: a cache reused by a second build pod
