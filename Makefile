@@ -47,6 +47,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e ./e2e/...
 	$(GO) vet -tags e2e,benchpeer ./e2e/bench/
 	$(GO) vet -tags envtest ./cachemanager/
+	$(GO) vet -tags e2e,multinode ./e2e/multinode/
 
 .PHONY: test
 test: verify-generate test-unit test-envtest bench e2e ## everything: generated files current, unit and real-mount tests, the manager against a real API server, benchmarks, then e2e on a local cluster
@@ -73,7 +74,7 @@ bench: ## layerfs and registry-sync benchmarks (needs root): each ratio beside i
 ##@ Cluster (e2e harness)
 
 .PHONY: up
-up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH=tekton) with layercache deployed
+up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH=tekton,registry; NODES=2 has the registry) with layercache deployed
 	e2e/cluster/up.sh --nodes $(NODES) --backend $(CLUSTER) --with "$(WITH)"
 
 .PHONY: down
@@ -82,8 +83,15 @@ down: ## stop the local cluster and remove everything it made
 
 .PHONY: e2e
 e2e: WITH += tekton
-e2e: up ## start the cluster (with Tekton) and run the e2e suite against it
+e2e: up ## the e2e suite on a one-node cluster (with Tekton), then e2e-multinode
 	e2e/cluster/run-e2e.sh
+	$(MAKE) e2e-multinode
+
+.PHONY: e2e-multinode
+e2e-multinode: ## a fresh two-node cluster with the registry, and the scenarios of e2e/multinode on it
+	$(MAKE) down
+	$(MAKE) up NODES=2 WITH=
+	e2e/cluster/run-e2e.sh --multinode
 
 .PHONY: demo
 demo: up ## quick start: a cache reused by a second build pod

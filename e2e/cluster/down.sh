@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Stop the e2e cluster and remove every process, mount and file it made:
-#   - processes: everything in the cluster's cgroup (daemons, shims, pods);
+#   - processes: the registry (registry.sh), then everything in the
+#     cluster's cgroup (daemons, shims, pods);
 #   - mounts: the store bind mounts, volumes below them, and anything mounted
 #     from or into _output/cluster (node namespaces die with their processes);
 #   - host changes: /etc/hosts lines, kubelet sysctls, bridges, cgroups;
-#   - files: _output/cluster. Build caches (_output/bin, _output/images) stay.
+#   - files: _output/cluster, with the registry's blobs. Build caches
+#     (_output/bin, _output/images) stay.
 # Safe to run at any time, any number of times.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -19,6 +21,10 @@ fi
 problems=0
 
 # --- processes --------------------------------------------------------------
+
+# The registry is a host service outside the cluster's cgroup, as a
+# registry is outside a real cluster: its script stops it.
+"$CLUSTER_LIB/registry.sh" stop || problems=1
 
 # Containers run in cgroups containerd names /k8s.io/<id>, outside the
 # cluster's cgroup: note their ids while containerd's state still lists them.

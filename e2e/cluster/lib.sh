@@ -7,7 +7,8 @@
 #   _output/images/          image archives and the binaries in them
 #   _output/cluster/         kubeconfig, cluster.json, pki/, etcd/, logs/,
 #                            pids/, state/ (what up.sh changed on the host),
-#                            node<N>/ (containerd, kubelet, CNI, layercache)
+#                            node<N>/ (containerd, kubelet, CNI, layercache),
+#                            registry/ (registry.sh: config, credentials, blobs)
 
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CLUSTER_LIB=$REPO_DIR/e2e/cluster
@@ -36,6 +37,22 @@ LAYERCACHE_ROOT=/var/lib/layercache
 APISERVER_PORT=6443
 ETCD_CLIENT_PORT=12379
 ETCD_PEER_PORT=12380
+# The cluster's OCI registry (registry.sh; make up NODES=2 or --with
+# registry): Debian's docker-registry on loopback, TLS with a certificate
+# from the cluster's CA, htpasswd auth. Its port is none of the cluster's
+# (6443, 10248-10280, 10257, 10259, 12379-12380) nor the node agent's
+# (8080-8083) nor Tekton's (9443-9590).
+REGISTRY_PORT=5443
+REGISTRY_ADDRESS=127.0.0.1:$REGISTRY_PORT
+REGISTRY_USER=layercache
+# config.yml, htpasswd, password, docker/config.json, data/ (the blobs).
+REGISTRY_DIR=$CLUSTER_DIR/registry
+# What up.sh creates for it in layercache-system (e2e/README.md, "The registry").
+REGISTRY_SECRET=layercache-registry
+REGISTRY_BAD_SECRET=layercache-registry-bad
+REGISTRY_STORAGECLASS=layercache-registry
+REGISTRY_REPOSITORY=$REGISTRY_ADDRESS/caches
+
 # Marks the lines up.sh adds to /etc/hosts.
 HOSTS_MARK="# layercache-e2e"
 
@@ -71,6 +88,18 @@ node_host_root() {
 }
 
 kubectl() { "$KUBECTL" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+
+# cert NAME CN O EXTENSIONS: a P-256 key and a certificate signed by the CA.
+cert() {
+	local name=$1 cn=$2 o=$3 ext=$4 subj="/CN=$2"
+	[[ -z $o ]] || subj="/O=$o/CN=$cn"
+	openssl ecparam -name prime256v1 -genkey -noout -out "$PKI_DIR/$name.key" 2>/dev/null
+	openssl req -new -key "$PKI_DIR/$name.key" -subj "$subj" -out "$PKI_DIR/$name.csr" 2>/dev/null
+	printf '%s\n' "$ext" >"$PKI_DIR/$name.ext"
+	openssl x509 -req -in "$PKI_DIR/$name.csr" -CA "$PKI_DIR/ca.crt" -CAkey "$PKI_DIR/ca.key" -CAcreateserial \
+		-days 30 -extfile "$PKI_DIR/$name.ext" -out "$PKI_DIR/$name.crt" 2>/dev/null
+	rm -f "$PKI_DIR/$name.csr" "$PKI_DIR/$name.ext"
+}
 
 # wait_for DESCRIPTION SECONDS COMMAND...: poll COMMAND once a second.
 wait_for() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start the e2e cluster and deploy layercache into it.
 #
-#   up.sh [--nodes N] [--backend local|kind] [--with tekton]
+#   up.sh [--nodes N] [--backend local|kind] [--with tekton,registry]
 #
 # local (default, what CI runs): a real cluster on this machine, as root,
 # from source-built Kubernetes binaries, Debian's containerd and etcd, and
@@ -9,7 +9,9 @@
 # only rebuilds, reloads and redeploys the project. down.sh removes it all.
 # kind: the same images in a kind cluster, for machines with a Docker engine.
 # --with installs optional parts (space- or comma-separated): tekton
-# (e2e/cluster/tekton.sh, local backend only).
+# (e2e/cluster/tekton.sh), registry (e2e/cluster/registry.sh, with its
+# Secrets and StorageClass; always there with two nodes or more). Both on
+# the local backend only.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -22,24 +24,33 @@ while (($#)); do
 	--nodes=*) NODES=${1#*=}; shift ;;
 	--backend) BACKEND=${2:?--backend needs local or kind}; shift 2 ;;
 	--backend=*) BACKEND=${1#*=}; shift ;;
-	--with) WITH+=" ${2?--with needs a list of parts, e.g. tekton}"; shift 2 ;;
+	--with) WITH+=" ${2?--with needs a list of parts, e.g. tekton,registry}"; shift 2 ;;
 	--with=*) WITH+=" ${1#*=}"; shift ;;
-	-h | --help) sed -n '2,12p' "$0"; exit 0 ;;
-	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with tekton])" ;;
+	-h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with tekton,registry])" ;;
 	esac
 done
 [[ $NODES =~ ^[1-4]$ ]] || die "--nodes $NODES: want 1 to 4"
 [[ $BACKEND == local || $BACKEND == kind ]] || die "--backend $BACKEND: want local or kind"
 WITH_TEKTON=
+# The multi-node scenarios (e2e/multinode) move caches between nodes through it.
+WITH_REGISTRY=
+((NODES < 2)) || WITH_REGISTRY=1
 for part in ${WITH//,/ }; do
 	case $part in
 	tekton) WITH_TEKTON=1 ;;
-	*) die "--with $part: the optional parts are: tekton" ;;
+	registry) WITH_REGISTRY=1 ;;
+	*) die "--with $part: the optional parts are: tekton, registry" ;;
 	esac
 done
 if [[ -n $WITH_TEKTON && $BACKEND != local ]]; then
 	log "warning: --with tekton: Tekton is installed on the local backend only; the e2e/tekton scenarios will fail"
 	WITH_TEKTON=
+fi
+if [[ -n $WITH_REGISTRY && $BACKEND != local ]]; then
+	# kind's nodes are containers: the host's 127.0.0.1 is not theirs.
+	log "warning: the registry runs on the local backend only; the e2e/multinode scenarios will fail"
+	WITH_REGISTRY=
 fi
 
 start=$SECONDS
@@ -47,7 +58,7 @@ start=$SECONDS
 # --- host packages ----------------------------------------------------------
 
 install_packages() {
-	local missing=() pkg
+	local missing=()
 	command -v containerd >/dev/null || missing+=(containerd)
 	command -v runc >/dev/null || missing+=(runc)
 	[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
@@ -89,18 +100,6 @@ build_images() {
 }
 
 # --- certificates and kubeconfigs -------------------------------------------
-
-# cert NAME CN O EXTENSIONS: a P-256 key and a certificate signed by the CA.
-cert() {
-	local name=$1 cn=$2 o=$3 ext=$4 subj="/CN=$2"
-	[[ -z $o ]] || subj="/O=$o/CN=$cn"
-	openssl ecparam -name prime256v1 -genkey -noout -out "$PKI_DIR/$name.key" 2>/dev/null
-	openssl req -new -key "$PKI_DIR/$name.key" -subj "$subj" -out "$PKI_DIR/$name.csr" 2>/dev/null
-	printf '%s\n' "$ext" >"$PKI_DIR/$name.ext"
-	openssl x509 -req -in "$PKI_DIR/$name.csr" -CA "$PKI_DIR/ca.crt" -CAkey "$PKI_DIR/ca.key" -CAcreateserial \
-		-days 30 -extfile "$PKI_DIR/$name.ext" -out "$PKI_DIR/$name.crt" 2>/dev/null
-	rm -f "$PKI_DIR/$name.csr" "$PKI_DIR/$name.ext"
-}
 
 make_pki() {
 	mkdir -p "$PKI_DIR"
@@ -166,6 +165,7 @@ EOF
 check_ports_free() {
 	local p n used ports=("$ETCD_CLIENT_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" 10257 10259)
 	for ((n = 1; n <= NODES; n++)); do ports+=("$(kubelet_port "$n")" "$(kubelet_healthz_port "$n")"); done
+	[[ -z $WITH_REGISTRY ]] || ports+=("$REGISTRY_PORT")
 	for p in "${ports[@]}"; do
 		used=$(ss -Hltnp "sport = :$p" 2>/dev/null)
 		[[ -z $used ]] || die "port $p is in use, the cluster needs it: $used"
@@ -397,14 +397,94 @@ load_images() {
 }
 
 write_cluster_info() {
-	local n nodes=()
+	local n nodes=() registry=null
 	for ((n = 1; n <= NODES; n++)); do
 		nodes+=("$(jq -n --arg name "$(node_name "$n")" --arg root "$(node_host_root "$n")" \
 			--argjson pid "$(<"$PID_DIR/node$n.pid")" --argjson port "$(kubelet_port "$n")" \
 			'{name: $name, hostRoot: $root, pid: $pid, kubeletPort: $port}')")
 	done
-	printf '%s\n' "${nodes[@]}" | jq -s --arg kc "$KUBECONFIG_FILE" \
-		'{backend: "local", kubeconfig: $kc, nodes: .}' >"$CLUSTER_DIR/cluster.json"
+	[[ -z $WITH_REGISTRY ]] || registry=$(registry_info)
+	printf '%s\n' "${nodes[@]}" | jq -s --arg kc "$KUBECONFIG_FILE" --argjson registry "$registry" \
+		'{backend: "local", kubeconfig: $kc, nodes: .} + if $registry then {registry: $registry} else {} end' \
+		>"$CLUSTER_DIR/cluster.json"
+}
+
+# --- registry ---------------------------------------------------------------
+
+# registry_info: the registry's entry in cluster.json (e2e/framework's
+# Registry; e2e/README.md, "The registry").
+registry_info() {
+	jq -n --arg address "$REGISTRY_ADDRESS" --arg repository "$REGISTRY_REPOSITORY" \
+		--arg caFile "$PKI_DIR/ca.crt" --arg username "$REGISTRY_USER" --arg password "$(<"$REGISTRY_DIR/password")" \
+		--arg dockerConfig "$REGISTRY_DIR/docker/config.json" --arg secret "$REGISTRY_SECRET" \
+		--arg badSecret "$REGISTRY_BAD_SECRET" --arg storageClass "$REGISTRY_STORAGECLASS" \
+		--arg storage "$REGISTRY_DIR/data" --arg log "$LOG_DIR/registry.log" --arg script "$CLUSTER_LIB/registry.sh" \
+		'$ARGS.named'
+}
+
+# start_registry starts the registry or, on a cluster kept from a run that
+# asked for it and with this run not asking, stops it and removes its files.
+start_registry() {
+	if [[ -n $WITH_REGISTRY ]]; then
+		"$CLUSTER_LIB/registry.sh" start
+	elif [[ -d $REGISTRY_DIR ]]; then
+		log "removing the registry (not asked for)"
+		"$CLUSTER_LIB/registry.sh" stop
+		rm -rf "$REGISTRY_DIR"
+	fi
+}
+
+# registry_objects makes what the node agents read to reach the registry,
+# in their namespace: a docker config Secret with the CA beside it, the
+# same with a wrong password, and a StorageClass whose claims' caches go
+# through the registry. Without the registry, it removes them.
+registry_objects() {
+	local ns=layercache-system
+	if [[ -z $WITH_REGISTRY ]]; then
+		kubectl -n "$ns" delete secret "$REGISTRY_SECRET" "$REGISTRY_BAD_SECRET" --ignore-not-found >/dev/null
+		kubectl delete storageclass "$REGISTRY_STORAGECLASS" --ignore-not-found >/dev/null
+		return
+	fi
+	log "creating Secrets $REGISTRY_SECRET and $REGISTRY_BAD_SECRET, StorageClass $REGISTRY_STORAGECLASS"
+	registry_secret "$ns" "$REGISTRY_SECRET" <"$REGISTRY_DIR/docker/config.json"
+	jq -n --arg registry "$REGISTRY_ADDRESS" --arg user "$REGISTRY_USER" --arg password "wrong-$(<"$REGISTRY_DIR/password")" \
+		'{auths: {($registry): {username: $user, password: $password, auth: ("\($user):\($password)" | @base64)}}}' |
+		registry_secret "$ns" "$REGISTRY_BAD_SECRET"
+
+	local class
+	class=$(
+		cat <<EOF
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: $REGISTRY_STORAGECLASS
+  labels:
+    app.kubernetes.io/name: layercache
+provisioner: layercache.dev/node
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Delete
+allowVolumeExpansion: false
+parameters:
+  registry: $REGISTRY_REPOSITORY
+  registrySecret: $REGISTRY_SECRET
+EOF
+	)
+	# A StorageClass's parameters cannot change: a class an earlier version
+	# of this script made differently is replaced.
+	if ! kubectl apply --server-side --force-conflicts -f - <<<"$class" >/dev/null 2>&1; then
+		kubectl delete storageclass "$REGISTRY_STORAGECLASS" --ignore-not-found >/dev/null
+		kubectl apply --server-side --force-conflicts -f - <<<"$class" >/dev/null
+	fi
+}
+
+# registry_secret NAMESPACE NAME: a kubernetes.io/dockerconfigjson Secret of
+# the docker config on standard input, with the cluster's CA as ca.crt.
+registry_secret() {
+	local ns=$1 name=$2
+	kubectl -n "$ns" create secret generic "$name" --type kubernetes.io/dockerconfigjson \
+		--from-file .dockerconfigjson=/dev/stdin --from-file ca.crt="$PKI_DIR/ca.crt" \
+		--dry-run=client -o yaml |
+		kubectl apply --server-side --force-conflicts -f - >/dev/null
 }
 
 wait_nodes_ready() {
@@ -454,6 +534,7 @@ up_local() {
 		start_nodes
 	fi
 	load_images
+	start_registry
 	write_cluster_info
 	wait_nodes_ready
 }
@@ -492,6 +573,7 @@ case $BACKEND in
 local)
 	up_local
 	deploy
+	registry_objects
 	[[ -z $WITH_TEKTON ]] || "$CLUSTER_LIB/tekton.sh"
 	;;
 kind)

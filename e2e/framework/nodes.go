@@ -19,6 +19,9 @@ type Cluster struct {
 	// Backend is "local" (this machine) or "kind".
 	Backend string `json:"backend"`
 	Nodes   []Node `json:"nodes"`
+	// Registry is the cluster's OCI registry; nil unless the harness
+	// started one (`make up NODES=2`, or up.sh --with registry).
+	Registry *Registry `json:"registry,omitempty"`
 }
 
 // Node is one node of the cluster.
