@@ -546,10 +546,16 @@ deploy() {
 	# agents cannot each bind the same probe and metrics ports.
 	local name=e2e
 	((NODES > 1)) && name=e2e-multinode
-	local overlay=$REPO_DIR/config/$name
-	log "deploying config/$name"
-	mkdir -p "$STATE_DIR"
-	kubectl apply --server-side --force-conflicts -k "$overlay" >/dev/null
+	log "deploying config/$name with kpt live apply (hack/deploy.sh)"
+	mkdir -p "$STATE_DIR" "$LOG_DIR"
+	# kpt, as make deploy uses it: the deploy package's real path is tested
+	# on every cluster start. Built once from hack/tools/kpt.
+	make -s -C "$REPO_DIR" "$REPO_DIR/bin/kpt" >/dev/null
+	if ! KPT=$REPO_DIR/bin/kpt KUBECTL=$KUBECTL KUBECONFIG=$KUBECONFIG_FILE DEPLOY_TIMEOUT=3m \
+		"$REPO_DIR/hack/deploy.sh" "$name" >"$LOG_DIR/deploy.log" 2>&1; then
+		tail -30 "$LOG_DIR/deploy.log" >&2
+		die "deploying config/$name failed (above; whole log: $LOG_DIR/deploy.log)"
+	fi
 	local digest stamp=$STATE_DIR/deployed-image
 	digest=$(sha256sum "$IMAGES_DIR/layercache.tar" | cut -d' ' -f1)
 	if [[ -f $stamp && $(<"$stamp") != "$digest" ]]; then
