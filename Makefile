@@ -8,7 +8,8 @@ BIN := $(CURDIR)/bin
 ROOT ?= /var/lib/layercache
 NODES ?= 1
 CLUSTER ?= local
-# Optional parts make up installs: WITH=tekton (Tekton Pipelines, built from source).
+# Optional parts make up installs: WITH=tekton (Tekton Pipelines), WITH=argo
+# (Argo Workflows), WITH="tekton argo"; both built from source.
 WITH ?=
 export GOFLAGS ?= -buildvcs=false
 
@@ -43,7 +44,7 @@ bench: ## layerfs benchmarks (needs root); ratios are printed as metrics
 ##@ Cluster (e2e harness)
 
 .PHONY: up
-up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH=tekton) with layercache deployed
+up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH="tekton argo") with layercache deployed
 	e2e/cluster/up.sh --nodes $(NODES) --backend $(CLUSTER) --with "$(WITH)"
 
 .PHONY: down
@@ -51,8 +52,8 @@ down: ## stop the local cluster and remove everything it made
 	e2e/cluster/down.sh
 
 .PHONY: e2e
-e2e: WITH += tekton
-e2e: up ## start the cluster (with Tekton) and run the e2e suite against it
+e2e: WITH += tekton argo
+e2e: up ## start the cluster (with Tekton and Argo Workflows) and run the e2e suite against it
 	e2e/cluster/run-e2e.sh
 
 .PHONY: demo

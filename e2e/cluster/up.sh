@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start the e2e cluster and deploy layercache into it.
 #
-#   up.sh [--nodes N] [--backend local|kind] [--with tekton]
+#   up.sh [--nodes N] [--backend local|kind] [--with "tekton argo"]
 #
 # local (default, what CI runs): a real cluster on this machine, as root,
 # from source-built Kubernetes binaries, Debian's containerd and etcd, and
@@ -9,7 +9,7 @@
 # only rebuilds, reloads and redeploys the project. down.sh removes it all.
 # kind: the same images in a kind cluster, for machines with a Docker engine.
 # --with installs optional parts (space- or comma-separated): tekton
-# (e2e/cluster/tekton.sh, local backend only).
+# (e2e/cluster/tekton.sh), argo (e2e/cluster/argo.sh); local backend only.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -25,21 +25,23 @@ while (($#)); do
 	--with) WITH+=" ${2?--with needs a list of parts, e.g. tekton}"; shift 2 ;;
 	--with=*) WITH+=" ${1#*=}"; shift ;;
 	-h | --help) sed -n '2,12p' "$0"; exit 0 ;;
-	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with tekton])" ;;
+	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with \"tekton argo\"])" ;;
 	esac
 done
 [[ $NODES =~ ^[1-4]$ ]] || die "--nodes $NODES: want 1 to 4"
 [[ $BACKEND == local || $BACKEND == kind ]] || die "--backend $BACKEND: want local or kind"
 WITH_TEKTON=
+WITH_ARGO=
 for part in ${WITH//,/ }; do
 	case $part in
 	tekton) WITH_TEKTON=1 ;;
-	*) die "--with $part: the optional parts are: tekton" ;;
+	argo) WITH_ARGO=1 ;;
+	*) die "--with $part: the optional parts are: tekton, argo" ;;
 	esac
 done
-if [[ -n $WITH_TEKTON && $BACKEND != local ]]; then
-	log "warning: --with tekton: Tekton is installed on the local backend only; the e2e/tekton scenarios will fail"
-	WITH_TEKTON=
+if [[ -n $WITH_TEKTON$WITH_ARGO && $BACKEND != local ]]; then
+	log "warning: --with $WITH: Tekton and Argo Workflows are installed on the local backend only; the e2e/tekton and e2e/argo scenarios will fail"
+	WITH_TEKTON= WITH_ARGO=
 fi
 
 start=$SECONDS
@@ -513,6 +515,7 @@ local)
 	up_local
 	deploy
 	[[ -z $WITH_TEKTON ]] || "$CLUSTER_LIB/tekton.sh"
+	[[ -z $WITH_ARGO ]] || "$CLUSTER_LIB/argo.sh"
 	;;
 kind)
 	build_images
