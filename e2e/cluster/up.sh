@@ -209,6 +209,16 @@ start_control_plane() {
 	# by node name, which /etc/hosts resolves to 127.0.0.1. The kubernetes
 	# Service gets no endpoints (loopback is not a valid endpoint), so
 	# in-cluster clients use hostNetwork and KUBERNETES_SERVICE_HOST.
+	#
+	# WatchList=false: Debian's etcd (3.4.23) cannot serve watch-list
+	# streams (no RequestWatchProgress before etcd 3.4.31), and with the
+	# gate on (the default since 1.34) the API server turns every watch
+	# from resourceVersion "" or "0" into such a stream
+	# (SetListOptionsDefaults) and then refuses it on this etcd. A client
+	# whose informers list without a resourceVersion, as Argo Workflows'
+	# controller does, fails every watch and sees changes only when it
+	# relists, up to a minute later. Off, those watches start as they did
+	# before 1.34; clients that ask for a stream fall back to a list.
 	launch kube-apiserver "$BIN_DIR/kube-apiserver" \
 		--etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
 		--bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address 127.0.0.1 \
@@ -226,6 +236,7 @@ start_control_plane() {
 		--authorization-mode Node,RBAC \
 		--enable-admission-plugins NodeRestriction \
 		--allow-privileged \
+		--feature-gates WatchList=false \
 		--profiling=false
 	apiserver_ok() { pid_alive kube-apiserver && kubectl get --raw /readyz; }
 	wait_for kube-apiserver 180 apiserver_ok ||
