@@ -5,8 +5,8 @@
 // WITH=argo; make e2e asks for it): a Workflow whose volumeClaimTemplates
 // name a cache, run again warm; what Argo's default volumeClaimGC
 // (OnWorkflowSuccess) makes of a successful and of a failed Workflow's
-// claim, and OnWorkflowCompletion; a completed Workflow's namespace left
-// quiet. The build is real: the step compiles
+// claim, and OnWorkflowCompletion; a per-step cache from a generic
+// ephemeral volume; a completed Workflow's namespace left quiet. The build is real: the step compiles
 // e2e/framework/testdata/hello with GOCACHE and GOMODCACHE on the cache,
 // as a non-root user, with this machine's Go toolchain and module download
 // cache as read-only hostPaths (see e2e/framework/gobuild.go, shared with
