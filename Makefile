@@ -8,7 +8,9 @@ BIN := $(CURDIR)/bin
 ROOT ?= /var/lib/layercache
 NODES ?= 1
 CLUSTER ?= local
-# Optional parts make up installs: WITH=tekton (Tekton Pipelines, built from source).
+# Optional parts make up installs: WITH=tekton (Tekton Pipelines), WITH=argo
+# (Argo Workflows), both built from source; WITH=registry (the registry of
+# e2e/multinode, always there with NODES=2); or several: WITH="tekton argo".
 WITH ?=
 export GOFLAGS ?= -buildvcs=false
 
@@ -74,7 +76,7 @@ bench: ## layerfs and registry-sync benchmarks (needs root): each ratio beside i
 ##@ Cluster (e2e harness)
 
 .PHONY: up
-up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH=tekton,registry; NODES=2 has the registry) with layercache deployed
+up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH="tekton argo registry"; NODES=2 has the registry) with layercache deployed
 	e2e/cluster/up.sh --nodes $(NODES) --backend $(CLUSTER) --with "$(WITH)"
 
 .PHONY: down
@@ -82,8 +84,8 @@ down: ## stop the local cluster and remove everything it made
 	e2e/cluster/down.sh
 
 .PHONY: e2e
-e2e: WITH += tekton
-e2e: up ## the e2e suite on a one-node cluster (with Tekton), then e2e-multinode
+e2e: WITH += tekton argo
+e2e: up ## the e2e suite on a one-node cluster (with Tekton and Argo Workflows), then e2e-multinode
 	e2e/cluster/run-e2e.sh
 	$(MAKE) e2e-multinode
 

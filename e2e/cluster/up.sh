@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start the e2e cluster and deploy layercache into it.
 #
-#   up.sh [--nodes N] [--backend local|kind] [--with tekton,registry]
+#   up.sh [--nodes N] [--backend local|kind] [--with "tekton argo registry"]
 #
 # local (default, what CI runs): a real cluster on this machine, as root,
 # from source-built Kubernetes binaries, Debian's containerd and etcd, and
@@ -9,9 +9,9 @@
 # only rebuilds, reloads and redeploys the project. down.sh removes it all.
 # kind: the same images in a kind cluster, for machines with a Docker engine.
 # --with installs optional parts (space- or comma-separated): tekton
-# (e2e/cluster/tekton.sh), registry (e2e/cluster/registry.sh, with its
-# Secrets and StorageClass; always there with two nodes or more). Both on
-# the local backend only.
+# (e2e/cluster/tekton.sh), argo (e2e/cluster/argo.sh), registry
+# (e2e/cluster/registry.sh, with its Secrets and StorageClass; always there
+# with two nodes or more). All on the local backend only.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -27,25 +27,27 @@ while (($#)); do
 	--with) WITH+=" ${2?--with needs a list of parts, e.g. tekton,registry}"; shift 2 ;;
 	--with=*) WITH+=" ${1#*=}"; shift ;;
 	-h | --help) sed -n '2,14p' "$0"; exit 0 ;;
-	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with tekton,registry])" ;;
+	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with \"tekton argo registry\"])" ;;
 	esac
 done
 [[ $NODES =~ ^[1-4]$ ]] || die "--nodes $NODES: want 1 to 4"
 [[ $BACKEND == local || $BACKEND == kind ]] || die "--backend $BACKEND: want local or kind"
 WITH_TEKTON=
+WITH_ARGO=
 # The multi-node scenarios (e2e/multinode) move caches between nodes through it.
 WITH_REGISTRY=
 ((NODES < 2)) || WITH_REGISTRY=1
 for part in ${WITH//,/ }; do
 	case $part in
 	tekton) WITH_TEKTON=1 ;;
+	argo) WITH_ARGO=1 ;;
 	registry) WITH_REGISTRY=1 ;;
-	*) die "--with $part: the optional parts are: tekton, registry" ;;
+	*) die "--with $part: the optional parts are: tekton, argo, registry" ;;
 	esac
 done
-if [[ -n $WITH_TEKTON && $BACKEND != local ]]; then
-	log "warning: --with tekton: Tekton is installed on the local backend only; the e2e/tekton scenarios will fail"
-	WITH_TEKTON=
+if [[ -n $WITH_TEKTON$WITH_ARGO && $BACKEND != local ]]; then
+	log "warning: --with $WITH: Tekton and Argo Workflows are installed on the local backend only; the e2e/tekton and e2e/argo scenarios will fail"
+	WITH_TEKTON= WITH_ARGO=
 fi
 if [[ -n $WITH_REGISTRY && $BACKEND != local ]]; then
 	# kind's nodes are containers: the host's 127.0.0.1 is not theirs.
@@ -187,6 +189,16 @@ start_control_plane() {
 	# by node name, which /etc/hosts resolves to 127.0.0.1. The kubernetes
 	# Service gets no endpoints (loopback is not a valid endpoint), so
 	# in-cluster clients use hostNetwork and KUBERNETES_SERVICE_HOST.
+	#
+	# WatchList=false: Debian's etcd (3.4.23) cannot serve watch-list
+	# streams (no RequestWatchProgress before etcd 3.4.31), and with the
+	# gate on (the default since 1.34) the API server turns every watch
+	# from resourceVersion "" or "0" into such a stream
+	# (SetListOptionsDefaults) and then refuses it on this etcd. A client
+	# whose informers list without a resourceVersion, as Argo Workflows'
+	# controller does, fails every watch and sees changes only when it
+	# relists, up to a minute later. Off, those watches start as they did
+	# before 1.34; clients that ask for a stream fall back to a list.
 	launch kube-apiserver "$BIN_DIR/kube-apiserver" \
 		--etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
 		--bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address 127.0.0.1 \
@@ -204,6 +216,7 @@ start_control_plane() {
 		--authorization-mode Node,RBAC \
 		--enable-admission-plugins NodeRestriction \
 		--allow-privileged \
+		--feature-gates WatchList=false \
 		--profiling=false
 	apiserver_ok() { pid_alive kube-apiserver && kubectl get --raw /readyz; }
 	wait_for kube-apiserver 180 apiserver_ok ||
@@ -581,6 +594,7 @@ local)
 	deploy
 	registry_objects
 	[[ -z $WITH_TEKTON ]] || "$CLUSTER_LIB/tekton.sh"
+	[[ -z $WITH_ARGO ]] || "$CLUSTER_LIB/argo.sh"
 	;;
 kind)
 	build_images

@@ -4,16 +4,12 @@ package tekton
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 )
@@ -47,14 +43,14 @@ func TestCoschedulePipelineRunsCommitsWorkspace(t *testing.T) {
 	e.create(ctx, pipelinesGVR, e.object(writePipeline))
 	const cache = "coscheduled"
 
-	pvs := e.watchPVs(ctx)
+	pvs := e.WatchPVs(ctx)
 	e.create(ctx, pipelineRunsGVR, e.object(writeRun, "ok", 0, e.Node.Name, cacheTemplate(cache)))
 	r := e.waitRun(ctx, pipelineRunsGVR, "ok")
 	if !r.Succeeded {
 		t.Fatalf("PipelineRun ok: %s", r.Reason)
 	}
 	done := time.Now()
-	pv := pvs.wait(ctx, t)
+	pv := pvs.Wait(ctx, t, "")
 	t.Logf("workspace claim %s (made by the affinity assistant's StatefulSet), volume %s", pv.Spec.ClaimRef.Name, pv.Name)
 
 	// Tekton deletes the claim at completion, without waiting for the
@@ -68,8 +64,8 @@ func TestCoschedulePipelineRunsCommitsWorkspace(t *testing.T) {
 	}
 	t.Logf("workspace claim gone %s after the PipelineRun completed; the PipelineRun still exists", time.Since(done).Round(100*time.Millisecond))
 
-	reason, msg := e.volumeEnd(ctx, pv.Spec.ClaimRef.Name, pv.Name)
-	last := pvs.last()
+	reason, msg := e.VolumeEnd(ctx, pv.Spec.ClaimRef.Name, pv.Name)
+	last := pvs.Last(pv.Name)
 	t.Logf("volume %s: %s: %s; last PV annotations %s=%q %s=%q", pv.Name, reason, msg,
 		v1alpha1.AnnotationPodOutcome, last.Annotations[v1alpha1.AnnotationPodOutcome],
 		v1alpha1.AnnotationResult, last.Annotations[v1alpha1.AnnotationResult])
@@ -105,66 +101,4 @@ func (e *env) setCoschedule(ctx context.Context, mode string) {
 	})
 	// The controller watches its ConfigMaps; give it a moment.
 	time.Sleep(2 * time.Second)
-}
-
-// pvWatch remembers the last state of the layercache PV of the scenario's
-// namespace, even after it is deleted.
-type pvWatch struct {
-	mu sync.Mutex
-	pv *corev1.PersistentVolume
-}
-
-func (e *env) watchPVs(ctx context.Context) *pvWatch {
-	e.t.Helper()
-	w := &pvWatch{}
-	// An informer, not a bare watch: it lists first and re-watches when
-	// the API server closes the stream.
-	factory := informers.NewSharedInformerFactoryWithOptions(e.Client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.AnnotationNode }))
-	record := func(obj any) {
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
-		pv, ok := obj.(*corev1.PersistentVolume)
-		if !ok || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Namespace != e.Namespace {
-			return
-		}
-		w.mu.Lock()
-		w.pv = pv.DeepCopy()
-		w.mu.Unlock()
-	}
-	informer := factory.Core().V1().PersistentVolumes().Informer()
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: record, UpdateFunc: func(_, obj any) { record(obj) }, DeleteFunc: record,
-	}); err != nil {
-		e.t.Fatal(err)
-	}
-	stop := make(chan struct{})
-	e.t.Cleanup(func() { close(stop) })
-	factory.Start(stop)
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			e.t.Fatalf("syncing the %v informer failed", typ)
-		}
-	}
-	return w
-}
-
-func (w *pvWatch) last() *corev1.PersistentVolume {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.pv
-}
-
-func (w *pvWatch) wait(ctx context.Context, t *testing.T) *corev1.PersistentVolume {
-	t.Helper()
-	var pv *corev1.PersistentVolume
-	err := wait.PollUntilContextTimeout(ctx, pollInterval, volumeTimeout, true, func(context.Context) (bool, error) {
-		pv = w.last()
-		return pv != nil, nil
-	})
-	if err != nil {
-		t.Fatalf("no layercache PV for the namespace's claims: %v", err)
-	}
-	return pv
 }

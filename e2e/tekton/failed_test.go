@@ -84,12 +84,12 @@ func TestFailedPipelineRunDoesNotCommit(t *testing.T) {
 	t.Logf("PipelineRun failed: %s", r.Reason)
 	claim := e.claimOf(ctx, r.Obj)
 	e.deleteRun(ctx, pipelineRunsGVR, "failed")
-	reason, msg := e.volumeEnd(ctx, claim.Name, claim.Spec.VolumeName)
+	reason, msg := e.VolumeEnd(ctx, claim.Name, claim.Spec.VolumeName)
 	if reason != "Discarded" {
 		t.Errorf("volume of the failed PipelineRun: %s (%s), want Discarded", reason, msg)
 	}
 	t.Logf("volume of the failed PipelineRun: %s: %s", reason, msg)
-	if g := e.generation(ctx, cache); g != 0 {
+	if g := e.CacheGeneration(ctx, e.Node, cache); g != 0 {
 		t.Errorf("cache %s is at generation %d after a failed PipelineRun, want 0", cache, g)
 	}
 }

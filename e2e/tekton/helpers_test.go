@@ -6,65 +6,45 @@
 // PipelineRun workspaces from a volumeClaimTemplate that names a cache,
 // shared by two Tasks and warm in the next run; a failed PipelineRun; a
 // Task-level generic ephemeral cache volume. The build is real: the step
-// compiles testdata/hello with GOCACHE and GOMODCACHE on the cache, as a
-// non-root user, with this machine's Go toolchain (a read-only hostPath of
-// GOROOT: 270 MB that an image would copy into every node's containerd for
-// nothing) and the module sources from this machine's module download
-// cache as a file:// GOPROXY (the pods reach no network).
+// compiles e2e/framework/testdata/hello with GOCACHE and GOMODCACHE on the
+// cache, as a non-root user, with this machine's Go toolchain and module
+// download cache as read-only hostPaths (see e2e/framework/gobuild.go,
+// shared with e2e/argo).
 //
 // Every pod runs on the cluster's first node, where its cache lives.
 package tekton
 
 import (
-	"bytes"
 	"context"
-	"embed"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
-	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/e2e/framework"
 )
 
 const (
 	// runTimeout bounds one PipelineRun or TaskRun, a cold Go build on a
 	// busy 2-core machine included.
-	runTimeout = 8 * time.Minute
-	// volumeTimeout bounds the way from a claim's end to its volume being
-	// committed or discarded.
-	volumeTimeout = 2 * time.Minute
-	pollInterval  = 500 * time.Millisecond
+	runTimeout   = 8 * time.Minute
+	pollInterval = 500 * time.Millisecond
 
 	// storageClass is layercache with volume roots owned by the build
-	// user: Tekton's steps run as buildUID, and a hostPath PV takes no
-	// fsGroup.
+	// user: Tekton's steps run as framework.BuildUID, and a hostPath PV
+	// takes no fsGroup.
 	storageClass = "layercache-tekton-e2e"
-	buildUID     = 1000
 
-	busyboxImage = "localhost/busybox:e2e"
-	// goProxyModule is the one module testdata/hello needs; the test
-	// makes sure the host's module cache has it.
-	goProxyModule = "github.com/spf13/pflag@v1.0.10"
+	busyboxImage = framework.ImageBusybox
 )
 
 var (
@@ -72,12 +52,6 @@ var (
 	taskRunsGVR     = schema.GroupVersionResource{Group: "tekton.dev", Version: "v1", Resource: "taskruns"}
 	pipelinesGVR    = schema.GroupVersionResource{Group: "tekton.dev", Version: "v1", Resource: "pipelines"}
 )
-
-// testdata/hello's go.mod and go.sum carry a .txt suffix: a directory with
-// a go.mod is another module, whose files cannot be embedded.
-//
-//go:embed testdata/hello/main.go testdata/hello/go.mod.txt testdata/hello/go.sum.txt
-var helloSource embed.FS
 
 // env is one scenario's handle: the framework's namespace and clients, a
 // dynamic client for Tekton's resources and the node the pods run on.
@@ -99,7 +73,7 @@ func newEnv(t *testing.T) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	e.requireTekton(ctx)
-	e.ensureStorageClass(ctx)
+	e.EnsureBuildStorageClass(ctx, storageClass)
 	return e
 }
 
@@ -109,26 +83,6 @@ func (e *env) requireTekton(ctx context.Context) {
 	d, err := e.Client.AppsV1().Deployments("tekton-pipelines").Get(ctx, "tekton-pipelines-controller", metav1.GetOptions{})
 	if err != nil || d.Status.ReadyReplicas < 1 {
 		e.t.Fatalf("Tekton Pipelines is not installed or not ready (%v): start the cluster with `make up WITH=tekton` (make e2e does), or run e2e/cluster/tekton.sh", err)
-	}
-}
-
-// ensureStorageClass creates the build user's layercache class once; the
-// scenarios share it.
-func (e *env) ensureStorageClass(ctx context.Context) {
-	e.t.Helper()
-	wait1st := storagev1.VolumeBindingWaitForFirstConsumer
-	del := corev1.PersistentVolumeReclaimDelete
-	uid := strconv.Itoa(buildUID)
-	sc := &storagev1.StorageClass{
-		ObjectMeta:        metav1.ObjectMeta{Name: storageClass, Labels: map[string]string{framework.E2ELabel: "true"}},
-		Provisioner:       v1alpha1.ProvisionerName,
-		Parameters:        map[string]string{"uid": uid, "gid": uid, "mode": "0775"},
-		VolumeBindingMode: &wait1st,
-		ReclaimPolicy:     &del,
-	}
-	_, err := e.Client.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		e.t.Fatalf("creating StorageClass %s: %v", storageClass, err)
 	}
 }
 
@@ -240,58 +194,6 @@ func (e *env) claimOf(ctx context.Context, owner *unstructured.Unstructured) *co
 	return found
 }
 
-// volumeEnd waits for the node agent's Committed or Discarded Event about
-// the PV (or its claim) and returns its reason and message.
-func (e *env) volumeEnd(ctx context.Context, claim, pv string) (reason, message string) {
-	e.t.Helper()
-	subjects := []struct{ ns, kind, name string }{
-		{e.Namespace, "PersistentVolumeClaim", claim},
-		{metav1.NamespaceDefault, "PersistentVolume", pv},
-	}
-	var seen []string
-	err := wait.PollUntilContextTimeout(ctx, pollInterval, volumeTimeout, true, func(ctx context.Context) (bool, error) {
-		seen = seen[:0]
-		for _, s := range subjects {
-			sel := fields.Set{"involvedObject.kind": s.kind, "involvedObject.name": s.name}.AsSelector().String()
-			list, err := e.Client.CoreV1().Events(s.ns).List(ctx, metav1.ListOptions{FieldSelector: sel})
-			if err != nil {
-				return false, err
-			}
-			for _, ev := range list.Items {
-				seen = append(seen, s.kind+" "+ev.Reason+": "+ev.Message)
-				if ev.Reason == "Committed" || ev.Reason == "Discarded" || ev.Reason == "CommitDropped" {
-					reason, message = ev.Reason, ev.Message
-					return true, nil
-				}
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		e.t.Fatalf("volume %s of claim %s did not end within %s: %v; events: %q", pv, claim, volumeTimeout, err, seen)
-	}
-	return reason, message
-}
-
-// generation reads the cache's generation on the node (0 if it has none).
-func (e *env) generation(ctx context.Context, cache string) int {
-	e.t.Helper()
-	data, err := e.Cluster.ReadNodeFile(ctx, e.Node, filepath.Join("/var/lib/layercache/caches", e.Namespace, cache, "head.json"))
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return 0
-		}
-		e.t.Fatalf("reading the head of cache %s/%s: %v", e.Namespace, cache, err)
-	}
-	var head struct {
-		Generation int `json:"generation"`
-	}
-	if err := json.Unmarshal(data, &head); err != nil {
-		e.t.Fatalf("head of cache %s/%s: %v: %s", e.Namespace, cache, err, data)
-	}
-	return head.Generation
-}
-
 // deleteRun deletes a PipelineRun or TaskRun the way users and pruners do
 // (background propagation: the claim it owns goes with it).
 func (e *env) deleteRun(ctx context.Context, gvr schema.GroupVersionResource, name string) {
@@ -300,51 +202,4 @@ func (e *env) deleteRun(ctx context.Context, gvr schema.GroupVersionResource, na
 	if err := e.Dyn.Resource(gvr).Namespace(e.Namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil {
 		e.t.Fatalf("deleting %s %s: %v", gvr.Resource, name, err)
 	}
-}
-
-// sourceConfigMap holds testdata/hello, the source the checkout Task
-// copies into the workspace (a stand-in for a git clone: the pods reach no
-// network).
-func (e *env) sourceConfigMap(ctx context.Context, name string) {
-	e.t.Helper()
-	data := map[string]string{}
-	for key, file := range map[string]string{"main.go": "main.go", "go.mod": "go.mod.txt", "go.sum": "go.sum.txt"} {
-		b, err := helloSource.ReadFile("testdata/hello/" + file)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		data[key] = string(b)
-	}
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: data}
-	if _, err := e.Client.CoreV1().ConfigMaps(e.Namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("creating ConfigMap %s: %v", name, err)
-	}
-}
-
-// goPaths returns this machine's GOROOT and module download cache (the
-// build step's toolchain and GOPROXY), making sure the cache holds the
-// module testdata/hello needs.
-func goPaths(t *testing.T) (goroot, downloads string) {
-	t.Helper()
-	out, err := exec.Command("go", "env", "GOROOT", "GOMODCACHE").Output()
-	if err != nil {
-		t.Fatalf("go env GOROOT GOMODCACHE: %v (the build step uses this machine's Go toolchain)", err)
-	}
-	lines := strings.Fields(string(out))
-	if len(lines) != 2 {
-		t.Fatalf("go env GOROOT GOMODCACHE printed %q", out)
-	}
-	goroot, downloads = lines[0], filepath.Join(lines[1], "cache", "download")
-	mod, version, _ := strings.Cut(goProxyModule, "@")
-	zip := filepath.Join(downloads, mod, "@v", version+".zip")
-	if _, err := os.Stat(zip); err != nil {
-		// The project's own go.sum pins it; an ordinary download.
-		cmd := exec.Command("go", "mod", "download", goProxyModule)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("go mod download %s: %v: %s", goProxyModule, err, stderr.String())
-		}
-	}
-	return goroot, downloads
 }

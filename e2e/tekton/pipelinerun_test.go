@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"path"
-	"slices"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/e2e/framework"
 )
 
 // goBuildPipeline checks the source out into the cache workspace (from a
@@ -149,8 +149,8 @@ func TestPipelineRunWarmCache(t *testing.T) {
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	goroot, downloads := goPaths(t)
-	e.sourceConfigMap(ctx, "hello-src")
+	goroot, downloads := framework.GoPaths(t)
+	e.CreateHelloSource(ctx, "hello-src")
 	e.create(ctx, pipelinesGVR, e.object(goBuildPipeline, goroot, downloads))
 	const cache = "go"
 
@@ -168,10 +168,10 @@ func TestPipelineRunWarmCache(t *testing.T) {
 	// Deleting the PipelineRun deletes its claim: the build ends, and it
 	// succeeded.
 	e.deleteRun(ctx, pipelineRunsGVR, "cold")
-	if reason, msg := e.volumeEnd(ctx, claim.Name, claim.Spec.VolumeName); reason != "Committed" {
+	if reason, msg := e.VolumeEnd(ctx, claim.Name, claim.Spec.VolumeName); reason != "Committed" {
 		t.Fatalf("volume of PipelineRun cold: %s (%s), want Committed", reason, msg)
 	}
-	if g := e.generation(ctx, cache); g != 1 {
+	if g := e.CacheGeneration(ctx, e.Node, cache); g != 1 {
 		t.Errorf("cache %s is at generation %d after the first PipelineRun, want 1", cache, g)
 	}
 
@@ -188,7 +188,7 @@ func TestPipelineRunWarmCache(t *testing.T) {
 		}
 		c := e.claimOf(ctx, r.Obj)
 		e.deleteRun(ctx, pipelineRunsGVR, name)
-		if reason, msg := e.volumeEnd(ctx, c.Name, c.Spec.VolumeName); reason != "Committed" {
+		if reason, msg := e.VolumeEnd(ctx, c.Name, c.Spec.VolumeName); reason != "Committed" {
 			t.Errorf("volume of PipelineRun %s: %s (%s), want Committed", name, reason, msg)
 		}
 		warm = append(warm, r)
@@ -197,13 +197,14 @@ func TestPipelineRunWarmCache(t *testing.T) {
 	// The ceiling: the same two builds on a plain hostPath volume.
 	hostCold, hostWarm := e.hostPathBuilds(ctx)
 
-	c, w := e.seconds(cold, "build-seconds"), e.median(warm)
-	hc, hw := e.seconds(hostCold, "build-seconds"), e.median(hostWarm)
-	t.Logf("Tekton build step (go build of testdata/hello, GOCACHE and GOMODCACHE on the workspace; warm: median of %d runs):", warmRuns)
-	t.Logf("  layercache cold %6.2fs  warm %6.2fs  (%.1fx faster than cold; goal >= 10x)", c.Seconds(), w.Seconds(), c.Seconds()/w.Seconds())
-	t.Logf("  hostPath   cold %6.2fs  warm %6.2fs  (layercache warm is %.2fx the hostPath warm; goal <= 1.2x)", hc.Seconds(), hw.Seconds(), w.Seconds()/hw.Seconds())
-	if w*3 > c {
-		t.Errorf("warm build took %s, cold %s: the warm build should be several times faster", w, c)
+	times := framework.BuildTimes{
+		Cold: e.seconds(cold, "build-seconds"), Warm: e.median(warm),
+		HostPathCold: e.seconds(hostCold, "build-seconds"), HostPathWarm: e.median(hostWarm),
+		WarmRuns: warmRuns,
+	}
+	times.Log(t, "Tekton")
+	if times.Warm*3 > times.Cold {
+		t.Errorf("warm build took %s, cold %s: the warm build should be several times faster", times.Warm, times.Cold)
 	}
 }
 
@@ -237,7 +238,7 @@ func (e *env) expectClaimKept(ctx context.Context, claim *corev1.PersistentVolum
 	if got.DeletionTimestamp != nil {
 		e.t.Errorf("the workspace claim %s is being deleted 10s after the PipelineRun completed", claim.Name)
 	}
-	if g := e.generation(ctx, cache); g != 0 {
+	if g := e.CacheGeneration(ctx, e.Node, cache); g != 0 {
 		e.t.Errorf("cache %s is at generation %d while the completed PipelineRun still holds its claim, want 0", cache, g)
 	}
 	e.t.Logf("PipelineRun completed: workspace claim %s kept (owner: %s), cache %s not committed yet", claim.Name, ownerNames(got), cache)
@@ -261,8 +262,7 @@ func (e *env) median(runs []run) time.Duration {
 	for _, r := range runs {
 		d = append(d, e.seconds(r, "build-seconds"))
 	}
-	slices.Sort(d)
-	return d[len(d)/2]
+	return framework.Median(d)
 }
 
 // hostPathBuilds runs the build on a hostPath PV (a directory of the node
@@ -270,16 +270,7 @@ func (e *env) median(runs []run) time.Duration {
 func (e *env) hostPathBuilds(ctx context.Context) (cold run, warm []run) {
 	e.t.Helper()
 	dir := path.Join("/var/tmp/layercache-e2e-tekton", e.Namespace)
-	if _, err := e.Cluster.NodeExec(ctx, e.Node, "sh", "-c", fmt.Sprintf("mkdir -p %s && chown %d:%d %s", dir, buildUID, buildUID, dir)); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := e.Cluster.NodeExec(ctx, e.Node, "rm", "-rf", dir); err != nil {
-			e.t.Logf("removing %s: %v", dir, err)
-		}
-	})
+	e.HostPathCacheDir(ctx, e.Node, dir)
 	pvName := e.Namespace + "-hostpath"
 	hostPathType := corev1.HostPathDirectory
 	pv := &corev1.PersistentVolume{

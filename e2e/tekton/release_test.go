@@ -44,11 +44,11 @@ func TestPipelineRunReleaseOnPodExit(t *testing.T) {
 		t.Fatalf("PipelineRun ok: %s", r.Reason)
 	}
 	claim := e.claimOf(ctx, r.Obj)
-	reason, msg := e.volumeEnd(ctx, claim.Name, claim.Spec.VolumeName)
+	reason, msg := e.VolumeEnd(ctx, claim.Name, claim.Spec.VolumeName)
 	if reason != "Committed" {
 		t.Fatalf("volume of the completed PipelineRun: %s (%s), want Committed", reason, msg)
 	}
-	if g := e.generation(ctx, cache); g != 1 {
+	if g := e.CacheGeneration(ctx, e.Node, cache); g != 1 {
 		t.Errorf("cache %s is at generation %d, want 1", cache, g)
 	}
 	if _, err := e.Dyn.Resource(pipelineRunsGVR).Namespace(e.Namespace).Get(ctx, "ok", metav1.GetOptions{}); err != nil {

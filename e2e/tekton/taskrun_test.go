@@ -78,11 +78,11 @@ func TestTaskRunEphemeralCache(t *testing.T) {
 		if err != nil {
 			t.Fatalf("claim %s of TaskRun %s: %v", claim, name, err)
 		}
-		if reason, msg := e.volumeEnd(ctx, claim, pvc.Spec.VolumeName); reason != "Committed" {
+		if reason, msg := e.VolumeEnd(ctx, claim, pvc.Spec.VolumeName); reason != "Committed" {
 			t.Fatalf("volume of TaskRun %s: %s (%s), want Committed", name, reason, msg)
 		}
 	}
-	if g := e.generation(ctx, cache); g != 2 {
+	if g := e.CacheGeneration(ctx, e.Node, cache); g != 2 {
 		t.Errorf("cache %s is at generation %d after two TaskRuns, want 2", cache, g)
 	}
 }
