@@ -7,7 +7,9 @@
 # default applies the kpt package config/ as it stands; an overlay is
 # rendered with kustomize and applied with the package's inventory
 # (config/resourcegroup.yaml). Objects that exist without an inventory (an
-# install made with kubectl apply -k) are adopted. kpt reports objects it
+# install made with kubectl apply -k) are adopted: --inventory-policy=adopt,
+# what this kpt calls adopt-if-no-inventory (objects of another inventory
+# are still refused). kpt reports objects it
 # would not touch as "skipped" and still exits 0; this script fails then,
 # and on any failed apply or reconcile, so an install never silently stays
 # as it was.
@@ -30,7 +32,7 @@ die() {
 [[ -x $kpt ]] || die "no kpt at $kpt: run make bin/kpt (built from hack/tools/kpt)"
 [[ -n ${KUBECONFIG:-} && -f $KUBECONFIG ]] || die "no kubeconfig at '${KUBECONFIG:-}': set KUBECONFIG, or run make up for the local cluster"
 
-args=(live apply --inventory-policy=adopt-if-no-inventory --reconcile-timeout="$timeout")
+args=(live apply --inventory-policy=adopt --reconcile-timeout="$timeout")
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 case $overlay in
