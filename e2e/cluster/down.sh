@@ -28,7 +28,9 @@ problems=0
 
 # Containers run in cgroups containerd names /k8s.io/<id>, outside the
 # cluster's cgroup: note their ids while containerd's state still lists them.
-mapfile -t container_ids < <(ls "$CLUSTER_DIR"/node*/containerd/state/io.containerd.runtime.v2.task/k8s.io/ 2>/dev/null | sort -u)
+# (find, not ls: ls of several nodes' directories prints their names too.)
+mapfile -t container_ids < <(find "$CLUSTER_DIR"/node*/containerd/state/io.containerd.runtime.v2.task/k8s.io/ \
+	-mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort -u)
 
 # Kubelets first, so that they do not restart the containers being stopped.
 for f in "$PID_DIR"/node*.pid; do
