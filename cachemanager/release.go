@@ -278,7 +278,12 @@ func (r *ReleaseReconciler) recordOutcome(ctx context.Context, pvc *corev1.Persi
 		log.FromContext(ctx).V(1).Info("volume is not a layercache volume of this claim; not recording the outcome", "volume", pv.Name)
 		return reconcile.Result{}, nil
 	}
-	if pv.Annotations[v1alpha1.AnnotationPodOutcome] == outcome {
+	recorded := pv.Annotations[v1alpha1.AnnotationPodOutcome]
+	if recorded == outcome {
+		return reconcile.Result{}, nil
+	}
+	if shrinkingView(pvc, recorded, outcome) {
+		log.FromContext(ctx).V(1).Info("claim is being deleted; keeping the failed outcome recorded while its pods were there", "volume", pv.Name)
 		return reconcile.Result{}, nil
 	}
 	patch := client.MergeFrom(pv.DeepCopy())
@@ -290,6 +295,17 @@ func (r *ReleaseReconciler) recordOutcome(ctx context.Context, pvc *corev1.Persi
 	r.Recorder.Eventf(pvc, deciding[0], corev1.EventTypeNormal, "OutcomeRecorded", "RecordOutcome",
 		"Recorded pod outcome %s on PersistentVolume %s (%s)", outcome, pv.Name, podNames(deciding))
 	return reconcile.Result{}, nil
+}
+
+// shrinkingView tells whether outcome would turn a recorded failure into a
+// success only because the claim's pods are going away. An owner that
+// deletes a claim (a Workflow or PipelineRun being deleted) deletes its
+// pods at the same moment, and the failed pod can leave the cache before
+// the succeeded ones: outcomeOf then sees only successes. No new pod can
+// start on a claim being deleted, so no newer success can come, and a
+// recorded failure stands.
+func shrinkingView(pvc *corev1.PersistentVolumeClaim, recorded, outcome string) bool {
+	return !pvc.DeletionTimestamp.IsZero() && recorded == v1alpha1.OutcomeFailed && outcome == v1alpha1.OutcomeSucceeded
 }
 
 func isOurVolume(pv *corev1.PersistentVolume) bool {

@@ -188,13 +188,32 @@ func TestRelease(t *testing.T) {
 		name    string
 		claim   *corev1.PersistentVolumeClaim
 		noPV    bool
-		pods    []*corev1.Pod
+		// pvOutcome is on the PV before the reconcile.
+		pvOutcome string
+		pods      []*corev1.Pod
 		outcome string // on the PV afterwards; "" for none
 		kept    bool   // the claim still exists afterwards
 		events  []string
 		wantErr bool // a terminal error
 		requeue bool
 	}{{
+		// Regression (found by e2e/argo): deleting a failed Workflow
+		// deletes its pods and its claim at once; the failed pod left the
+		// cache first and the PV was rewritten to succeeded.
+		name:      "a claim being deleted keeps the failure recorded while its pods were there",
+		claim:     claim("ws", deleting()),
+		pvOutcome: v1alpha1.OutcomeFailed,
+		pods:      []*corev1.Pod{ran(pod("step-one", corev1.PodSucceeded, "ws"), 1, 10)},
+		outcome:   v1alpha1.OutcomeFailed,
+	}, {
+		name:      "a claim in use records a failure turned success by a later pod",
+		claim:     standalone,
+		pvOutcome: v1alpha1.OutcomeFailed,
+		pods:      []*corev1.Pod{ran(pod("retry", corev1.PodSucceeded, "ws"), 1, 10)},
+		outcome:   v1alpha1.OutcomeSucceeded,
+		kept:      true,
+		events:    []string{"Normal OutcomeRecorded Recorded pod outcome succeeded"},
+	}, {
 		// Regression: deleting the claim of a kept Job pod made the
 		// ephemeral-volume controller recreate it, over and over. The node
 		// agent ends such volumes; the manager writes nothing about them.
@@ -362,7 +381,11 @@ func TestRelease(t *testing.T) {
 			pvc := tc.claim.DeepCopy()
 			objs = append(objs, pvc)
 			if !tc.noPV && pvc.Spec.VolumeName != "" {
-				objs = append(objs, volume(pvc))
+				pv := volume(pvc)
+				if tc.pvOutcome != "" {
+					metav1.SetMetaDataAnnotation(&pv.ObjectMeta, v1alpha1.AnnotationPodOutcome, tc.pvOutcome)
+				}
+				objs = append(objs, pv)
 			}
 			for _, p := range tc.pods {
 				objs = append(objs, p.DeepCopy())
