@@ -92,14 +92,15 @@ func TestFailedWorkflowCommitsNothing(t *testing.T) {
 	}
 	t.Logf("volume of the failed Workflow after its deletion: %s: %s", reason, msg)
 	e.waitClaimGone(ctx, claim)
-	// Not checked here: the PV's pod-outcome after the deletion. The
-	// garbage collector deletes the Workflow's pods and its claim at once,
-	// and when the failed pod leaves the manager's cache before the
-	// succeeded one, the manager's last reconcile of the deleted claim
-	// records "succeeded" over "failed" (seen once in three runs). The node
-	// agent ends the volume with the outcome it saw itself, so the result
-	// above is right; the PV's annotation is not (e2e/README.md, Argo
-	// Workflows, the known issue).
+	// The garbage collector deletes the Workflow's pods and its claim at
+	// once; the failed pod may leave the manager's cache before the
+	// succeeded one, and the manager once rewrote the PV to succeeded then
+	// (seen once in three runs). A claim being deleted keeps its recorded
+	// failure now, so a node agent that restarted and read the PV would
+	// discard too.
+	if got := pvs.Last(pv.Name).Annotations[v1alpha1.AnnotationPodOutcome]; got != v1alpha1.OutcomeFailed {
+		t.Errorf("PV %s says %s=%q after the failed Workflow's deletion, want %q", pv.Name, v1alpha1.AnnotationPodOutcome, got, v1alpha1.OutcomeFailed)
+	}
 	if g := e.CacheGeneration(ctx, e.Node, cache); g != 0 {
 		t.Errorf("cache %s is at generation %d after a failed Workflow, want 0", cache, g)
 	}
