@@ -2,8 +2,8 @@
 
 // Package multinode holds the scenarios that need two nodes and the
 // cluster's registry. `make e2e` runs them after the one-node suite, on a
-// fresh `make up NODES=2` cluster (e2e/README.md, "Two nodes and the
-// registry"); the build tag multinode keeps them out of the one-node run.
+// fresh `make up NODES=2` cluster (e2e/README.md, "The registry"); the
+// build tag multinode keeps them out of the one-node run.
 package multinode
 
 import (
