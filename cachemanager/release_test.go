@@ -185,17 +185,17 @@ func TestRelease(t *testing.T) {
 	onExit := claim("ws", annotated(v1alpha1.AnnotationRelease, v1alpha1.ReleaseOnPodExit))
 
 	tests := []struct {
-		name    string
-		claim   *corev1.PersistentVolumeClaim
-		noPV    bool
+		name  string
+		claim *corev1.PersistentVolumeClaim
+		noPV  bool
 		// pvOutcome is on the PV before the reconcile.
 		pvOutcome string
 		pods      []*corev1.Pod
-		outcome string // on the PV afterwards; "" for none
-		kept    bool   // the claim still exists afterwards
-		events  []string
-		wantErr bool // a terminal error
-		requeue bool
+		outcome   string // on the PV afterwards; "" for none
+		kept      bool   // the claim still exists afterwards
+		events    []string
+		wantErr   bool // a terminal error
+		requeue   bool
 	}{{
 		// Regression (found by e2e/argo): deleting a failed Workflow
 		// deletes its pods and its claim at once; the failed pod left the
