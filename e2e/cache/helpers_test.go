@@ -461,7 +461,9 @@ func statusString(c *v1alpha1.Cache) string {
 func (e *env) waitClaimRefused(ctx context.Context, pod, reason string, want ...string) *corev1.Event {
 	e.t.Helper()
 	ev := e.waitEvent(ctx, e.Namespace, "PersistentVolumeClaim", claimName(pod), func(ev *corev1.Event) bool {
-		return ev.Reason == reason && ev.Source.Component == "layercache-node"
+		// The agent records events.k8s.io Events: the core view has the
+		// reporter in reportingComponent, not in source.
+		return ev.Reason == reason && ev.ReportingController == "layercache-node"
 	})
 	if ev.Type != corev1.EventTypeWarning {
 		e.t.Errorf("Event %s on claim %s is of type %s, want %s", reason, claimName(pod), ev.Type, corev1.EventTypeWarning)
