@@ -20,12 +20,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/layercache/layercache/e2e/yamlobj"
 )
 
 // upstreamImagePrefix starts the image references of the release's
@@ -131,20 +131,20 @@ func Write(w io.Writer, o Options) error {
 	}
 	for _, rel := range Files {
 		file := filepath.Join(o.ManifestsDir, rel)
-		objs, err := readObjects(file)
+		objs, err := yamlobj.ReadFile(file)
 		if err != nil {
 			return fmt.Errorf("%w (is %s the manifests/ directory of github.com/argoproj/argo-workflows/v3? run `go mod download` in e2e/tools/argo)", err, o.ManifestsDir)
 		}
 		for _, obj := range objs {
 			if err := o.transform(obj); err != nil {
-				return fmt.Errorf("%s: %s %s: %w", file, obj["kind"], name(obj), err)
+				return fmt.Errorf("%s: %s %s: %w", file, obj["kind"], yamlobj.Name(obj), err)
 			}
 			data, err := writeObject(&out, obj)
 			if err != nil {
 				return err
 			}
 			if bytes.Contains(data, []byte(upstreamImagePrefix)) {
-				return fmt.Errorf("%s: %s %s still names an image of %s after substitution; the release added an image reference this program does not know", file, obj["kind"], name(obj), upstreamImagePrefix)
+				return fmt.Errorf("%s: %s %s still names an image of %s after substitution; the release added an image reference this program does not know", file, obj["kind"], yamlobj.Name(obj), upstreamImagePrefix)
 			}
 		}
 	}
@@ -163,29 +163,6 @@ func writeObject(out *bytes.Buffer, obj map[string]any) ([]byte, error) {
 	return data, nil
 }
 
-// readObjects decodes every non-empty YAML document of file.
-func readObjects(file string) ([]map[string]any, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
-	var objs []map[string]any
-	for {
-		var obj map[string]any
-		if err := dec.Decode(&obj); err != nil {
-			if errors.Is(err, io.EOF) {
-				return objs, nil
-			}
-			return nil, fmt.Errorf("%s: %w", file, err)
-		}
-		if len(obj) > 0 {
-			objs = append(objs, obj)
-		}
-	}
-}
-
 // clusterScoped are the kinds of Files that take no namespace.
 var clusterScoped = map[string]bool{
 	"CustomResourceDefinition": true, "ClusterRole": true, "ClusterRoleBinding": true, "PriorityClass": true, "Namespace": true,
@@ -194,26 +171,26 @@ var clusterScoped = map[string]bool{
 func (o Options) transform(obj map[string]any) error {
 	kind, _ := obj["kind"].(string)
 	if !clusterScoped[kind] {
-		mapAt(obj, "metadata")["namespace"] = o.Namespace
+		yamlobj.MapAt(obj, "metadata")["namespace"] = o.Namespace
 	}
 	switch kind {
 	case "ClusterRoleBinding", "RoleBinding":
 		// As kustomize's namespace transformer does: the controller's
 		// ServiceAccount lives in Namespace.
-		for _, s := range list(obj["subjects"]) {
+		for _, s := range yamlobj.List(obj["subjects"]) {
 			if s["kind"] == "ServiceAccount" {
 				s["namespace"] = o.Namespace
 			}
 		}
 	case "Role":
-		if name(obj) == executorRole {
+		if yamlobj.Name(obj) == executorRole {
 			obj["kind"] = "ClusterRole"
-			meta := mapAt(obj, "metadata")
+			meta := yamlobj.MapAt(obj, "metadata")
 			meta["name"] = ExecutorClusterRole
 			delete(meta, "namespace")
 		}
 	case "ConfigMap":
-		if name(obj) == controllerConfigMap {
+		if yamlobj.Name(obj) == controllerConfigMap {
 			return o.configMap(obj)
 		}
 	case "Deployment":
@@ -262,14 +239,14 @@ func (o Options) configMap(obj map[string]any) error {
 }
 
 func (o Options) deployment(obj map[string]any) error {
-	if name(obj) != controllerDeployment {
-		return fmt.Errorf("unknown Deployment %s: this program knows the workflow controller's", name(obj))
+	if yamlobj.Name(obj) != controllerDeployment {
+		return fmt.Errorf("unknown Deployment %s: this program knows the workflow controller's", yamlobj.Name(obj))
 	}
-	pod := mapAt(obj, "spec", "template", "spec")
+	pod := yamlobj.MapAt(obj, "spec", "template", "spec")
 	if pod == nil {
 		return errors.New("no pod template")
 	}
-	if sc := mapAt(pod, "securityContext"); sc != nil {
+	if sc := yamlobj.MapAt(pod, "securityContext"); sc != nil {
 		sc["runAsUser"] = o.User
 		sc["runAsGroup"] = o.User
 	} else {
@@ -279,7 +256,7 @@ func (o Options) deployment(obj map[string]any) error {
 	if o.HostNetwork {
 		// One controller at a time holds the host's ports (:6060 health,
 		// :9090 metrics): replace the pod instead of rolling it.
-		mapAt(obj, "spec")["strategy"] = map[string]any{"type": "Recreate"}
+		yamlobj.MapAt(obj, "spec")["strategy"] = map[string]any{"type": "Recreate"}
 		pod["hostNetwork"] = true
 		pod["dnsPolicy"] = "ClusterFirstWithHostNet"
 		env = append(env,
@@ -287,7 +264,7 @@ func (o Options) deployment(obj map[string]any) error {
 			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": o.APIServerPort})
 	}
 	found := false
-	for _, c := range list(pod["containers"]) {
+	for _, c := range yamlobj.List(pod["containers"]) {
 		image, _ := c["image"].(string)
 		command, ok := strings.CutPrefix(image, upstreamImagePrefix)
 		if !ok {
@@ -305,59 +282,11 @@ func (o Options) deployment(obj map[string]any) error {
 		args, _ := c["args"].([]any)
 		c["args"] = append(args, "--executor-image", o.Image("argoexec"))
 		if len(env) > 0 {
-			c["env"] = mergeEnv(list(c["env"]), env)
+			c["env"] = yamlobj.MergeEnv(yamlobj.List(c["env"]), env)
 		}
 	}
 	if !found {
 		return fmt.Errorf("no container runs %sworkflow-controller", upstreamImagePrefix)
 	}
 	return nil
-}
-
-// mergeEnv sets vars in env, replacing variables of the same name.
-func mergeEnv(env, vars []map[string]any) []any {
-	out := make([]any, 0, len(env)+len(vars))
-	set := map[any]bool{}
-	for _, v := range vars {
-		set[v["name"]] = true
-	}
-	for _, v := range env {
-		if !set[v["name"]] {
-			out = append(out, v)
-		}
-	}
-	for _, v := range vars {
-		out = append(out, v)
-	}
-	return out
-}
-
-func name(obj map[string]any) string {
-	n, _ := mapAt(obj, "metadata")["name"].(string)
-	return n
-}
-
-// mapAt follows keys through nested maps; nil if one is missing.
-func mapAt(obj map[string]any, keys ...string) map[string]any {
-	m := obj
-	for _, k := range keys {
-		next, ok := m[k].(map[string]any)
-		if !ok {
-			return nil
-		}
-		m = next
-	}
-	return m
-}
-
-// list returns the maps of a YAML sequence.
-func list(v any) []map[string]any {
-	items, _ := v.([]any)
-	out := make([]map[string]any, 0, len(items))
-	for _, it := range items {
-		if m, ok := it.(map[string]any); ok {
-			out = append(out, m)
-		}
-	}
-	return out
 }

@@ -9,6 +9,8 @@ import (
 
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/layercache/layercache/e2e/yamlobj"
 )
 
 // A miniature of Argo's manifests/: the shapes the transform touches, as
@@ -130,7 +132,7 @@ func render(t *testing.T, o Options) (map[string]map[string]any, []string) {
 		if err := dec.Decode(&obj); err != nil {
 			break
 		}
-		key := obj["kind"].(string) + "/" + name(obj)
+		key := obj["kind"].(string) + "/" + yamlobj.Name(obj)
 		objs[key] = obj
 		order = append(order, key)
 	}
@@ -142,14 +144,14 @@ func TestWriteHostNetwork(t *testing.T) {
 	if order[0] != "Namespace/argo" {
 		t.Errorf("first object %s, want Namespace/argo", order[0])
 	}
-	if ns := mapAt(objs["CustomResourceDefinition/argoproj.io_workflows"], "metadata")["namespace"]; ns != nil {
+	if ns := yamlobj.MapAt(objs["CustomResourceDefinition/argoproj.io_workflows"], "metadata")["namespace"]; ns != nil {
 		t.Errorf("a CRD got namespace %v", ns)
 	}
-	if ns := mapAt(objs["ServiceAccount/workflow-controller-sa"], "metadata")["namespace"]; ns != "argo" {
+	if ns := yamlobj.MapAt(objs["ServiceAccount/workflow-controller-sa"], "metadata")["namespace"]; ns != "argo" {
 		t.Errorf("ServiceAccount namespace %v, want argo", ns)
 	}
 	for _, key := range []string{"ClusterRoleBinding/argo-binding", "RoleBinding/argo-binding"} {
-		if s := list(objs[key]["subjects"]); len(s) != 1 || s[0]["namespace"] != "argo" {
+		if s := yamlobj.List(objs[key]["subjects"]); len(s) != 1 || s[0]["namespace"] != "argo" {
 			t.Errorf("%s subjects %v, want the ServiceAccount in argo", key, s)
 		}
 	}
@@ -160,11 +162,11 @@ func TestWriteHostNetwork(t *testing.T) {
 	if _, ok := objs["Role/executor"]; ok {
 		t.Error("the executor's Role is still there")
 	}
-	if ns := mapAt(exec, "metadata")["namespace"]; ns != nil {
+	if ns := yamlobj.MapAt(exec, "metadata")["namespace"]; ns != nil {
 		t.Errorf("ClusterRole %s got namespace %v", ExecutorClusterRole, ns)
 	}
 
-	data := mapAt(objs["ConfigMap/workflow-controller-configmap"], "data")
+	data := yamlobj.MapAt(objs["ConfigMap/workflow-controller-configmap"], "data")
 	var executor struct {
 		Image           string `json:"image"`
 		ImagePullPolicy string `json:"imagePullPolicy"`
@@ -184,14 +186,14 @@ func TestWriteHostNetwork(t *testing.T) {
 	}
 
 	d := objs["Deployment/workflow-controller"]
-	pod := mapAt(d, "spec", "template", "spec")
-	if pod["hostNetwork"] != true || mapAt(d, "spec", "strategy")["type"] != "Recreate" {
-		t.Errorf("Deployment: hostNetwork %v, strategy %v", pod["hostNetwork"], mapAt(d, "spec", "strategy"))
+	pod := yamlobj.MapAt(d, "spec", "template", "spec")
+	if pod["hostNetwork"] != true || yamlobj.MapAt(d, "spec", "strategy")["type"] != "Recreate" {
+		t.Errorf("Deployment: hostNetwork %v, strategy %v", pod["hostNetwork"], yamlobj.MapAt(d, "spec", "strategy"))
 	}
-	if sc := mapAt(pod, "securityContext"); sc["runAsUser"] != float64(8737) || sc["runAsNonRoot"] != true {
+	if sc := yamlobj.MapAt(pod, "securityContext"); sc["runAsUser"] != float64(8737) || sc["runAsNonRoot"] != true {
 		t.Errorf("pod securityContext %v", sc)
 	}
-	c := list(pod["containers"])[0]
+	c := yamlobj.List(pod["containers"])[0]
 	if c["image"] != "localhost/argo-workflow-controller:v3.7.3" || c["imagePullPolicy"] != "Never" {
 		t.Errorf("controller image %v, pull policy %v", c["image"], c["imagePullPolicy"])
 	}
@@ -199,7 +201,7 @@ func TestWriteHostNetwork(t *testing.T) {
 		t.Errorf("controller args %v", c["args"])
 	}
 	env := map[string]any{}
-	for _, v := range list(c["env"]) {
+	for _, v := range yamlobj.List(c["env"]) {
 		env[v["name"].(string)] = v["value"]
 	}
 	if env["KUBERNETES_SERVICE_HOST"] != "127.0.0.1" || env["KUBERNETES_SERVICE_PORT"] != "6443" {
@@ -214,11 +216,11 @@ func TestWritePodNetwork(t *testing.T) {
 	o := options(writeFixture(t))
 	o.HostNetwork = false
 	objs, _ := render(t, o)
-	pod := mapAt(objs["Deployment/workflow-controller"], "spec", "template", "spec")
+	pod := yamlobj.MapAt(objs["Deployment/workflow-controller"], "spec", "template", "spec")
 	if pod["hostNetwork"] != nil {
 		t.Errorf("hostNetwork %v without HostNetwork", pod["hostNetwork"])
 	}
-	if _, ok := mapAt(objs["ConfigMap/workflow-controller-configmap"], "data")["workflowDefaults"]; ok {
+	if _, ok := yamlobj.MapAt(objs["ConfigMap/workflow-controller-configmap"], "data")["workflowDefaults"]; ok {
 		t.Error("workflowDefaults without HostNetwork")
 	}
 }

@@ -15,14 +15,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/layercache/layercache/e2e/yamlobj"
 )
 
 // koPrefix starts the image references that `ko resolve` replaces.
@@ -164,20 +164,20 @@ func Write(w io.Writer, o Options) error {
 	}
 	var out bytes.Buffer
 	for _, file := range files {
-		objs, err := readObjects(file)
+		objs, err := yamlobj.ReadFile(file)
 		if err != nil {
 			return err
 		}
 		for _, obj := range objs {
 			if err := o.transform(obj); err != nil {
-				return fmt.Errorf("%s: %s %s: %w", file, obj["kind"], name(obj), err)
+				return fmt.Errorf("%s: %s %s: %w", file, obj["kind"], yamlobj.Name(obj), err)
 			}
 			data, err := yaml.Marshal(obj)
 			if err != nil {
 				return err
 			}
 			if bytes.Contains(data, []byte(koPrefix)) {
-				return fmt.Errorf("%s: %s %s still names a ko:// image after substitution; the release added an image reference this program does not know", file, obj["kind"], name(obj))
+				return fmt.Errorf("%s: %s %s still names a ko:// image after substitution; the release added an image reference this program does not know", file, obj["kind"], yamlobj.Name(obj))
 			}
 			out.WriteString("---\n")
 			out.Write(data)
@@ -187,56 +187,33 @@ func Write(w io.Writer, o Options) error {
 	return err
 }
 
-// readObjects decodes every non-empty YAML document of file.
-func readObjects(file string) ([]map[string]any, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
-	var objs []map[string]any
-	for {
-		var obj map[string]any
-		if err := dec.Decode(&obj); err != nil {
-			if errors.Is(err, io.EOF) {
-				return objs, nil
-			}
-			return nil, fmt.Errorf("%s: %w", file, err)
-		}
-		if len(obj) > 0 {
-			objs = append(objs, obj)
-		}
-	}
-}
-
 func (o Options) transform(obj map[string]any) error {
 	setVersion(obj, o.Version)
 	kind, _ := obj["kind"].(string)
 	switch {
-	case kind == "ConfigMap" && name(obj) == "pipelines-info":
+	case kind == "ConfigMap" && yamlobj.Name(obj) == "pipelines-info":
 		if data, ok := obj["data"].(map[string]any); ok && data["version"] == "devel" {
 			data["version"] = o.Version
 		}
 	case kind == "Namespace" && o.HostNetwork:
 		// Upstream enforces the restricted Pod Security level in its
 		// namespace, which refuses host-network pods.
-		if labels := mapAt(obj, "metadata", "labels"); labels != nil && labels[podSecurityEnforce] != nil {
+		if labels := yamlobj.MapAt(obj, "metadata", "labels"); labels != nil && labels[podSecurityEnforce] != nil {
 			labels[podSecurityEnforce] = "privileged"
 		}
 	case kind == "Deployment":
 		return o.deployment(obj)
-	case kind == "Service" && name(obj) == webhookService && o.HostNetwork:
+	case kind == "Service" && yamlobj.Name(obj) == webhookService && o.HostNetwork:
 		o.externalWebhookService(obj)
 	case kind == "MutatingWebhookConfiguration" || kind == "ValidatingWebhookConfiguration":
 		if o.HostNetwork {
-			for _, wh := range list(obj["webhooks"]) {
+			for _, wh := range yamlobj.List(obj["webhooks"]) {
 				setServicePort(wh["clientConfig"], o.Ports.WebhookHTTPS)
 			}
 		}
 	case kind == "CustomResourceDefinition":
 		if o.HostNetwork {
-			conv := mapAt(obj, "spec", "conversion", "webhook")
+			conv := yamlobj.MapAt(obj, "spec", "conversion", "webhook")
 			if conv != nil {
 				setServicePort(conv["clientConfig"], o.Ports.WebhookHTTPS)
 			}
@@ -254,8 +231,8 @@ var versionLabels = []string{"app.kubernetes.io/version", "pipeline.tekton.dev/r
 // template.
 func setVersion(obj map[string]any, version string) {
 	for _, labels := range []map[string]any{
-		mapAt(obj, "metadata", "labels"),
-		mapAt(obj, "spec", "template", "metadata", "labels"),
+		yamlobj.MapAt(obj, "metadata", "labels"),
+		yamlobj.MapAt(obj, "spec", "template", "metadata", "labels"),
 	} {
 		for _, k := range versionLabels {
 			if labels != nil && labels[k] == "devel" {
@@ -266,13 +243,13 @@ func setVersion(obj map[string]any, version string) {
 }
 
 func (o Options) deployment(obj map[string]any) error {
-	pod := mapAt(obj, "spec", "template", "spec")
+	pod := yamlobj.MapAt(obj, "spec", "template", "spec")
 	if pod == nil {
 		return errors.New("no pod template")
 	}
 	var ports map[string]int // container port name -> port
 	var env []map[string]any
-	switch name(obj) {
+	switch yamlobj.Name(obj) {
 	case controllerDeployment:
 		p := o.Ports
 		ports = map[string]int{"probes": p.ControllerProbes, "metrics": p.ControllerMetrics, "profiling": p.ControllerProfiling}
@@ -282,12 +259,12 @@ func (o Options) deployment(obj map[string]any) error {
 		ports = map[string]int{"probes": p.WebhookProbes, "metrics": p.WebhookMetrics, "profiling": p.WebhookProfiling, "https-webhook": p.WebhookHTTPS}
 		env = []map[string]any{envVar("PROBES_PORT", p.WebhookProbes), envVar("WEBHOOK_PORT", p.WebhookHTTPS)}
 	default:
-		return fmt.Errorf("unknown Deployment %s: this program knows the controller's and the webhook's", name(obj))
+		return fmt.Errorf("unknown Deployment %s: this program knows the controller's and the webhook's", yamlobj.Name(obj))
 	}
 	if o.HostNetwork {
 		// A rolling update's new pod would wait for the old one's host
 		// ports, and the old one for the new one: replace the pod instead.
-		mapAt(obj, "spec")["strategy"] = map[string]any{"type": "Recreate"}
+		yamlobj.MapAt(obj, "spec")["strategy"] = map[string]any{"type": "Recreate"}
 		pod["hostNetwork"] = true
 		pod["dnsPolicy"] = "ClusterFirstWithHostNet"
 		env = append(env,
@@ -296,7 +273,7 @@ func (o Options) deployment(obj map[string]any) error {
 			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": o.APIServerHost},
 			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": o.APIServerPort})
 	}
-	for _, c := range list(pod["containers"]) {
+	for _, c := range yamlobj.List(pod["containers"]) {
 		image, _ := c["image"].(string)
 		ref, err := o.resolve(image)
 		if err != nil {
@@ -323,7 +300,7 @@ func (o Options) deployment(obj map[string]any) error {
 		}
 		// With hostNetwork, a container port is a host port: move each
 		// listener to its own port, and say so where the program reads it.
-		for _, p := range list(c["ports"]) {
+		for _, p := range yamlobj.List(c["ports"]) {
 			pname, _ := p["name"].(string)
 			port, ok := ports[pname]
 			if !ok {
@@ -331,7 +308,7 @@ func (o Options) deployment(obj map[string]any) error {
 			}
 			p["containerPort"] = port
 		}
-		c["env"] = mergeEnv(list(c["env"]), env)
+		c["env"] = yamlobj.MergeEnv(yamlobj.List(c["env"]), env)
 	}
 	return nil
 }
@@ -342,7 +319,7 @@ func (o Options) deployment(obj map[string]any) error {
 // it dials WebhookHost at the webhook configuration's port, and still
 // verifies the certificate for <service>.<namespace>.svc.
 func (o Options) externalWebhookService(svc map[string]any) {
-	spec := mapAt(svc, "spec")
+	spec := yamlobj.MapAt(svc, "spec")
 	delete(spec, "selector")
 	spec["type"] = "ExternalName"
 	spec["externalName"] = o.WebhookHost
@@ -375,52 +352,4 @@ func setServicePort(clientConfig any, port int) {
 
 func envVar(name string, port int) map[string]any {
 	return map[string]any{"name": name, "value": strconv.Itoa(port)}
-}
-
-// mergeEnv sets vars in env, replacing variables of the same name.
-func mergeEnv(env, vars []map[string]any) []any {
-	out := make([]any, 0, len(env)+len(vars))
-	set := map[any]bool{}
-	for _, v := range vars {
-		set[v["name"]] = true
-	}
-	for _, v := range env {
-		if !set[v["name"]] {
-			out = append(out, v)
-		}
-	}
-	for _, v := range vars {
-		out = append(out, v)
-	}
-	return out
-}
-
-func name(obj map[string]any) string {
-	n, _ := mapAt(obj, "metadata")["name"].(string)
-	return n
-}
-
-// mapAt returns the map at the path of keys, or nil.
-func mapAt(obj map[string]any, keys ...string) map[string]any {
-	cur := obj
-	for _, k := range keys {
-		next, ok := cur[k].(map[string]any)
-		if !ok {
-			return nil
-		}
-		cur = next
-	}
-	return cur
-}
-
-// list returns the maps of a YAML list.
-func list(v any) []map[string]any {
-	items, _ := v.([]any)
-	var out []map[string]any
-	for _, it := range items {
-		if m, ok := it.(map[string]any); ok {
-			out = append(out, m)
-		}
-	}
-	return out
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/layercache/layercache/e2e/yamlobj"
 )
 
 // A miniature of Tekton's config/: the shapes the transform touches, as
@@ -139,7 +141,7 @@ func render(t *testing.T, o Options) (string, map[string]map[string]any) {
 			break
 		}
 		if obj != nil {
-			objs[obj["kind"].(string)+"/"+name(obj)] = obj
+			objs[obj["kind"].(string)+"/"+yamlobj.Name(obj)] = obj
 		}
 	}
 	return out.String(), objs
@@ -153,18 +155,18 @@ func TestWriteLocal(t *testing.T) {
 	if _, ok := objs["Deployment/tekton-events-controller"]; ok {
 		t.Error("events.yaml was applied; it is left out")
 	}
-	if got := mapAt(objs["Namespace/tekton-pipelines"], "metadata", "labels")[podSecurityEnforce]; got != "privileged" {
+	if got := yamlobj.MapAt(objs["Namespace/tekton-pipelines"], "metadata", "labels")[podSecurityEnforce]; got != "privileged" {
 		t.Errorf("namespace enforces %v, want privileged (host-network pods)", got)
 	}
 
-	if st := mapAt(objs["Deployment/tekton-pipelines-webhook"], "spec", "strategy"); st["type"] != "Recreate" {
+	if st := yamlobj.MapAt(objs["Deployment/tekton-pipelines-webhook"], "spec", "strategy"); st["type"] != "Recreate" {
 		t.Errorf("webhook Deployment strategy %v, want Recreate (host ports)", st)
 	}
-	ctrl := mapAt(objs["Deployment/tekton-pipelines-controller"], "spec", "template", "spec")
+	ctrl := yamlobj.MapAt(objs["Deployment/tekton-pipelines-controller"], "spec", "template", "spec")
 	if ctrl["hostNetwork"] != true {
 		t.Error("controller is not on the host network")
 	}
-	c := list(ctrl["containers"])[0]
+	c := yamlobj.List(ctrl["containers"])[0]
 	if c["image"] != "localhost/tekton-controller:v1.6.0" || c["imagePullPolicy"] != "Never" {
 		t.Errorf("controller image %v pull policy %v", c["image"], c["imagePullPolicy"])
 	}
@@ -173,7 +175,7 @@ func TestWriteLocal(t *testing.T) {
 		t.Errorf("controller args %v", args)
 	}
 	env := map[any]any{}
-	for _, v := range list(c["env"]) {
+	for _, v := range yamlobj.List(c["env"]) {
 		if _, dup := env[v["name"]]; dup {
 			t.Errorf("env %v set twice", v["name"])
 		}
@@ -182,21 +184,21 @@ func TestWriteLocal(t *testing.T) {
 	if env["PROBES_PORT"] != "9580" || env["KUBERNETES_SERVICE_HOST"] != "127.0.0.1" || env["METRICS_PROMETHEUS_PORT"] != "9590" {
 		t.Errorf("controller env %v", env)
 	}
-	for _, p := range list(c["ports"]) {
+	for _, p := range yamlobj.List(c["ports"]) {
 		if p["name"] == "probes" && p["containerPort"] != float64(9580) && p["containerPort"] != 9580 {
 			t.Errorf("probes port %v, want 9580", p["containerPort"])
 		}
 	}
 
-	svc := mapAt(objs["Service/tekton-pipelines-webhook"], "spec")
+	svc := yamlobj.MapAt(objs["Service/tekton-pipelines-webhook"], "spec")
 	if svc["type"] != "ExternalName" || svc["externalName"] != "localhost" || svc["selector"] != nil {
 		t.Errorf("webhook Service %v, want an ExternalName of localhost", svc)
 	}
-	wh := list(objs["ValidatingWebhookConfiguration/validation.webhook.pipeline.tekton.dev"]["webhooks"])[0]
-	if port := mapAt(wh, "clientConfig", "service")["port"]; port != float64(9443) && port != 9443 {
+	wh := yamlobj.List(objs["ValidatingWebhookConfiguration/validation.webhook.pipeline.tekton.dev"]["webhooks"])[0]
+	if port := yamlobj.MapAt(wh, "clientConfig", "service")["port"]; port != float64(9443) && port != 9443 {
 		t.Errorf("webhook service port %v, want 9443", port)
 	}
-	crd := mapAt(objs["CustomResourceDefinition/tasks.tekton.dev"], "spec", "conversion", "webhook", "clientConfig", "service")
+	crd := yamlobj.MapAt(objs["CustomResourceDefinition/tasks.tekton.dev"], "spec", "conversion", "webhook", "clientConfig", "service")
 	if port := crd["port"]; port != float64(9443) && port != 9443 {
 		t.Errorf("conversion webhook port %v, want 9443", port)
 	}
@@ -209,10 +211,10 @@ func TestWriteUpstreamNetwork(t *testing.T) {
 	o := localOptions(writeFixture(t))
 	o.HostNetwork = false
 	_, objs := render(t, o)
-	if mapAt(objs["Deployment/tekton-pipelines-controller"], "spec", "template", "spec")["hostNetwork"] != nil {
+	if yamlobj.MapAt(objs["Deployment/tekton-pipelines-controller"], "spec", "template", "spec")["hostNetwork"] != nil {
 		t.Error("controller on the host network without HostNetwork")
 	}
-	if mapAt(objs["Service/tekton-pipelines-webhook"], "spec")["type"] != nil {
+	if yamlobj.MapAt(objs["Service/tekton-pipelines-webhook"], "spec")["type"] != nil {
 		t.Error("webhook Service changed without HostNetwork")
 	}
 }
