@@ -37,32 +37,19 @@ IMAGE_PREFIX=localhost/argo-
 NAMESPACE=argo
 # The controller's health endpoint; upstream's fixed :6060 on the host.
 HEALTHZ_PORT=6060
-CLUSTER_JSON=$CLUSTER_DIR/cluster.json
 
-version=$(awk -v m="$MODULE" '$1 == m && $2 ~ /^v/ { print $2 }' "$TOOLS/go.mod")
-[[ -n $version ]] || die "$TOOLS/go.mod does not require $MODULE"
+version=$(tools_version "$TOOLS" "$MODULE")
 
-preflight() {
-	require_root
-	[[ -f $KUBECONFIG_FILE && -f $CLUSTER_JSON ]] ||
-		die "no cluster: $KUBECONFIG_FILE or $CLUSTER_JSON is missing; run make up WITH=argo"
-	[[ $(jq -r .backend "$CLUSTER_JSON") == local ]] ||
-		die "Argo Workflows is installed on the local backend only (CLUSTER=local): its manifests are made for a cluster without kube-proxy"
-	kubectl get --raw /readyz >/dev/null 2>&1 || die "the cluster's API server is not ready; run make up"
-	NODE_COUNT=$(jq '.nodes | length' "$CLUSTER_JSON")
-}
+preflight() { require_local_cluster "Argo Workflows" argo; }
 
 # build: the binaries and their images, skipped (even the link) when the
 # tools module, the Go version and this script are unchanged. About 7
 # minutes cold on 2 cores (6 min 45 s with an empty GOCACHE, see
 # e2e/README.md); the Go build cache keeps rebuilds short.
 build() {
-	local stamp_file=$ARGO_BIN/.stamp stamp c up_to_date=1
-	stamp=$( (cat "$TOOLS/go.mod" "$TOOLS/go.sum" "${BASH_SOURCE[0]}"; go version) | sha256sum | cut -d' ' -f1)
-	for c in "${COMMANDS[@]}"; do
-		[[ -x $ARGO_BIN/$c && -f $ARGO_OUT/images/$c.tar ]] || up_to_date=
-	done
-	if [[ -n $up_to_date && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]; then
+	local stamp_file=$ARGO_BIN/.stamp stamp
+	stamp=$(tools_stamp "$TOOLS" "${BASH_SOURCE[0]}")
+	if tools_built "$stamp" "$ARGO_BIN" "$ARGO_OUT/images" "${COMMANDS[@]}"; then
 		return
 	fi
 	log "building Argo Workflows $version (${COMMANDS[*]}); about 7 minutes the first time"

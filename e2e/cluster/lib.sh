@@ -211,3 +211,47 @@ mounts_under() {
 		}
 	}' /proc/self/mountinfo | sort -rn -k1,1 | cut -f2- | uniq
 }
+
+# --- optional CI systems (tekton.sh, argo.sh) -------------------------------
+
+# tools_version TOOLS_DIR MODULE prints the version of MODULE that the tools
+# module TOOLS_DIR requires.
+tools_version() {
+	local v
+	v=$(awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2 }' "$1/go.mod")
+	[[ -n $v ]] || die "$1/go.mod does not require $2"
+	echo "$v"
+}
+
+# require_local_cluster PART WITH: a running cluster of the local backend,
+# which PART's manifests are made for (no kube-proxy, no pod routes); WITH
+# is the make up argument that installs it. Sets NODE_COUNT.
+require_local_cluster() {
+	local part=$1 with=$2 json=$CLUSTER_DIR/cluster.json
+	require_root
+	[[ -f $KUBECONFIG_FILE && -f $json ]] ||
+		die "no cluster: $KUBECONFIG_FILE or $json is missing; run make up WITH=$with"
+	[[ $(jq -r .backend "$json") == local ]] ||
+		die "$part is installed on the local backend only (CLUSTER=local): its manifests are made for a cluster without kube-proxy"
+	kubectl get --raw /readyz >/dev/null 2>&1 || die "the cluster's API server is not ready; run make up"
+	NODE_COUNT=$(jq '.nodes | length' "$json")
+}
+
+# tools_stamp TOOLS_DIR SCRIPT prints what a build of TOOLS_DIR's commands
+# depends on: its go.mod and go.sum, the installing script and the Go
+# version.
+tools_stamp() {
+	(cat "$1/go.mod" "$1/go.sum" "$2"; go version) | sha256sum | cut -d' ' -f1
+}
+
+# tools_built STAMP BIN_DIR IMAGES_DIR COMMAND...: whether every command's
+# binary and image archive exist and were built from STAMP
+# (BIN_DIR/.stamp), so that even the link step can be skipped.
+tools_built() {
+	local stamp=$1 bin=$2 images=$3 c
+	shift 3
+	for c in "$@"; do
+		[[ -x $bin/$c && -f $images/$c.tar ]] || return 1
+	done
+	[[ -f $bin/.stamp && $(<"$bin/.stamp") == "$stamp" ]]
+}
