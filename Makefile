@@ -55,8 +55,14 @@ lint: ## gofmt and go vet
 test: verify-generate test-unit test-envtest bench e2e ## everything: generated files current, unit and real-mount tests, the manager against a real API server, benchmarks, then e2e on a local cluster
 
 .PHONY: test-unit
-test-unit: ## unit tests and real-mount tests (needs root)
+test-unit: test-deps ## unit tests and real-mount tests (needs root)
 	$(GO) test -count=1 ./...
+
+# fsck.erofs (Debian's erofs-utils) checks every image the EROFS writer's
+# tests make, as a second opinion beside the kernel's mount.
+.PHONY: test-deps
+test-deps: ## install the host packages the tests need (erofs-utils)
+	@command -v fsck.erofs >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq erofs-utils >/dev/null; }
 
 # The manager's controllers against a real kube-apiserver and etcd
 # (controller-runtime's envtest), which the tests start on free loopback

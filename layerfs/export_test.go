@@ -25,7 +25,8 @@ func (r registry) put(data []byte) string {
 	return d
 }
 
-func (r registry) fetch(ctx context.Context, digest string) (io.ReadCloser, error) {
+func (r registry) fetch(ctx context.Context, l ChainLayer) (io.ReadCloser, error) {
+	digest := l.Digest
 	data, ok := r[digest]
 	if !ok {
 		return nil, fmt.Errorf("blob %s: not found in the registry", digest)
@@ -69,7 +70,7 @@ func publish(t testing.TB, s *Store, reg registry, cache string) Chain {
 			d = reg.put(buf.Bytes())
 			must(t, s.SetLayerDigest(ctx, ref, l.ID, d))
 		}
-		chain.Layers = append(chain.Layers, ChainLayer{Digest: d})
+		chain.Layers = append(chain.Layers, ChainLayer{Digest: d, Format: FormatEROFS})
 	}
 	return chain
 }
@@ -81,11 +82,13 @@ func headIDs(t testing.TB, s *Store, cache string) []string {
 	return h.layerIDs()
 }
 
-func TestExportTarFormat(t *testing.T) {
+// TestLegacyTarFormat pins the tar layers that nodes published before
+// images, which Sync still imports.
+func TestLegacyTarFormat(t *testing.T) {
 	s := newTestStore(t, Options{})
 	buildChain(t, s, "ns/c", layerSteps[:2])
 	var buf bytes.Buffer
-	must(t, s.ExportLayer(context.Background(), mustRef(t, "ns/c"), headIDs(t, s, "ns/c")[0], &buf))
+	must(t, writeLayerTar(context.Background(), s.layerDir(headIDs(t, s, "ns/c")[0]), &buf))
 	entries := map[string]*tar.Header{}
 	tr := tar.NewReader(&buf)
 	for {

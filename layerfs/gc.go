@@ -308,7 +308,7 @@ func (s *Store) sweepLayers(ctx context.Context) (sweepResult, error) {
 		return res, err
 	}
 	for i, dir := range trash {
-		bytes, _, _ := diskUsage(dir)
+		bytes := onDisk(dir)
 		if err := os.RemoveAll(dir); err != nil {
 			return res, fmt.Errorf("remove unreferenced layer: %w", err)
 		}
@@ -329,7 +329,32 @@ func (s *Store) moveUnreferenced(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	entries, err := os.ReadDir(s.layersDir())
+	var trash []string
+	for _, dir := range []string{s.layersDir(), s.imagesDir()} {
+		moved, err := s.moveAside(dir, refs)
+		trash = append(trash, moved...)
+		if err != nil {
+			return trash, err
+		}
+	}
+	return trash, nil
+}
+
+// onDisk is what path (a layer directory or image) takes on disk.
+func onDisk(path string) int64 {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+		return st.Blocks * 512
+	}
+	bytes, _, _ := diskUsage(path)
+	return bytes
+}
+
+// moveAside moves the entries of dir (layers/ or images/) that refs lacks
+// into tmp/, unmounting an image layer's mount first: a mount point
+// cannot be renamed, and nothing uses an unreferenced layer.
+func (s *Store) moveAside(dir string, refs map[string]bool) ([]string, error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -338,9 +363,13 @@ func (s *Store) moveUnreferenced(ctx context.Context) ([]string, error) {
 		if refs[e.Name()] {
 			continue
 		}
-		dst := filepath.Join(s.tmpDir(), "trash-"+e.Name())
+		src := filepath.Join(dir, e.Name())
+		if err := unmount(src); err != nil {
+			return trash, fmt.Errorf("unmount unreferenced layer %s: %w", e.Name(), err)
+		}
+		dst := filepath.Join(s.tmpDir(), "trash-"+filepath.Base(dir)+"-"+e.Name())
 		faultPoint()
-		if err := os.Rename(s.layerDir(e.Name()), dst); err != nil {
+		if err := os.Rename(src, dst); err != nil {
 			return trash, fmt.Errorf("move unreferenced layer %s aside: %w", e.Name(), err)
 		}
 		trash = append(trash, dst)

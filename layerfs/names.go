@@ -13,6 +13,15 @@ var ErrNotFound = errors.New("not found")
 // ErrBusy is returned (wrapped) when a volume's mount is still in use.
 var ErrBusy = errors.New("busy")
 
+// ErrTooLarge is returned (wrapped) by Sync when a layer of the chain is
+// larger than SyncOptions.MaxLayerBytes: nothing of it stays on the node.
+var ErrTooLarge = errors.New("layer too large")
+
+// ErrUnpublishable is returned (wrapped) by ExportLayer when the layer
+// holds something its image cannot carry (the error names the path and
+// why). Retrying does not help; a later squash or commit may.
+var ErrUnpublishable = errors.New("layer cannot be published")
+
 // maxNameLen is the DNS-1123 label limit that cache, namespace and volume
 // names share; it also keeps mount option strings short.
 const maxNameLen = 63

@@ -33,6 +33,9 @@ func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
 	if err != nil {
 		return res, err
 	}
+	if err := s.remountImages(ctx); err != nil {
+		return res, fmt.Errorf("mount the layer images: %w", err)
+	}
 	recs, err := s.volumeRecords()
 	if err != nil {
 		return res, err

@@ -18,7 +18,12 @@ type Chain struct {
 // ChainLayer is one published layer of a Chain.
 type ChainLayer struct {
 	Digest string
-	Size   int64 // compressed blob size, for progress; 0 if unknown
+	// Size is the blob's size as the chain states it. Sync refuses a
+	// layer whose Size exceeds SyncOptions.MaxLayerBytes before fetching
+	// it; the Fetch must not read past it.
+	Size int64
+	// Format is how the blob's content is laid out once decompressed.
+	Format LayerFormat
 	// Covers lists, newest first, the digests of the layers this one
 	// replaced in the chain when a node published its squash of them. A
 	// node that still has those layers (or its own squash of them) uses
@@ -26,14 +31,33 @@ type ChainLayer struct {
 	Covers []string
 }
 
-// Fetch opens layer digest's uncompressed OCI tar stream; the reader
-// verifies the digest, so a read error (including a mismatch) fails the
-// import.
-type Fetch func(ctx context.Context, digest string) (io.ReadCloser, error)
+// LayerFormat is the content of a published layer's blob.
+type LayerFormat string
+
+const (
+	// FormatEROFS is a read-only EROFS image of the layer directory
+	// (layerfs/erofs), which the receiving node mounts as the layer: no
+	// per-file work on a pull, and nothing to translate.
+	FormatEROFS LayerFormat = "erofs"
+	// FormatTar is an OCI layer tar, as layers were published before
+	// images; Sync still unpacks them, within the same bounds.
+	FormatTar LayerFormat = "tar"
+)
+
+// Fetch opens a chain layer's decompressed blob. The reader verifies the
+// digest, so a read error (including a mismatch) fails the import, and
+// stops with an error past layer.Size compressed bytes.
+type Fetch func(ctx context.Context, layer ChainLayer) (io.ReadCloser, error)
 
 // SyncOptions tune a Sync.
 type SyncOptions struct {
 	Parallel int // layers fetched at once; 0 means 4
+	// MaxLayerBytes bounds each fetched layer: its blob (ChainLayer.Size,
+	// checked before the fetch), its decompressed bytes, and what it
+	// takes on disk (checked while it is written). 0 means no bound. A
+	// layer past it fails the Sync with ErrTooLarge and the head is
+	// unchanged.
+	MaxLayerBytes int64
 }
 
 // SyncResult tells what a Sync did.

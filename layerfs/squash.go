@@ -123,6 +123,9 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 	if err := os.Mkdir(view, 0o700); err != nil {
 		return layer, err
 	}
+	if err := s.readyLayers(ids); err != nil {
+		return layer, fmt.Errorf("squash %s: %w", cache, err)
+	}
 	if err := (mountSpec{Lower: s.lowerDirs(ids)}).mount(view); err != nil {
 		return layer, fmt.Errorf("squash %s: mount its layers read-only: %w", cache, err)
 	}

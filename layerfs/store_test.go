@@ -295,10 +295,12 @@ func assertNoOrphans(t *testing.T, s *Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	entries, _ := os.ReadDir(s.layersDir())
-	for _, e := range entries {
-		if !refs[e.Name()] {
-			t.Errorf("orphan layer directory %s", e.Name())
+	for _, dir := range []string{s.layersDir(), s.imagesDir()} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if !refs[e.Name()] {
+				t.Errorf("orphan %s", filepath.Join(filepath.Base(dir), e.Name()))
+			}
 		}
 	}
 	tmp, _ := os.ReadDir(s.tmpDir())

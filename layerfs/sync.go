@@ -15,6 +15,8 @@ import (
 
 	"github.com/moby/go-archive"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/layercache/layercache/layerfs/erofs"
 )
 
 // defaultSyncParallel is how many layers a Sync fetches at once.
@@ -290,7 +292,7 @@ func (s *Store) fetchLayers(ctx context.Context, cache CacheRef, chain Chain, mi
 	for _, i := range missing {
 		g.Go(func() error {
 			d := chain.Layers[i].Digest
-			l, err := s.pullLayer(gctx, d, fetch)
+			l, err := s.pullLayer(gctx, chain.Layers[i], fetch, opts.MaxLayerBytes)
 			if err != nil {
 				return fmt.Errorf("sync cache %s: pull layer %s: %w", cache, d, err)
 			}
@@ -305,9 +307,27 @@ func (s *Store) fetchLayers(ctx context.Context, cache CacheRef, chain Chain, mi
 	return g.Wait()
 }
 
-// pullLayer streams one layer into a temp dir under tmp/, syncs it and
-// renames it into layers/ under a new id.
-func (s *Store) pullLayer(ctx context.Context, digest string, fetch Fetch) (layer LayerInfo, err error) {
+// pullLayer brings one chain layer into the store under a new id, within
+// maxBytes (0: no bound): a layer whose chain states a larger blob is not
+// fetched at all, and the fetch stops at the size the chain states.
+func (s *Store) pullLayer(ctx context.Context, cl ChainLayer, fetch Fetch, maxBytes int64) (LayerInfo, error) {
+	if maxBytes > 0 {
+		if cl.Size > maxBytes {
+			return LayerInfo{}, fmt.Errorf("its blob is %d bytes, over the bound of %d: %w", cl.Size, maxBytes, ErrTooLarge)
+		}
+		if cl.Size <= 0 {
+			cl.Size = maxBytes
+		}
+	}
+	if cl.Format == FormatEROFS {
+		return s.pullImage(ctx, cl, fetch, maxBytes)
+	}
+	return s.pullTar(ctx, cl, fetch, maxBytes)
+}
+
+// pullTar unpacks a layer published as a tar into a temp dir under tmp/,
+// syncs it and renames it into layers/ under a new id.
+func (s *Store) pullTar(ctx context.Context, cl ChainLayer, fetch Fetch, maxBytes int64) (layer LayerInfo, err error) {
 	tmp, err := os.MkdirTemp(s.tmpDir(), "pull-")
 	if err != nil {
 		return layer, err
@@ -317,7 +337,7 @@ func (s *Store) pullLayer(ctx context.Context, digest string, fetch Fetch) (laye
 			os.RemoveAll(tmp)
 		}
 	}()
-	if err := importLayer(ctx, tmp, digest, fetch); err != nil {
+	if err := importLayer(ctx, tmp, cl, fetch, maxBytes); err != nil {
 		return layer, err
 	}
 	if err := syncFS(tmp); err != nil {
@@ -327,7 +347,7 @@ func (s *Store) pullLayer(ctx context.Context, digest string, fetch Fetch) (laye
 	if err != nil {
 		return layer, err
 	}
-	layer = LayerInfo{ID: randomID(), Bytes: bytes, Files: files, Created: time.Now().UTC(), Digest: digest}
+	layer = LayerInfo{ID: randomID(), Bytes: bytes, Files: files, Created: time.Now().UTC(), Digest: cl.Digest}
 	if err := renameDurable(tmp, s.layerDir(layer.ID)); err != nil {
 		return layer, fmt.Errorf("move it into the store: %w", err)
 	}
@@ -338,9 +358,11 @@ func (s *Store) pullLayer(ctx context.Context, digest string, fetch Fetch) (laye
 // importLayer unpacks the layer's tar into dir with go-archive, which
 // turns OCI whiteouts into overlay ones and refuses entries that would
 // land outside dir. The stream is read to its end, so that the fetcher
-// sees every byte and can check the digest.
-func importLayer(ctx context.Context, dir, digest string, fetch Fetch) error {
-	rc, err := fetch(ctx, digest)
+// sees every byte and can check the digest. Tars are what layers were
+// published as before images; their files are written dense, so bounding
+// the tar's bytes bounds what it takes on disk.
+func importLayer(ctx context.Context, dir string, cl ChainLayer, fetch Fetch, maxBytes int64) error {
+	rc, err := fetch(ctx, cl)
 	if err != nil {
 		return fmt.Errorf("fetch: %w", err)
 	}
@@ -349,7 +371,18 @@ func importLayer(ctx context.Context, dir, digest string, fetch Fetch) error {
 			rc.Close() // after a failure; the error that counts is returned
 		}
 	}()
-	r := &ctxReader{ctx: ctx, r: rc}
+	br := bufio.NewReaderSize(&ctxReader{ctx: ctx, r: rc}, erofs.BlockSize)
+	if first, _ := br.Peek(erofs.BlockSize); len(first) == erofs.BlockSize {
+		if _, err := erofs.ParseSuperblock(first); err == nil {
+			// A tar reader takes the image's leading zeros for the end of
+			// an empty archive: the layer would arrive empty.
+			return fmt.Errorf("layer %s is an image, but its chain says it is a tar", cl.Digest)
+		}
+	}
+	var r io.Reader = br
+	if maxBytes > 0 {
+		r = &boundReader{r: r, left: maxBytes, what: "layer " + cl.Digest}
+	}
 	filtered := withoutOverlayXattrs(r)
 	defer filtered.Close()
 	faultPoint()
@@ -374,6 +407,33 @@ func importLayer(ctx context.Context, dir, digest string, fetch Fetch) error {
 	// The temp dir was made 0700; the layer's root is never a volume's
 	// root (the upper layer's is), but squash views show it.
 	return os.Chmod(dir, 0o755)
+}
+
+// boundReader fails a stream once it passes its bound.
+type boundReader struct {
+	r    io.Reader
+	left int64
+	what string
+}
+
+func (b *boundReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	if b.left < 0 {
+		return n, fmt.Errorf("%s unpacks to more than its bound: %w", b.what, ErrTooLarge)
+	}
+	return n, err
+}
+
+const overlayOpaqueXattr = "trusted.overlay.opaque"
+
+// paxXattr prefixes an xattr's name in a tar header's PAX records.
+const paxXattr = "SCHILY.xattr."
+
+// isOverlayXattr tells overlay's own xattrs (opaque, origin, impure,
+// redirect...): they describe a node's layer stack, not content.
+func isOverlayXattr(name string) bool {
+	return strings.HasPrefix(name, "trusted.overlay.") || strings.HasPrefix(name, "user.overlay.")
 }
 
 // ctxReader stops a stream once ctx is done: Unpack takes no context.

@@ -167,6 +167,9 @@ func (s *Store) ensureMounted(ctx context.Context, r *volumeRecord) error {
 	if err := resetDir(s.workDir(r.ID)); err != nil {
 		return fmt.Errorf("remount volume %q: reset work directory: %w", r.ID, err)
 	}
+	if err := s.readyLayers(r.Layers); err != nil {
+		return fmt.Errorf("remount volume %q: %w", r.ID, err)
+	}
 	if err := s.withReserve(func() error { return s.volumeSpec(r).mount(r.MergedPath) }); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
@@ -311,6 +314,9 @@ func (s *Store) newVolume(ctx context.Context, id string, opts MountOptions) (re
 	}
 	tmp = ""
 	r.MergedPath = s.mergedDir(id)
+	if err = s.readyLayers(r.Layers); err != nil {
+		return nil, fmt.Errorf("mount volume %q: %w", id, err)
+	}
 	if err = s.volumeSpec(r).mount(r.MergedPath); err != nil {
 		return nil, fmt.Errorf("mount volume %q: %w", id, err)
 	}

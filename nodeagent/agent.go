@@ -148,11 +148,13 @@ func newAgent(opts Options, st store, c *caches, events events.EventRecorder, m 
 	sync := &syncer{
 		node: opts.NodeName, store: st, caches: c, events: events, metrics: m, reports: maint.reports,
 		tmpDir: filepath.Join(opts.Root, "tmp"), compression: remote.Compression(opts.RegistryCompression),
-		failing: map[layerfs.CacheRef]string{},
+		failing: map[layerfs.CacheRef]string{}, stuck: map[layerfs.CacheRef]string{},
+		trust: &trust{},
 	}
 	sync.publishes = newCacheQueue("publish", sync.publish)
 	sync.squashes = newCacheQueue("squash", maint.squash)
 	maint.publishes = sync.publishes
+	maint.publishError = sync.publishError
 	prov := &Provisioner{
 		node: opts.NodeName, hostname: opts.NodeName, store: st, caches: c, events: events, metrics: m,
 		reports: maint.reports, squashes: sync.squashes, seen: newOutcomes(), sync: sync,
@@ -184,6 +186,9 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg pr
 	a.prov.getPod = func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 		return clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	}
+	// The provision controller's class informer, shared: chains are
+	// checked against the classes without a request per pull.
+	a.prov.sync.trust.classes = a.claimInformers.Storage().V1().StorageClasses().Lister()
 	a.prov.sync.secrets = func(ctx context.Context, name string) (*corev1.Secret, error) {
 		return clientset.CoreV1().Secrets(a.opts.Namespace).Get(ctx, name, metav1.GetOptions{})
 	}

@@ -27,11 +27,18 @@ type caches struct {
 func (c *caches) fieldManager() string { return "layercache-node-" + c.node }
 
 // authorize checks that a claim of namespace may use the cache as asked,
-// and creates the Cache of the claim's own namespace on first use.
+// and creates the Cache of the claim's own namespace on first use. A grant
+// to another namespace is read from the API server, past the informer:
+// once an owner removes a reader from spec.readers, that reader's next
+// claim is refused, not one the informer has yet to hear of.
 func (c *caches) authorize(ctx context.Context, namespace string, req volumeRequest) error {
 	ref := req.Cache
+	var r client.Reader = c.client
+	if ref.Namespace != namespace {
+		r = c.reader
+	}
 	var cache v1alpha1.Cache
-	err := c.client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+	err := r.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
 	switch {
 	case apierrors.IsNotFound(err) && ref.Namespace == namespace:
 		return c.create(ctx, ref)
@@ -68,15 +75,25 @@ func (c *caches) get(ctx context.Context, ref layerfs.CacheRef) (*v1alpha1.Cache
 	return readCache(ctx, c.client, ref)
 }
 
-// nodeStatus is this node's status entry for a cache.
-// Unpublished is counted for a cache that syncs through a registry only.
-func nodeStatus(node string, info layerfs.CacheInfo, published bool) v1alpha1.NodeCacheStatus {
+// syncStatus is what a node reports about a cache that syncs through a
+// registry.
+type syncStatus struct {
+	// PublishError is the node's last publish failure; "" after a
+	// success.
+	PublishError string
+}
+
+// nodeStatus is this node's status entry for a cache. Unpublished and
+// PublishError are reported for a cache that syncs through a registry
+// (synced not nil) only.
+func nodeStatus(node string, info layerfs.CacheInfo, synced *syncStatus) v1alpha1.NodeCacheStatus {
 	st := v1alpha1.NodeCacheStatus{
 		Node: node, Generation: info.Generation, Layers: int32(len(info.Layers)),
 		SizeBytes: info.Bytes, LastWriter: info.LastWriter,
 	}
-	if published {
+	if synced != nil {
 		st.Unpublished = int32(len(unpublished(info)))
+		st.PublishError = synced.PublishError
 	}
 	if !info.LastUsed.IsZero() {
 		// The API stores seconds; rounding here keeps repeated applies of an
@@ -100,8 +117,8 @@ func statusApply(ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) *v1alpha
 
 // applyStatus states this node's entry on the Cache. A Cache that does not
 // exist is left alone: the agent creates Caches only for claims.
-func (c *caches) applyStatus(ctx context.Context, info layerfs.CacheInfo, published bool) error {
-	st := nodeStatus(c.node, info, published)
+func (c *caches) applyStatus(ctx context.Context, info layerfs.CacheInfo, synced *syncStatus) error {
+	st := nodeStatus(c.node, info, synced)
 	return c.apply(ctx, info.Cache, &st)
 }
 

@@ -149,13 +149,13 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	}
 	var unknown []string
 	for k := range class.Parameters {
-		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout}, k) {
+		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout, paramMaxLayerSize}, k) {
 			unknown = append(unknown, k)
 		}
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid, mode, allowSetuid, allowDevices, registry, registrySecret and syncTimeout", unknown)
+		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid, mode, allowSetuid, allowDevices, registry, registrySecret, syncTimeout and maxLayerSize", unknown)
 	}
 	var err error
 	if p.Registry, err = parseRegistry(class); err != nil {
@@ -240,7 +240,7 @@ func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *cor
 		return req, err
 	}
 	req.Cache = ref
-	req.Registry = class.Registry.forCache(ref)
+	req.Registry = class.Registry.forCache(ref, req.LimitBytes)
 	own := ref.Namespace == claim.Namespace
 
 	switch m := ann[v1alpha1.AnnotationMode]; m {

@@ -9,9 +9,11 @@
 //     DeletionGuard only PVs stamped with this node's name;
 //   - build ends (buildend.go): it watches its node's pods and commits or
 //     discards a pod's volume when the pod ends;
-//   - registry sync (registry.go, sync.go): for classes that name a
-//     registry, it pushes committed layers and pulls the ones its node
-//     lacks, with the Cache's status.published as the cluster-wide chain;
+//   - registry sync (registry.go, sync.go, trust.go): for classes that
+//     name a registry, it pushes committed layers and pulls the ones its
+//     node lacks, with the Cache's status.published as the cluster-wide
+//     chain, which only the owner's writing claims place and which the
+//     agent checks against the classes it serves before a byte moves;
 //   - maintenance (maintain.go, caches.go, queue.go): status reports on
 //     the Cache resources, squashes, retention, GC and the cleanup of
 //     deleted caches, off the critical path;

@@ -30,6 +30,8 @@ type maintainer struct {
 	reports *cacheQueue
 	// publishes pushes caches whose layers are not in their registry yet.
 	publishes *cacheQueue
+	// publishError is a cache's last publish failure on this node.
+	publishError func(layerfs.CacheRef) string
 }
 
 // report states this node's view of a cache on its Cache resource.
@@ -50,7 +52,14 @@ func (m *maintainer) report(ctx context.Context, ref layerfs.CacheRef) error {
 		// deletion handler withdraws.
 		return err
 	}
-	if err := m.caches.applyStatus(ctx, info, cache.Status.Published != nil); err != nil {
+	var synced *syncStatus
+	if cache.Status.Published != nil {
+		synced = &syncStatus{}
+		if m.publishError != nil {
+			synced.PublishError = m.publishError(ref)
+		}
+	}
+	if err := m.caches.applyStatus(ctx, info, synced); err != nil {
 		m.metrics.fail(opReport, "api")
 		return err
 	}

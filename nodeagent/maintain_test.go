@@ -24,7 +24,7 @@ var maven = layerfs.CacheRef{Namespace: "ci", Name: "maven"}
 func TestStatusApply(t *testing.T) {
 	used := time.Date(2026, 3, 1, 12, 30, 45, 999, time.UTC)
 	info := layerfs.CacheInfo{Cache: maven, Generation: 3, Layers: make([]layerfs.LayerInfo, 2), Bytes: 4096, LastUsed: used, LastWriter: "ci/build-1"}
-	entry := nodeStatus("node-a", info, false)
+	entry := nodeStatus("node-a", info, nil)
 	got, err := json.Marshal(statusApply(maven, &entry))
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +103,7 @@ func TestReconcileDeletedCache(t *testing.T) {
 	env.store.cache(maven).Generation = 1
 	liveRef := layerfs.CacheRef{Namespace: "ci", Name: "live"}
 	env.store.cache(liveRef)
-	if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: maven, Generation: 1}, false); err != nil {
+	if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: maven, Generation: 1}, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -186,7 +186,7 @@ func TestPass(t *testing.T) {
 		env.store.cache(ref(name)).LastUsed = time.Now().Add(-2 * time.Hour)
 	}
 	env.store.gcRemoves = []layerfs.CacheRef{ref("stale")}
-	if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: ref("stale")}, false); err != nil {
+	if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: ref("stale")}, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -273,7 +273,7 @@ func TestPassWithdrawsStaleEntries(t *testing.T) {
 	env := newTestEnv(t, nil, cacheObject("ci", "maven"), cacheObject("ci", "gone"))
 	env.store.cache(maven)
 	for _, ref := range []layerfs.CacheRef{maven, gone} {
-		if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: ref, Generation: 1}, false); err != nil {
+		if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: ref, Generation: 1}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

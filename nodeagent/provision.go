@@ -118,7 +118,7 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 	}
 
 	if req.Registry != nil {
-		p.sync.pull(ctx, claim, req.Cache, req.Registry)
+		p.sync.pull(ctx, claim, req)
 	}
 	vol, err := p.store.Mount(ctx, opts.PVName, req.mountOptions())
 	if err != nil {

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -47,18 +49,25 @@ func openRealStore(t *testing.T, maxLayers int) *layerfs.Store {
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
-	t.Cleanup(func() {
-		vols, err := st.Volumes(context.Background())
-		if err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-		for _, v := range vols {
-			if err := unix.Unmount(v.MergedPath, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-				t.Errorf("cleanup: unmount %s: %v", v.MergedPath, err)
-			}
-		}
-	})
+	t.Cleanup(func() { unmountUnder(t, root) })
 	return st
+}
+
+// unmountUnder unmounts every mount under root, deepest first: volumes,
+// and the layers pulled as images, which are mounts of their own.
+func unmountUnder(t *testing.T, root string) {
+	t.Helper()
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(root))
+	if err != nil {
+		t.Errorf("cleanup: read mounts: %v", err)
+		return
+	}
+	slices.SortStableFunc(mounts, func(a, b *mountinfo.Info) int { return len(b.Mountpoint) - len(a.Mountpoint) })
+	for _, m := range mounts {
+		if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			t.Errorf("cleanup: unmount %s: %v", m.Mountpoint, err)
+		}
+	}
 }
 
 // provisionReal provisions a claim named name of namespace ns and returns

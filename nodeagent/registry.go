@@ -1,11 +1,13 @@
 package nodeagent
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/layercache/layercache/layerfs"
 )
@@ -24,36 +26,74 @@ const (
 	// paramSyncTimeout bounds how long a claim waits for the layers its
 	// node lacks before it mounts what the node has.
 	paramSyncTimeout = "syncTimeout"
+	// paramMaxLayerSize bounds each layer a node fetches for the class's
+	// claims (a quantity such as 20Gi), checked before a byte is fetched
+	// and while it is written. Absent, the claim's storage request bounds
+	// it, as it bounds what the claim's build may add; "0" lifts the bound.
+	paramMaxLayerSize = "maxLayerSize"
 
 	defaultSyncTimeout = time.Minute
 )
 
 // registryParams are a class's registry parameters, validated.
 type registryParams struct {
+	Class       string
 	Prefix      string
 	Secret      string
 	SyncTimeout time.Duration
+	// MaxLayerBytes is the class's maxLayerSize (0: no bound); it counts
+	// only if MaxLayerSet, else the claim's storage request does.
+	MaxLayerBytes int64
+	MaxLayerSet   bool
 }
 
-// registryRef is where one cache syncs to.
+// registryRef is where one cache syncs to, and within which bounds.
 type registryRef struct {
 	Repository  string
 	Secret      string
 	SyncTimeout time.Duration
+	// Class is the StorageClass the registry comes from.
+	Class string
+	// MaxLayerBytes bounds each fetched layer; 0 means no bound.
+	MaxLayerBytes int64
+	// BoundFrom says where MaxLayerBytes comes from, for messages.
+	BoundFrom string
 }
 
-func (r *registryParams) forCache(c layerfs.CacheRef) *registryRef {
+// repository is the repository of cache c under the class's prefix.
+func (r *registryParams) repository(c layerfs.CacheRef) string {
+	return r.Prefix + "/" + c.Namespace + "/" + c.Name
+}
+
+// forCache is where cache c syncs for a claim that requests
+// requestBytes of storage.
+func (r *registryParams) forCache(c layerfs.CacheRef, requestBytes int64) *registryRef {
 	if r == nil {
 		return nil
 	}
-	return &registryRef{Repository: r.Prefix + "/" + c.Namespace + "/" + c.Name, Secret: r.Secret, SyncTimeout: r.SyncTimeout}
+	ref := &registryRef{Repository: r.repository(c), Secret: r.Secret, SyncTimeout: r.SyncTimeout, Class: r.Class}
+	switch {
+	case r.MaxLayerSet:
+		ref.MaxLayerBytes, ref.BoundFrom = r.MaxLayerBytes, r.boundFrom()
+	case requestBytes > 0:
+		ref.MaxLayerBytes, ref.BoundFrom = requestBytes, boundFromClaim
+	}
+	return ref
+}
+
+// boundFromClaim names the claim's storage request as a layer bound.
+const boundFromClaim = "the claim's storage request"
+
+// boundFrom names the class's maxLayerSize as a layer bound.
+func (r *registryParams) boundFrom() string {
+	return fmt.Sprintf("parameter %s of StorageClass %q", paramMaxLayerSize, r.Class)
 }
 
 // parseRegistry reads the registry parameters; nil when the class has none.
 func parseRegistry(class *storagev1.StorageClass) (*registryParams, error) {
 	prefix, ok := class.Parameters[paramRegistry]
 	if !ok {
-		for _, k := range []string{paramRegistrySecret, paramSyncTimeout} {
+		for _, k := range []string{paramRegistrySecret, paramSyncTimeout, paramMaxLayerSize} {
 			if _, set := class.Parameters[k]; set {
 				return nil, classError(class.Name, "parameter %s is set without %s; set %s to a repository prefix such as registry.example:5000/ci-caches, or remove %s", k, paramRegistry, paramRegistry, k)
 			}
@@ -64,7 +104,7 @@ func parseRegistry(class *storagev1.StorageClass) (*registryParams, error) {
 	if host == "" || path == "" || strings.HasSuffix(prefix, "/") || strings.Contains(prefix, "://") {
 		return nil, classError(class.Name, "parameter %s has value %q: use a repository prefix HOST[:PORT]/PATH without a scheme, such as registry.example:5000/ci-caches (each cache syncs to PREFIX/NAMESPACE/NAME)", paramRegistry, prefix)
 	}
-	p := &registryParams{Prefix: prefix, Secret: class.Parameters[paramRegistrySecret], SyncTimeout: defaultSyncTimeout}
+	p := &registryParams{Class: class.Name, Prefix: prefix, Secret: class.Parameters[paramRegistrySecret], SyncTimeout: defaultSyncTimeout}
 	if v, ok := class.Parameters[paramSyncTimeout]; ok {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
@@ -72,12 +112,29 @@ func parseRegistry(class *storagev1.StorageClass) (*registryParams, error) {
 		}
 		p.SyncTimeout = d
 	}
+	if v, ok := class.Parameters[paramMaxLayerSize]; ok {
+		n, err := parseMaxLayerSize(v)
+		if err != nil {
+			return nil, classError(class.Name, "parameter %s has value %q: %v; use a size such as 20Gi, or 0 for no bound (without the parameter, each claim's storage request bounds the layers it fetches)", paramMaxLayerSize, v, err)
+		}
+		p.MaxLayerBytes, p.MaxLayerSet = n, true
+	}
 	return p, nil
 }
 
-func (r *registryRef) String() string {
-	if r.Secret == "" {
-		return fmt.Sprintf("%s (no credentials)", r.Repository)
+// parseMaxLayerSize reads a quantity of bytes, refusing what is not a
+// whole, non-negative number of bytes.
+func parseMaxLayerSize(v string) (int64, error) {
+	q, err := resource.ParseQuantity(v)
+	if err != nil {
+		return 0, errors.New("not a quantity")
 	}
-	return fmt.Sprintf("%s (Secret %s)", r.Repository, r.Secret)
+	if q.Sign() < 0 {
+		return 0, errors.New("negative")
+	}
+	n, ok := q.AsInt64()
+	if !ok {
+		return 0, errors.New("not a whole number of bytes that fits 64 bits")
+	}
+	return n, nil
 }

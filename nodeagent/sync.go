@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,10 +22,22 @@ import (
 
 // Event reasons of registry sync.
 const (
-	reasonSyncIncomplete = "SyncIncomplete"
-	reasonRegistryFailed = "RegistryFailed"
-	reasonPublished      = "Published"
+	reasonSyncIncomplete     = "SyncIncomplete"
+	reasonRegistryFailed     = "RegistryFailed"
+	reasonPublished          = "Published"
+	reasonLayerTooLarge      = "LayerTooLarge"
+	reasonLayerUnpublishable = "LayerUnpublishable"
 )
+
+// Reasons of the failures metric that are not an Event reason.
+const (
+	failureTooLarge      = "too-large"
+	failureUnpublishable = "unpublishable"
+)
+
+// errPublishBlocked is a publish skipped because its oldest pending layer
+// cannot be published and nothing changed since that was reported.
+var errPublishBlocked = errors.New("the oldest unpublished layer cannot be published; waiting for a commit or squash")
 
 // Keys of a registry Secret: .dockerconfigjson as in image pull secrets,
 // and an optional CA bundle.
@@ -41,12 +54,15 @@ type secretGetter func(ctx context.Context, name string) (*corev1.Secret, error)
 // appends them to the chain (publish); before a mount it fetches the
 // layers of the chain it lacks (pull).
 type syncer struct {
-	node        string
-	store       store
-	caches      *caches
-	secrets     secretGetter
-	events      events.EventRecorder
-	metrics     *metrics
+	node    string
+	store   store
+	caches  *caches
+	secrets secretGetter
+	events  events.EventRecorder
+	metrics *metrics
+	// trust checks every chain read against the classes the agent
+	// serves.
+	trust       *trust
 	tmpDir      string
 	compression remote.Compression
 	reports     *cacheQueue
@@ -57,10 +73,13 @@ type syncer struct {
 	// locks serialize a cache's head changes (a pull's Sync, a publish's
 	// chain append and digest record), so neither sees the other half done.
 	locks keyedLocks
-	// failing has each failing cache's last failure, so that an outage
-	// makes one Event, not one per retry.
+	// failing has each failing cache's last publish failure, so that an
+	// outage makes one Event, not one per retry, and status shows it.
+	// stuck has the caches whose oldest pending layer cannot be
+	// published, keyed to the pending layers it was found with.
 	mu      sync.Mutex
 	failing map[layerfs.CacheRef]string
+	stuck   map[layerfs.CacheRef]string
 }
 
 // queuePublish queues a publish of the cache; a nil syncer (tests) or
@@ -71,98 +90,191 @@ func (s *syncer) queuePublish(ref layerfs.CacheRef) {
 	}
 }
 
-// prepare records the class's registry on the Cache the first time a
-// claim uses it, so that every node and a restarted agent know where the
-// cache syncs to, and returns the cache's chain. The first registry wins:
-// a cache's chain lives in one repository.
-func (s *syncer) prepare(ctx context.Context, ref layerfs.CacheRef, reg *registryRef) (*v1alpha1.PublishedChain, error) {
-	cache, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
-		if pub != nil {
+// prepare records the registry of a cache's owner on its Cache, so that
+// every node and a restarted agent know where the cache syncs to. Only a
+// writing claim of the cache's own namespace does: the owner decides
+// where its cache goes, and a reader's class never does (it pulls what
+// the owner published, or mounts what its node has). The first registry
+// wins once a layer is published, as a cache's chain lives in one
+// repository; a chain without layers that names another is replaced, as
+// nothing lives there (a reader's class named it before readers were
+// kept from writing it).
+func (s *syncer) prepare(ctx context.Context, claimNamespace string, req volumeRequest) error {
+	if claimNamespace != req.Cache.Namespace || req.Mode != v1alpha1.ModeWrite {
+		return nil
+	}
+	reg := req.Registry
+	_, err := s.caches.updatePublished(ctx, req.Cache, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+		if pub != nil && (len(pub.Layers) > 0 || pub.Repository == reg.Repository && pub.Secret == reg.Secret) {
 			return pub, false
 		}
 		return &v1alpha1.PublishedChain{Repository: reg.Repository, Secret: reg.Secret}, true
 	})
-	if err != nil || cache == nil {
-		return nil, err
-	}
-	return cache.Status.Published, nil
+	return err
 }
 
 // pull brings the node's copy of the cache up to its published chain
-// before a volume mounts it, within the class's sync timeout. It never
-// fails the claim: past the timeout, or when the registry fails, the
-// volume mounts what the node has, and an Event on the claim says so.
-func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, ref layerfs.CacheRef, reg *registryRef) {
-	logger := log.FromContext(ctx).WithValues("cache", ref.String(), "registry", reg.Repository)
+// before a volume mounts it, within the class's sync timeout and the
+// claim's layer bound. It never fails the claim: past the timeout, or
+// when the registry fails, a layer is too large or the chain is not
+// trusted, the volume mounts what the node has, and an Event on the claim
+// says so.
+func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest) {
+	ref, reg := req.Cache, req.Registry
+	logger := log.FromContext(ctx).WithValues("cache", ref.String())
 	ctx, cancel := context.WithTimeout(ctx, reg.SyncTimeout)
 	defer cancel()
 	start := time.Now()
-	pub, err := s.prepare(ctx, ref, reg)
-	var target *remote.Target
-	if err == nil && pub != nil && len(pub.Layers) > 0 {
-		target, err = s.target(ctx, pub)
+	var res layerfs.SyncResult
+	var cache *v1alpha1.Cache
+	err := s.prepare(ctx, claim.Namespace, req)
+	if err == nil {
+		res, cache, err = s.syncTo(ctx, ref, reg)
 	}
-	if target != nil && err == nil {
-		var res layerfs.SyncResult
-		res, _, err = s.syncTo(ctx, ref, target)
-		if err == nil && res.Fetched > 0 {
-			s.metrics.registryLayers.WithLabelValues("pull").Add(float64(res.Fetched))
-			s.metrics.registryBytes.WithLabelValues("pull").Add(float64(res.FetchedBytes))
-			s.metrics.registrySeconds.WithLabelValues("pull").Observe(time.Since(start).Seconds())
-			logger.Info("Pulled", "layers", res.Fetched, "bytes", res.FetchedBytes, "generation", res.Generation, "seconds", time.Since(start).Seconds())
-		}
+	if err != nil {
+		s.pullFailed(ctx, claim, req, cache, err)
+		return
 	}
+	if res.Fetched > 0 {
+		s.metrics.registryLayers.WithLabelValues("pull").Add(float64(res.Fetched))
+		s.metrics.registryBytes.WithLabelValues("pull").Add(float64(res.FetchedBytes))
+		s.metrics.registrySeconds.WithLabelValues("pull").Observe(time.Since(start).Seconds())
+		logger.Info("Pulled", "registry", cache.Status.Published.Repository, "layers", res.Fetched, "bytes", res.FetchedBytes,
+			"generation", res.Generation, "seconds", time.Since(start).Seconds())
+	}
+}
+
+// pullFailed reports a pull that failed; the volume mounts what the node
+// has. cache is the Cache as the pull read it, if it did.
+func (s *syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest, cache *v1alpha1.Cache, err error) {
+	ref, reg := req.Cache, req.Registry
+	logger := log.FromContext(ctx).WithValues("cache", ref.String())
+	where := "the cache's registry"
+	if cache != nil && cache.Status.Published != nil {
+		where = cache.Status.Published.Repository
+	}
+	var untrusted *untrustedError
 	switch {
-	case err == nil:
+	case errors.As(err, &untrusted):
+		s.metrics.fail(opPull, failureUntrusted)
+		msg := fmt.Sprintf("node %s fetched nothing for cache %s and the volume mounts what the node has: %v", s.node, ref, err)
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonUntrustedChain, actionPull, "%s", msg)
+		if cache != nil {
+			s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonUntrustedChain, actionPull,
+				"node %s refused to pull for claim %s/%s: %v; fix status.published or the StorageClasses", s.node, claim.Namespace, claim.Name, err)
+		}
+		logger.Info("Published chain refused; mounting what the node has", "err", err.Error())
+	case errors.Is(err, layerfs.ErrTooLarge):
+		s.metrics.fail(opPull, failureTooLarge)
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonLayerTooLarge, actionPull, "%s", tooLargeMessage(ref, s.node, reg, cache, err))
+		logger.Info("Layer too large; mounting what the node has", "err", err.Error())
 	case ctx.Err() != nil:
 		s.metrics.fail(opPull, "timeout")
 		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonSyncIncomplete, actionPull,
 			"the layers of cache %s that node %s lacks did not arrive from %s within the StorageClass's %s of %s, so the volume mounts what the node has (a colder cache); raise %s if builds wait for it gladly: %v",
-			ref, s.node, reg, paramSyncTimeout, reg.SyncTimeout, paramSyncTimeout, err)
+			ref, s.node, where, paramSyncTimeout, reg.SyncTimeout, paramSyncTimeout, err)
 		logger.Info("Pull incomplete; mounting what the node has", "err", err.Error())
 	default:
 		s.metrics.fail(opPull, failureReason(err))
 		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonRegistryFailed, actionPull,
-			"could not bring cache %s up to date from %s, so the volume mounts what node %s has: %v", ref, reg, s.node, err)
+			"could not bring cache %s up to date from %s, so the volume mounts what node %s has: %v", ref, where, s.node, err)
 		logger.Error(err, "Pull failed; mounting what the node has")
 	}
 }
 
+// tooLargeMessage tells which layer passed which bound, and how to lift
+// it.
+func tooLargeMessage(ref layerfs.CacheRef, node string, bounds *registryRef, cache *v1alpha1.Cache, err error) string {
+	what := "a layer"
+	if cache != nil && cache.Status.Published != nil {
+		for _, l := range cache.Status.Published.Layers {
+			if bounds.MaxLayerBytes > 0 && l.Size > bounds.MaxLayerBytes {
+				what = fmt.Sprintf("layer %s (%s)", l.Digest, v1alpha1.FormatSize(l.Size))
+				break
+			}
+		}
+	}
+	fix := fmt.Sprintf("raise parameter %s of StorageClass %q", paramMaxLayerSize, bounds.Class)
+	if bounds.BoundFrom == boundFromClaim {
+		fix = fmt.Sprintf("raise the claim's storage request, or set parameter %s on StorageClass %q", paramMaxLayerSize, bounds.Class)
+	}
+	return fmt.Sprintf("%s of cache %s is larger than the bound of %s (%s), so node %s did not keep it and the volume mounts what the node has; %s: %v",
+		what, ref, v1alpha1.FormatSize(bounds.MaxLayerBytes), bounds.BoundFrom, node, fix, err)
+}
+
 // syncTo makes the node's head the Cache's published chain, under the
-// cache's lock. The chain is read under the lock: one read before it could
-// predate a layer this node appended meanwhile, and a Sync to it would
-// drop that layer from the head. It returns the chain it synced to; nil
-// when the Cache has none (gone, or not synced through a registry).
-func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, target *remote.Target) (layerfs.SyncResult, *v1alpha1.PublishedChain, error) {
+// cache's lock, within the bounds of bounds. The chain is read under the
+// lock: one read before it could predate a layer this node appended
+// meanwhile, and a Sync to it would drop that layer from the head. It is
+// checked there too, so the chain checked is the chain used. It returns
+// the Cache it read; nothing is synced when it has no chain with layers.
+func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *registryRef) (layerfs.SyncResult, *v1alpha1.Cache, error) {
 	unlock, err := s.locks.lock(ctx, ref)
 	if err != nil {
 		return layerfs.SyncResult{}, nil, err
 	}
 	defer unlock()
 	cache, err := s.caches.live(ctx, ref)
-	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil {
-		return layerfs.SyncResult{}, nil, err
+	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil || len(cache.Status.Published.Layers) == 0 {
+		return layerfs.SyncResult{}, cache, err
 	}
-	pub := cache.Status.Published
-	res, err := s.store.Sync(ctx, ref, chainOf(pub), target.Fetch, layerfs.SyncOptions{})
+	reg, err := s.checkChain(ctx, cache)
+	if err != nil {
+		return layerfs.SyncResult{}, cache, err
+	}
+	target, err := s.target(ctx, reg)
+	if err != nil {
+		return layerfs.SyncResult{}, cache, err
+	}
+	res, err := s.store.Sync(ctx, ref, chainOf(cache.Status.Published), fetchFrom(target), layerfs.SyncOptions{MaxLayerBytes: bounds.MaxLayerBytes})
 	if res.NeedsSquash {
 		s.squashes.Add(ref)
 	}
-	return res, pub, err
+	return res, cache, err
+}
+
+// checkChain checks the Cache's chain (see trust) and returns the
+// registry it may be used with.
+func (s *syncer) checkChain(ctx context.Context, cache *v1alpha1.Cache) (*registryRef, error) {
+	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
+	var applied int64
+	info, err := s.store.Inspect(ctx, ref)
+	switch {
+	case err == nil:
+		applied = info.Generation
+	case !errors.Is(err, layerfs.ErrNotFound):
+		return nil, fmt.Errorf("read cache %s on node %s to check its chain: %w", ref, s.node, err)
+	}
+	var age time.Duration
+	if !cache.CreationTimestamp.IsZero() {
+		age = time.Since(cache.CreationTimestamp.Time)
+	}
+	return s.trust.check(ref, cache.Status.Published, chainCheck{Applied: applied, Age: age})
 }
 
 // publish pushes the cache's unpublished layers, oldest first, appends
 // each to the Cache's chain, then takes in the layers other nodes appended
-// meanwhile, so that every node converges on the same chain. Failures are
-// retried with backoff by the queue and by the periodic pass; the layers
-// stay on the node until they are pushed.
+// meanwhile, so that every node converges on the same chain. Registry
+// failures are retried with backoff by the queue and by the periodic
+// pass; the layers stay on the node until they are pushed. A layer that
+// cannot be published is reported once and not retried until a commit
+// or a squash changes the node's pending layers: retrying the same
+// export cannot help.
 func (s *syncer) publish(ctx context.Context, ref layerfs.CacheRef) error {
 	cache, err := s.caches.live(ctx, ref)
 	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil {
 		return err
 	}
 	err = s.publishTo(ctx, cache)
-	if err != nil {
+	var unpublishable *unpublishableError
+	switch {
+	case errors.Is(err, errPublishBlocked):
+		return nil
+	case errors.As(err, &unpublishable):
+		s.metrics.fail(opPush, failureUnpublishable)
+		s.failed(cache, err)
+		return nil
+	case err != nil:
 		s.metrics.fail(opPush, failureReason(err))
 		s.failed(cache, err)
 		return err
@@ -180,33 +292,35 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 	if err != nil {
 		return err
 	}
-	target, err := s.target(ctx, cache.Status.Published)
+	reg, err := s.checkChain(ctx, cache)
 	if err != nil {
 		return err
 	}
 	pending := unpublished(info)
-	pub := cache.Status.Published
-	for _, layer := range pending {
-		if pub, err = s.pushLayer(ctx, ref, target, layer); err != nil {
-			return err
-		}
-		if pub == nil {
-			return nil // the Cache went away
-		}
+	if s.blocked(ref, pending) {
+		return errPublishBlocked
 	}
-	squashed, err := s.publishSquashes(ctx, ref, target, info, pub)
+	target, err := s.target(ctx, reg)
+	if err != nil {
+		return err
+	}
+	pub, err := s.pushPending(ctx, ref, reg, target, pending, cache.Status.Published)
+	if err != nil || pub == nil {
+		return err
+	}
+	squashed, err := s.publishSquashes(ctx, ref, reg, target, info, pub)
 	if err != nil {
 		return err
 	}
 	if squashed != nil {
 		pub = squashed
 	}
-	_, synced, err := s.syncTo(ctx, ref, target)
+	_, synced, err := s.syncTo(ctx, ref, reg)
 	if err != nil {
 		return fmt.Errorf("take in the layers other nodes published: %w", err)
 	}
-	if synced != nil {
-		pub = synced
+	if synced != nil && synced.Status.Published != nil {
+		pub = synced.Status.Published
 	}
 	if len(pending) > 0 || squashed != nil {
 		if err := target.PushManifest(ctx, blobsBaseFirst(pub)); err != nil {
@@ -219,12 +333,88 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 	return nil
 }
 
+// pushPending pushes the pending layers in order and returns the chain
+// as written; nil if the Cache went away. Order matters: a layer was
+// built on the ones below it, and the node keeps its unpublished layers
+// on top of the chain, so a layer published past an older unpublished
+// one would end up below it on this node. A layer that cannot be
+// published therefore holds back the ones after it.
+func (s *syncer) pushPending(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, pending []layerfs.LayerInfo, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
+	for i, layer := range pending {
+		next, err := s.pushLayer(ctx, ref, reg, target, layer)
+		if errors.Is(err, layerfs.ErrUnpublishable) {
+			s.markStuck(ref, pending)
+			return nil, &unpublishableError{cache: ref, layer: layer.ID, held: len(pending) - i - 1, err: err}
+		}
+		if err != nil || next == nil {
+			return nil, err
+		}
+		pub = next
+	}
+	return pub, nil
+}
+
+// unpublishableError is a layer whose export fails in a way that retrying
+// cannot fix (layerfs.ErrUnpublishable names the path and why).
+type unpublishableError struct {
+	cache layerfs.CacheRef
+	layer string
+	held  int // later layers it holds back
+	err   error
+}
+
+func (e *unpublishableError) Error() string {
+	return fmt.Sprintf("layer %s of cache %s cannot be published: %v", e.layer, e.cache, e.err)
+}
+
+func (e *unpublishableError) Unwrap() error { return e.err }
+
+// pendingKey identifies a set of pending layers: a commit or a squash
+// changes it.
+func pendingKey(pending []layerfs.LayerInfo) string {
+	ids := make([]string, len(pending))
+	for i, l := range pending {
+		ids[i] = l.ID
+	}
+	return strings.Join(ids, ",")
+}
+
+func (s *syncer) markStuck(ref layerfs.CacheRef, pending []layerfs.LayerInfo) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stuck[ref] = pendingKey(pending)
+}
+
+// blocked tells whether the cache's pending layers are those a layer that
+// cannot be published held back last time.
+func (s *syncer) blocked(ref layerfs.CacheRef, pending []layerfs.LayerInfo) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key, ok := s.stuck[ref]
+	return ok && key == pendingKey(pending)
+}
+
+// sameChain checks a chain re-read for an update: it must still be the
+// one this node checked and pushes to, and keep the chain's shape, or the
+// node writes nothing to it.
+func sameChain(ref layerfs.CacheRef, reg *registryRef, pub *v1alpha1.PublishedChain) error {
+	switch {
+	case pub.Repository != reg.Repository:
+		return &untrustedError{Cache: ref, Field: "repository", Value: fmt.Sprintf("%q", pub.Repository),
+			Expected: fmt.Sprintf("%q, where this node checked the chain and pushed the layer (the chain changed under the push)", reg.Repository)}
+	case pub.Secret != reg.Secret:
+		return &untrustedError{Cache: ref, Field: "secret", Value: fmt.Sprintf("%q", pub.Secret),
+			Expected: fmt.Sprintf("%q, which this node checked and pushed with (the chain changed under the push)", reg.Secret)}
+	}
+	return checkShape(ref, pub)
+}
+
 // pushLayer pushes one layer and appends it to the chain, then records
 // its digest on the node. In that order: a layer whose digest the node
 // records is always in the chain, so a crash in between only makes the
 // next publish push the same blob again (exports are deterministic) and
 // find it already appended.
-func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, target *remote.Target, layer layerfs.LayerInfo) (*v1alpha1.PublishedChain, error) {
+func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, layer layerfs.LayerInfo) (*v1alpha1.PublishedChain, error) {
 	start := time.Now()
 	blob, err := target.PushLayer(ctx, s.tmpDir, func(w io.Writer) error {
 		return s.store.ExportLayer(ctx, ref, layer.ID, w)
@@ -240,8 +430,12 @@ func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, target *re
 		return nil, err
 	}
 	defer unlock()
+	var refused error
 	cache, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		if pub == nil || slices.ContainsFunc(pub.Layers, func(l v1alpha1.PublishedLayer) bool { return l.Digest == blob.Digest.String() }) {
+			return pub, false
+		}
+		if refused = sameChain(ref, reg, pub); refused != nil {
 			return pub, false
 		}
 		pub.Generation++
@@ -251,6 +445,9 @@ func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, target *re
 		})
 		return pub, true
 	})
+	if err == nil {
+		err = refused
+	}
 	if err != nil || cache == nil || cache.Status.Published == nil {
 		return nil, err
 	}
@@ -272,7 +469,7 @@ func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, target *re
 // the covered layers keep them (Sync matches a squash by what it
 // covers); new nodes fetch one blob instead of many. It returns the
 // chain as written, or nil if nothing was published.
-func (s *syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, target *remote.Target, info layerfs.CacheInfo, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
+func (s *syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, info layerfs.CacheInfo, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
 	var out *v1alpha1.PublishedChain
 	for _, layer := range info.Layers {
 		if layer.Digest != "" || len(layer.Covers) < 2 || coveredRun(pub.Layers, layer.Covers) < 0 {
@@ -287,7 +484,7 @@ func (s *syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, targ
 		if err != nil {
 			return nil, err
 		}
-		next, err := s.replaceRun(ctx, ref, layer, blob)
+		next, err := s.replaceRun(ctx, ref, reg, layer, blob)
 		if err != nil {
 			return nil, err
 		}
@@ -300,16 +497,20 @@ func (s *syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, targ
 
 // replaceRun swaps the run of the chain that layer covers for blob, and
 // records blob's digest on the node.
-func (s *syncer) replaceRun(ctx context.Context, ref layerfs.CacheRef, layer layerfs.LayerInfo, blob remote.Blob) (*v1alpha1.PublishedChain, error) {
+func (s *syncer) replaceRun(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, layer layerfs.LayerInfo, blob remote.Blob) (*v1alpha1.PublishedChain, error) {
 	unlock, err := s.locks.lock(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
 	replaced := false
+	var refused error
 	cache, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		i := -1
 		if pub != nil {
+			if refused = sameChain(ref, reg, pub); refused != nil {
+				return pub, false
+			}
 			i = coveredRun(pub.Layers, layer.Covers)
 		}
 		if replaced = i >= 0; !replaced {
@@ -322,6 +523,9 @@ func (s *syncer) replaceRun(ctx context.Context, ref layerfs.CacheRef, layer lay
 		pub.Layers = slices.Replace(pub.Layers, i, i+len(layer.Covers), squash)
 		return pub, true
 	})
+	if err == nil {
+		err = refused
+	}
 	if err != nil || cache == nil || !replaced {
 		return nil, err
 	}
@@ -350,19 +554,20 @@ func coveredRun(layers []v1alpha1.PublishedLayer, covers []string) int {
 	return -1
 }
 
-// target resolves a chain's repository and the credentials of its Secret.
-func (s *syncer) target(ctx context.Context, pub *v1alpha1.PublishedChain) (*remote.Target, error) {
+// target resolves a checked registry's repository and the credentials of
+// its Secret.
+func (s *syncer) target(ctx context.Context, reg *registryRef) (*remote.Target, error) {
 	var creds remote.Credentials
-	if pub.Secret != "" {
-		secret, err := s.secrets(ctx, pub.Secret)
+	if reg.Secret != "" {
+		secret, err := s.secrets(ctx, reg.Secret)
 		if err != nil {
-			return nil, &secretError{name: pub.Secret, err: err}
+			return nil, &secretError{name: reg.Secret, err: err}
 		}
 		creds = remote.Credentials{DockerConfigJSON: secret.Data[corev1.DockerConfigJsonKey], CAPEM: secret.Data[secretKeyCA]}
 	}
-	t, err := remote.NewTarget(pub.Repository, creds, s.compression)
+	t, err := remote.NewTarget(reg.Repository, creds, s.compression)
 	if err != nil {
-		return nil, &secretError{name: pub.Secret, err: err}
+		return nil, &secretError{name: reg.Secret, err: err}
 	}
 	return t, nil
 }
@@ -381,7 +586,14 @@ func (e *secretError) Unwrap() error { return e.err }
 // failureReason is the metric label of a registry failure.
 func failureReason(err error) string {
 	var secretErr *secretError
+	var untrusted *untrustedError
 	switch {
+	case errors.As(err, &untrusted):
+		return failureUntrusted
+	case errors.Is(err, layerfs.ErrTooLarge):
+		return failureTooLarge
+	case errors.Is(err, layerfs.ErrUnpublishable):
+		return failureUnpublishable
 	case remote.IsUnauthorized(err):
 		return "unauthorized"
 	case errors.As(err, &secretErr) && apierrors.IsNotFound(err):
@@ -394,17 +606,41 @@ func failureReason(err error) string {
 	return "error"
 }
 
-// failed reports a failing publish once per distinct failure.
+// failed reports a failing publish once per distinct failure, and queues
+// a status report, which shows it.
 func (s *syncer) failed(cache *v1alpha1.Cache, err error) {
-	msg := s.failureMessage(cache, err)
-	s.mu.Lock()
+	reason, msg := s.failureEvent(cache, err)
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
+	s.mu.Lock()
 	same := s.failing[ref] == msg
 	s.failing[ref] = msg
 	s.mu.Unlock()
 	if !same {
-		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonRegistryFailed, actionPush, "%s", msg)
+		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reason, actionPush, "%s", msg)
+		s.reports.Add(ref)
 	}
+}
+
+// failureEvent is the Event reason and message of a failed publish: what
+// failed, and what will happen, truthfully.
+func (s *syncer) failureEvent(cache *v1alpha1.Cache, err error) (reason, msg string) {
+	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
+	var unpublishable *unpublishableError
+	var untrusted *untrustedError
+	switch {
+	case errors.As(err, &unpublishable):
+		held := ""
+		if unpublishable.held > 0 {
+			held = fmt.Sprintf(", with the %d layers committed after it (layers are published in order)", unpublishable.held)
+		}
+		return reasonLayerUnpublishable, fmt.Sprintf("layer %s of cache %s cannot be published because %v; it stays on node %s%s. Retrying will not help: a later commit or a squash of the cache makes a new attempt",
+			unpublishable.layer, ref, unpublishable.err, s.node, held)
+	case errors.As(err, &untrusted):
+		return reasonUntrustedChain, fmt.Sprintf("node %s pushed nothing for cache %s: %v; its layers stay on the node until status.published names a repository and Secret that a StorageClass of this agent pairs", s.node, ref, err)
+	case errors.Is(err, layerfs.ErrTooLarge):
+		return reasonLayerTooLarge, fmt.Sprintf("node %s could not take in a layer that other nodes published for cache %s: %v; its own layers are pushed first, and the node keeps what it has; raise parameter %s of the cache's StorageClass", s.node, ref, err, paramMaxLayerSize)
+	}
+	return reasonRegistryFailed, s.failureMessage(cache, err)
 }
 
 func (s *syncer) failureMessage(cache *v1alpha1.Cache, err error) string {
@@ -426,11 +662,24 @@ func (s *syncer) recovered(cache *v1alpha1.Cache) {
 	s.mu.Lock()
 	_, was := s.failing[ref]
 	delete(s.failing, ref)
+	delete(s.stuck, ref)
 	s.mu.Unlock()
 	if was {
+		s.reports.Add(ref)
 		s.events.Eventf(cache, nil, corev1.EventTypeNormal, reasonPublished, actionPush,
 			"node %s pushed cache %s/%s to %s again; its layers are in the registry", s.node, cache.Namespace, cache.Name, cache.Status.Published.Repository)
 	}
+}
+
+// publishError is the cache's last publish failure on this node, "" if
+// its last publish succeeded.
+func (s *syncer) publishError(ref layerfs.CacheRef) string {
+	if s == nil {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failing[ref]
 }
 
 // needsPublish tells whether the node has layers or a squash to publish.
@@ -459,9 +708,21 @@ func unpublished(info layerfs.CacheInfo) []layerfs.LayerInfo {
 func chainOf(pub *v1alpha1.PublishedChain) layerfs.Chain {
 	c := layerfs.Chain{Generation: pub.Generation}
 	for _, l := range pub.Layers {
-		c.Layers = append(c.Layers, layerfs.ChainLayer{Digest: l.Digest, Size: l.Size, Covers: l.Covers})
+		format := layerfs.FormatTar
+		if remote.IsImage(l.MediaType) {
+			format = layerfs.FormatEROFS
+		}
+		c.Layers = append(c.Layers, layerfs.ChainLayer{Digest: l.Digest, Size: l.Size, Format: format, Covers: l.Covers})
 	}
 	return c
+}
+
+// fetchFrom fetches chain layers from target, no further than the size
+// the chain states.
+func fetchFrom(target *remote.Target) layerfs.Fetch {
+	return func(ctx context.Context, l layerfs.ChainLayer) (io.ReadCloser, error) {
+		return target.Fetch(ctx, l.Digest, l.Size)
+	}
 }
 
 func blobsBaseFirst(pub *v1alpha1.PublishedChain) []remote.Blob {

@@ -9,9 +9,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
@@ -34,6 +37,9 @@ type syncCluster struct {
 	nodes  map[string]*syncNode
 	// password is what the Secret holds; a test may break it.
 	secret *corev1.Secret
+	// classes are the StorageClasses the agents serve; the registry's
+	// class "layercache" (params) to begin with.
+	classes cache.Indexer
 }
 
 type syncNode struct {
@@ -47,7 +53,9 @@ type syncNode struct {
 func newSyncCluster(t *testing.T) *syncCluster {
 	t.Helper()
 	reg := registrytest.New(t)
-	c := &syncCluster{client: newCacheClient(t), reg: reg, nodes: map[string]*syncNode{}}
+	c := &syncCluster{client: newCacheClient(t), reg: reg, nodes: map[string]*syncNode{},
+		classes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
+	c.addClass(t, testClass(c.params()))
 	c.secret = &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: registrySecret, Namespace: "layercache-system"},
 		Type:       corev1.SecretTypeDockerConfigJson,
@@ -70,9 +78,18 @@ func (c *syncCluster) addNode(t *testing.T, name string) *syncNode {
 	events := events.NewFakeRecorder(100)
 	a := newAgent(opts, st, &caches{client: c.client, reader: c.client, node: name}, events, testMetrics(t))
 	a.prov.sync.secrets = c.getSecret
+	a.prov.sync.trust.classes = storagelisters.NewStorageClassLister(c.classes)
 	n := &syncNode{name: name, prov: a.prov, maint: a.maint, store: st, events: events}
 	c.nodes[name] = n
 	return n
+}
+
+// addClass makes the agents serve class (or its new version).
+func (c *syncCluster) addClass(t *testing.T, class *storagev1.StorageClass) {
+	t.Helper()
+	if err := c.classes.Add(class); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (c *syncCluster) getSecret(_ context.Context, name string) (*corev1.Secret, error) {
@@ -307,6 +324,13 @@ func TestParseRegistry(t *testing.T) {
 		{"scheme", map[string]string{paramRegistry: "https://reg.example/c"}, "without a scheme"},
 		{"bad timeout", map[string]string{paramRegistry: "reg.example/c", paramSyncTimeout: "soon"}, `syncTimeout has value "soon"`},
 		{"secret alone", map[string]string{paramRegistrySecret: "creds"}, "set without registry"},
+		{"max layer size", map[string]string{paramRegistry: "reg.example/c", paramMaxLayerSize: "20Gi"}, ""},
+		{"max layer size in bytes", map[string]string{paramRegistry: "reg.example/c", paramMaxLayerSize: "1048576"}, ""},
+		{"no layer bound", map[string]string{paramRegistry: "reg.example/c", paramMaxLayerSize: "0"}, ""},
+		{"negative layer bound", map[string]string{paramRegistry: "reg.example/c", paramMaxLayerSize: "-1Gi"}, `maxLayerSize has value "-1Gi": negative; use a size such as 20Gi`},
+		{"layer bound not a size", map[string]string{paramRegistry: "reg.example/c", paramMaxLayerSize: "lots"}, `maxLayerSize has value "lots": not a quantity`},
+		{"layer bound not whole bytes", map[string]string{paramRegistry: "reg.example/c", paramMaxLayerSize: "1500m"}, "not a whole number of bytes"},
+		{"layer bound alone", map[string]string{paramMaxLayerSize: "20Gi"}, "maxLayerSize is set without registry"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseClass(testClass(tc.params))

@@ -29,19 +29,44 @@ func (c Compression) validate() error {
 	return fmt.Errorf("compression %q is not known: use zstd or gzip", c)
 }
 
+// Media types of layer blobs. Layers are EROFS images (layerfs/erofs);
+// tars are what earlier versions published, still read.
+const (
+	MediaTypeImageZstd types.MediaType = "application/vnd.layercache.layer.v1.erofs+zstd"
+	MediaTypeImageGzip types.MediaType = "application/vnd.layercache.layer.v1.erofs+gzip"
+)
+
+// IsImage tells whether a layer blob of mediaType is an EROFS image (as
+// opposed to an OCI layer tar).
+func IsImage(mediaType string) bool {
+	switch types.MediaType(mediaType) {
+	case MediaTypeImageZstd, MediaTypeImageGzip:
+		return true
+	}
+	return false
+}
+
 func (c Compression) mediaType() types.MediaType {
 	if c == Gzip {
-		return types.OCILayer
+		return MediaTypeImageGzip
 	}
-	return types.OCILayerZStd
+	return MediaTypeImageZstd
 }
+
+// maxWindow bounds the memory a zstd stream can make a decoder take: a
+// blob's frame header declares its window, and a hostile one declaring
+// 512 MiB would get it. The encoder's window stays well below.
+const (
+	maxWindow     = 8 << 20
+	encoderWindow = 4 << 20
+)
 
 // writer compresses into w.
 func (c Compression) writer(w io.Writer) (io.WriteCloser, error) {
 	if c == Gzip {
 		return gzip.NewWriterLevel(w, gzip.BestSpeed)
 	}
-	return zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	return zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithWindowSize(encoderWindow))
 }
 
 var (
@@ -67,7 +92,7 @@ func decompress(rc io.ReadCloser) (io.ReadCloser, error) {
 		}
 		return readCloser{zr, func() error { zr.Close(); return rc.Close() }}, nil
 	case bytes.HasPrefix(head, zstdMagic):
-		zr, err := zstd.NewReader(br)
+		zr, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(maxWindow), zstd.WithDecoderMaxMemory(maxWindow*4))
 		if err != nil {
 			rc.Close()
 			return nil, fmt.Errorf("read zstd layer blob: %w", err)

@@ -9,16 +9,52 @@ import (
 	ggcr "github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
-// Fetch opens layer digest's uncompressed tar. The blob is verified as it
-// is read: a stream whose bytes do not match digest fails at its end,
-// before the caller can take the layer as whole.
-func (t *Target) Fetch(ctx context.Context, digest string) (io.ReadCloser, error) {
+// Fetch opens layer digest's decompressed content. The blob is verified
+// as it is read: a stream whose bytes do not match digest fails at its
+// end, before the caller can take the layer as whole. A blob longer than
+// size bytes (the size the chain states; 0 for no bound) fails as soon as
+// it is, so a hostile registry cannot stream forever.
+func (t *Target) Fetch(ctx context.Context, digest string, size int64) (io.ReadCloser, error) {
 	rc, err := t.FetchCompressed(ctx, digest)
 	if err != nil {
 		return nil, err
 	}
+	if size > 0 {
+		rc = &boundedReader{rc: rc, left: size, size: size, digest: digest}
+	}
 	return decompress(rc)
 }
+
+// boundedReader fails a blob that runs past its stated size.
+type boundedReader struct {
+	rc     io.ReadCloser
+	left   int64
+	size   int64
+	digest string
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// One byte more tells a longer blob from one that ends here.
+		var one [1]byte
+		n, err := b.rc.Read(one[:])
+		if n > 0 {
+			return 0, fmt.Errorf("layer blob %s is longer than the %d bytes its chain states: refused", b.digest, b.size)
+		}
+		if err == nil {
+			err = io.ErrNoProgress
+		}
+		return 0, err
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.rc.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+func (b *boundedReader) Close() error { return b.rc.Close() }
 
 // FetchCompressed opens layer digest's blob as the registry holds it,
 // verified as it is read.

@@ -12,6 +12,7 @@ import (
 
 	ggcr "github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/layercache/layercache/remote/registrytest"
 )
@@ -67,7 +68,7 @@ func TestPushFetchRoundTrip(t *testing.T) {
 			if err != nil || again.Digest != blob.Digest {
 				t.Errorf("second push of the same layer: digest %s (first %s), err %v; exports are deterministic, so pushes must be too", again.Digest, blob.Digest, err)
 			}
-			rc, err := tg.Fetch(ctx, blob.Digest.String())
+			rc, err := tg.Fetch(ctx, blob.Digest.String(), blob.Size)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -129,13 +130,62 @@ func TestFetchVerifiesTheDigest(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.SetCorrupt(true)
-	rc, err := tg.Fetch(ctx, blob.Digest.String())
+	rc, err := tg.Fetch(ctx, blob.Digest.String(), blob.Size)
 	if err == nil {
 		_, err = io.ReadAll(rc)
 		rc.Close()
 	}
 	if err == nil {
 		t.Fatal("a blob whose bytes do not match its digest was read without error")
+	}
+}
+
+// A registry that sends more than the chain states is cut off there, not
+// read to its end: a hostile one could stream forever.
+func TestFetchStopsPastTheStatedSize(t *testing.T) {
+	reg := registrytest.New(t)
+	ctx := context.Background()
+	tg := target(t, reg, Zstd)
+	blob, err := tg.PushLayer(ctx, t.TempDir(), exportOf(layerTar(t, strings.Repeat("cache ", 1000))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := tg.Fetch(ctx, blob.Digest.String(), blob.Size-10)
+	if err == nil {
+		_, err = io.ReadAll(rc)
+		rc.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Fatalf("fetch of a %d-byte blob bounded at %d: %v, want an error that says it is longer", blob.Size, blob.Size-10, err)
+	}
+}
+
+// A zstd frame declares the window its decoder must keep; a 37 KB blob
+// declaring 512 MiB would take 512 MiB of the agent's memory.
+func TestZstdWindowIsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		window  int
+		wantErr bool
+	}{{encoderWindow, false}, {512 << 20, true}} {
+		var buf bytes.Buffer
+		zw, err := zstd.NewWriter(&buf, zstd.WithWindowSize(tc.window), zstd.WithSingleSegment(false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := zw.Write(bytes.Repeat([]byte("x"), 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+		if err := zw.Close(); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := decompress(io.NopCloser(&buf))
+		if err == nil {
+			_, err = io.Copy(io.Discard, rc)
+			rc.Close()
+		}
+		if (err != nil) != tc.wantErr {
+			t.Errorf("a blob with a %d-byte window: %v, want error %v", tc.window, err, tc.wantErr)
+		}
 	}
 }
 

@@ -147,10 +147,18 @@ type NodeCacheStatus struct {
 	LastWriter string `json:"lastWriter,omitempty"`
 
 	// Unpublished counts the layers committed on this node that are not
-	// in the registry yet (it was unreachable, or the push is under way);
-	// they are pushed, oldest first, as soon as the registry answers.
+	// in the registry yet (it was unreachable, a layer cannot be
+	// published, or the push is under way); they are pushed oldest first,
+	// and PublishError says what holds them back.
 	// +optional
 	Unpublished int32 `json:"unpublished,omitempty"`
+
+	// PublishError is why this node's last attempt to publish the cache
+	// failed: the registry's answer, a layer that cannot be published
+	// (its path and why), or a published chain the node does not trust.
+	// Empty once a publish succeeds.
+	// +optional
+	PublishError string `json:"publishError,omitempty"`
 }
 
 // Cache is a named build cache. PVCs of the layercache StorageClass name it
