@@ -25,17 +25,18 @@ func TestFilesCrossNodesIntact(t *testing.T) {
 	defer cancel()
 	a, b := e.node(0), e.node(1)
 
-	// busybox's syslogd binds its socket where /dev/log points.
+	// busybox's syslogd binds its socket where /dev/log points; cd -P
+	// does not build a path past PATH_MAX from $PWD.
 	script := `mkdir -p /cache/run /cache/img/d
-ln -sf /cache/run/agent.sock /dev/log; syslogd -O /dev/null; sleep 1; kill $(pidof syslogd)
+ln -sf /cache/run/agent.sock /dev/log; syslogd -n -O /dev/null & sleep 1; kill $!; test -S /cache/run/agent.sock
 echo kept > /cache/img/keep; : > /cache/img/.wh.keep; echo opq > /cache/img/d/.wh..wh..opq; echo inside > /cache/img/d/file
-cd /cache; for i in $(seq 2100); do mkdir d; cd d; done; echo deep > leaf`
+cd /cache; for i in $(seq 2100); do mkdir d; cd -P d; done; echo deep > leaf`
 	e.run(ctx, e.buildPod("make", a, "odd-files", "", script))
 	e.waitPublished(ctx, "odd-files", 1)
 
 	check := `test -S /cache/run/agent.sock && echo socket
 cat /cache/img/keep /cache/img/.wh.keep /cache/img/d/.wh..wh..opq /cache/img/d/file
-cd /cache; for i in $(seq 2100); do cd d; done; cat leaf`
+cd /cache; for i in $(seq 2100); do cd -P d; done; cat leaf`
 	out := e.run(ctx, e.buildPod("check", b, "odd-files", "", check))
 	if got, want := strings.Fields(out), []string{"socket", "kept", "opq", "inside", "deep"}; strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("node %s sees %q, want %q: the socket, keep beside .wh.keep, d/ with its .wh..wh..opq, and the leaf 2,100 levels down", b, got, want)
@@ -53,7 +54,7 @@ func TestSparseFileCrossesNodesSparse(t *testing.T) {
 	defer cancel()
 	a, b := e.node(0), e.node(1)
 
-	e.run(ctx, e.buildPod("make", a, "sparse", "", "truncate -s 1T /cache/big; echo at-512g | dd of=/cache/big bs=1M seek=524288 conv=notrunc 2>/dev/null"))
+	e.run(ctx, e.buildPod("make", a, "sparse", "", "truncate -s 1099511627776 /cache/big; echo at-512g | dd of=/cache/big bs=1M seek=524288 conv=notrunc 2>/dev/null"))
 	c := e.waitPublished(ctx, "sparse", 1)
 	if size := c.Status.Published.Layers[0].Size; size > 1<<20 {
 		t.Errorf("the blob of a 1 TiB sparse file is %d bytes, want at most 1 MiB", size)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/layercache/layercache/layerfs/erofs/erofstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,7 +54,7 @@ func TestWriteBasic(t *testing.T) {
 	img, st := writeImage(t, src)
 	t.Logf("stats %+v", st)
 	mnt := mountImage(t, img)
-	compareTrees(t, src, mnt)
+	erofstest.CompareTrees(t, src, mnt)
 }
 
 // TestOverlayLower mounts an image as the upper of two overlay lower
@@ -185,29 +186,16 @@ func TestSparseTerabyte(t *testing.T) {
 	if took > 30*time.Second {
 		t.Errorf("took %v, want well under 30s", took)
 	}
-	compareTrees(t, src, mountImage(t, img))
+	erofstest.CompareTrees(t, src, mountImage(t, img))
 }
 
 // TestDeepTree: 2,100 levels, paths far past PATH_MAX.
 func TestDeepTree(t *testing.T) {
 	requireTools(t)
 	src := t.TempDir()
-	fd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	must(t, err, "open")
-	for i := range 2100 {
-		must(t, unix.Mkdirat(fd, "level-dir", 0o755), "mkdir")
-		nfd, err := unix.Openat(fd, "level-dir", unix.O_RDONLY|unix.O_DIRECTORY, 0)
-		must(t, err, "open")
-		if i%500 == 0 {
-			mkfile(t, nfd, "f", []byte("x"), 0o644)
-		}
-		unix.Close(fd)
-		fd = nfd
-	}
-	mkfile(t, fd, "bottom", []byte("deep"), 0o644)
-	unix.Close(fd)
+	erofstest.DeepPath(t, src, erofstest.DeepDepth)
 	img, _ := writeImage(t, src)
-	compareTrees(t, src, mountImage(t, img))
+	erofstest.CompareTrees(t, src, mountImage(t, img))
 }
 
 func TestParseSuperblock(t *testing.T) {
