@@ -59,8 +59,8 @@ type Options struct {
 	// Namespace is the agent's own namespace: registry Secrets are read
 	// there only.
 	Namespace string
-	// RegistryCompression compresses the layers the agent pushes: runs
-	// (only runs of one byte value), zstd or gzip.
+	// RegistryCompression compresses the layers the agent pushes: zstd or
+	// gzip.
 	RegistryCompression string
 }
 
@@ -104,7 +104,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.GCMinFreePercent, "gc-min-free-percent", o.GCMinFreePercent, "evict least recently used caches while the store's filesystem has less than this percentage free; keep it above the kubelet's eviction threshold (10% by default); 0 disables")
 	fs.DurationVar(&o.ResyncInterval, "resync-interval", o.ResyncInterval, "how often to report cache status, apply retention and run GC")
 	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "the agent's own namespace, where StorageClasses' registry Secrets are read (env "+EnvNamespace+")")
-	fs.StringVar(&o.RegistryCompression, "registry-compression", o.RegistryCompression, "compression of the layers pushed to registries: runs (only runs of one byte value, such as holes, are folded), zstd (fewer bytes, for registries across slow links) or gzip")
+	fs.StringVar(&o.RegistryCompression, "registry-compression", o.RegistryCompression, "compression of the layers pushed to registries: zstd or gzip (for registries that refuse zstd blobs)")
 }
 
 // Validate checks every option and reports all problems at once.
@@ -145,8 +145,8 @@ func (o *Options) Validate() error {
 	if msgs := validation.IsDNS1123Label(o.Namespace); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("--namespace %q is not a namespace name: %s; pass the agent's own namespace (env %s, from metadata.namespace)", o.Namespace, msgs[0], EnvNamespace))
 	}
-	if c := remote.Compression(o.RegistryCompression); c != remote.Runs && c != remote.Zstd && c != remote.Gzip {
-		errs = append(errs, fmt.Errorf("--registry-compression %q is not known: use runs (default), zstd or gzip", o.RegistryCompression))
+	if c := remote.Compression(o.RegistryCompression); c != remote.Zstd && c != remote.Gzip {
+		errs = append(errs, fmt.Errorf("--registry-compression %q is not known: use zstd (default) or gzip", o.RegistryCompression))
 	}
 	if o.ResyncInterval < time.Second {
 		errs = append(errs, fmt.Errorf("--resync-interval %s is too short: use at least 1s, for example 1m", o.ResyncInterval))
