@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/layercache/layercache/layerfs/erofs/erofstest"
 	"golang.org/x/sys/unix"
@@ -168,7 +167,7 @@ func holey(t testing.TB, dfd int, name string, size int64, data []int64) {
 }
 
 // TestSparseTerabyte: a 1 TiB file with 4 KiB of data at 512 GiB becomes a
-// small image, fast, without reading the holes.
+// small image without reading the holes.
 func TestSparseTerabyte(t *testing.T) {
 	requireTools(t)
 	src := t.TempDir()
@@ -176,15 +175,12 @@ func TestSparseTerabyte(t *testing.T) {
 	must(t, err, "open")
 	defer unix.Close(sfd)
 	holey(t, sfd, "tera", 1<<40, []int64{512 << 30})
-	start := time.Now()
 	img, st := writeImage(t, src) // includes fsck.erofs
-	took := time.Since(start)
-	t.Logf("1 TiB sparse: image %d bytes (%.1f MiB), write+fsck %v, data %d bytes", st.ImageBytes, float64(st.ImageBytes)/(1<<20), took, st.DataBytes)
+	t.Logf("1 TiB sparse: image %d bytes (%.1f MiB), data %d bytes", st.ImageBytes, float64(st.ImageBytes)/(1<<20), st.DataBytes)
+	// A writer that read the holes would take many minutes for 1 TiB and
+	// trip the test timeout; its image size says it stored none of them.
 	if st.ImageBytes > 64<<20 {
 		t.Errorf("image is %d bytes, want at most 64 MiB", st.ImageBytes)
-	}
-	if took > 30*time.Second {
-		t.Errorf("took %v, want well under 30s", took)
 	}
 	erofstest.CompareTrees(t, src, mountImage(t, img))
 }
