@@ -206,7 +206,7 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 		}
 	}
 	m.reports.Add(info.Cache)
-	if cache.Status.Published != nil && needsPublish(info, cache.Status.Published) {
+	if cache.Status.Published != nil && (needsPublish(info, cache.Status.Published) || announces(cache.Status.Published, m.node)) {
 		m.publishes.Add(info.Cache)
 	}
 	return nil

@@ -21,6 +21,8 @@ type metrics struct {
 
 	registryBytes, registryLayers *prometheus.CounterVec
 	registrySeconds               *prometheus.HistogramVec
+	publishLag                    prometheus.Histogram
+	announceWait                  *prometheus.HistogramVec
 }
 
 // Operations of the failures metric.
@@ -92,8 +94,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "layercache_registry_duration_seconds", Buckets: buckets,
 			Help: "Time to push one layer (export, compress, upload, append to the Cache's chain) or to pull a cache's missing layers.",
 		}, []string{"direction"}),
+		publishLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "layercache_publish_lag_seconds", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16), // 10ms .. 5.5min
+			Help: "Time from a layer's commit to its append to the Cache's published chain: how long other nodes wait for it.",
+		}),
+		announceWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "layercache_announced_wait_seconds", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
+			Help: "Time a provisioning waited for layers other nodes had announced, by outcome (arrived, timeout).",
+		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.provisionSeconds, m.commitSeconds, m.hits, m.misses, m.bytes, m.layers, m.generation, m.failures, m.ends, m.registryBytes, m.registryLayers, m.registrySeconds} {
+	for _, c := range []prometheus.Collector{m.provisionSeconds, m.commitSeconds, m.hits, m.misses, m.bytes, m.layers, m.generation, m.failures, m.ends, m.registryBytes, m.registryLayers, m.registrySeconds, m.publishLag, m.announceWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

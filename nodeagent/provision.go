@@ -303,7 +303,10 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 		p.squashes.Add(rec.Cache)
 	}
 	if res.Layer != "" {
-		// A cache without a registry costs the publisher one read.
+		// Announced before the publish is queued, so that a build that
+		// starts on another node now waits for it. A cache without a
+		// registry costs the announcer and the publisher one read each.
+		p.sync.announce(ctx, rec.Cache, res.Layer, time.Now())
 		p.sync.queuePublish(rec.Cache)
 	}
 	return out, nil

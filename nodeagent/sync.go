@@ -131,6 +131,9 @@ func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 	if err == nil {
 		res, cache, err = s.syncTo(ctx, ref, reg)
 	}
+	if err == nil {
+		res, cache, err = s.catchUp(ctx, claim, req, cache, res)
+	}
 	if err != nil {
 		s.pullFailed(ctx, claim, req, cache, err)
 		return
@@ -142,6 +145,30 @@ func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 		logger.Info("Pulled", "registry", cache.Status.Published.Repository, "layers", res.Fetched, "bytes", res.FetchedBytes,
 			"generation", res.Generation, "seconds", time.Since(start).Seconds())
 	}
+}
+
+// catchUp waits for the layers other nodes announced (see announce.go)
+// and takes them in, leaving part of the sync timeout for the pull of
+// what arrives. An announced layer that does not arrive in time is a
+// SyncIncomplete Event that names it; the volume mounts without it.
+func (s *syncer) catchUp(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest, cache *v1alpha1.Cache, res layerfs.SyncResult) (layerfs.SyncResult, *v1alpha1.Cache, error) {
+	waitCtx, cancel := context.WithTimeout(ctx, req.Registry.SyncTimeout*3/4)
+	latest, missing := s.awaitAnnounced(waitCtx, cache)
+	cancel()
+	if len(missing) > 0 {
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonSyncIncomplete, actionPull,
+			"node %s mounts cache %s without the announced %s; later builds get it once it is published (%s: %s)",
+			s.node, req.Cache, missing, paramSyncTimeout, req.Registry.SyncTimeout)
+		log.FromContext(ctx).Info("Announced layers did not arrive; mounting without them", "cache", req.Cache.String(), "missing", missing.String())
+	}
+	if latest == cache || latest.Status.Published.Generation == cache.Status.Published.Generation {
+		return res, cache, nil
+	}
+	more, latest, err := s.syncTo(ctx, req.Cache, req.Registry)
+	more.Changed = more.Changed || res.Changed
+	more.Fetched += res.Fetched
+	more.FetchedBytes += res.FetchedBytes
+	return more, latest, err
 }
 
 // pullFailed reports a pull that failed; the volume mounts what the node
@@ -273,7 +300,8 @@ func (s *syncer) publish(ctx context.Context, ref layerfs.CacheRef) error {
 	case errors.As(err, &unpublishable):
 		s.metrics.fail(opPush, failureUnpublishable)
 		s.failed(cache, err)
-		return nil
+		// It holds back every later layer too, until a commit or a squash.
+		return s.withdraw(ctx, cache, nil, unpublishable.Error())
 	case err != nil:
 		s.metrics.fail(opPush, failureReason(err))
 		s.failed(cache, err)
@@ -297,6 +325,13 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 		return err
 	}
 	pending := unpublished(info)
+	if len(pending) == 0 && announces(cache.Status.Published, s.node) {
+		// Announced before a restart, then squashed into published layers
+		// or lost with the node's store.
+		if err := s.withdraw(ctx, cache, nil, "the node has no unpublished layers any more"); err != nil {
+			return err
+		}
+	}
 	if s.blocked(ref, pending) {
 		return errPublishBlocked
 	}
@@ -304,7 +339,8 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 	if err != nil {
 		return err
 	}
-	pub, err := s.pushPending(ctx, ref, reg, target, pending, cache.Status.Published)
+	gone := s.goneNodes(ctx, cache.Status.Published.Announced)
+	pub, err := s.pushPending(ctx, ref, reg, target, pending, gone, cache.Status.Published)
 	if err != nil || pub == nil {
 		return err
 	}
@@ -339,9 +375,13 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 // on top of the chain, so a layer published past an older unpublished
 // one would end up below it on this node. A layer that cannot be
 // published therefore holds back the ones after it.
-func (s *syncer) pushPending(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, pending []layerfs.LayerInfo, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
+func (s *syncer) pushPending(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, pending []layerfs.LayerInfo, gone []string, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
+	ids := make([]string, len(pending))
+	for i, l := range pending {
+		ids[i] = l.ID
+	}
 	for i, layer := range pending {
-		next, err := s.pushLayer(ctx, ref, reg, target, layer)
+		next, err := s.pushLayer(ctx, ref, reg, target, layer, announcedChange{pending: ids[i+1:], gone: gone})
 		if errors.Is(err, layerfs.ErrUnpublishable) {
 			s.markStuck(ref, pending)
 			return nil, &unpublishableError{cache: ref, layer: layer.ID, held: len(pending) - i - 1, err: err}
@@ -414,7 +454,11 @@ func sameChain(ref layerfs.CacheRef, reg *registryRef, pub *v1alpha1.PublishedCh
 // records is always in the chain, so a crash in between only makes the
 // next publish push the same blob again (exports are deterministic) and
 // find it already appended.
-func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, layer layerfs.LayerInfo) (*v1alpha1.PublishedChain, error) {
+//
+// The append also settles announcements, in the same update: this
+// node's stay for the layers still to publish after this one (ann), and
+// those of gone nodes are dropped.
+func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, layer layerfs.LayerInfo, ann announcedChange) (*v1alpha1.PublishedChain, error) {
 	start := time.Now()
 	blob, err := target.PushLayer(ctx, s.tmpDir, func(w io.Writer) error {
 		return s.store.ExportLayer(ctx, ref, layer.ID, w)
@@ -432,17 +476,25 @@ func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *regis
 	defer unlock()
 	var refused error
 	cache, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
-		if pub == nil || slices.ContainsFunc(pub.Layers, func(l v1alpha1.PublishedLayer) bool { return l.Digest == blob.Digest.String() }) {
+		if pub == nil {
+			return pub, false
+		}
+		announced := s.keepAnnounced(pub.Announced, ann.pending, ann.gone)
+		inChain := slices.ContainsFunc(pub.Layers, func(l v1alpha1.PublishedLayer) bool { return l.Digest == blob.Digest.String() })
+		if inChain && len(announced) == len(pub.Announced) {
 			return pub, false
 		}
 		if refused = sameChain(ref, reg, pub); refused != nil {
 			return pub, false
 		}
-		pub.Generation++
-		pub.Layers = slices.Insert(pub.Layers, 0, v1alpha1.PublishedLayer{
-			Digest: blob.Digest.String(), DiffID: blob.DiffID.String(), MediaType: string(blob.MediaType), Size: blob.Size,
-			Generation: pub.Generation, Node: s.node,
-		})
+		pub.Announced = announced
+		if !inChain {
+			pub.Generation++
+			pub.Layers = slices.Insert(pub.Layers, 0, v1alpha1.PublishedLayer{
+				Digest: blob.Digest.String(), DiffID: blob.DiffID.String(), MediaType: string(blob.MediaType), Size: blob.Size,
+				Generation: pub.Generation, Node: s.node,
+			})
+		}
 		return pub, true
 	})
 	if err == nil {
@@ -457,6 +509,7 @@ func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *regis
 	s.metrics.registryLayers.WithLabelValues("push").Inc()
 	s.metrics.registryBytes.WithLabelValues("push").Add(float64(blob.Size))
 	s.metrics.registrySeconds.WithLabelValues("push").Observe(time.Since(start).Seconds())
+	s.metrics.publishLag.Observe(time.Since(layer.Created).Seconds())
 	log.FromContext(ctx).Info("Published", "cache", ref.String(), "layer", layer.ID, "digest", blob.Digest.String(),
 		"generation", cache.Status.Published.Generation, "bytes", blob.Size, "tarBytes", blob.TarBytes, "seconds", time.Since(start).Seconds())
 	return cache.Status.Published, nil
@@ -680,6 +733,18 @@ func (s *syncer) publishError(ref layerfs.CacheRef) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.failing[ref]
+}
+
+// announcedChange is what a node's chain update does to announcements:
+// the node's own stay for pending layers only; gone nodes' are dropped.
+type announcedChange struct {
+	pending []string
+	gone    []string
+}
+
+// announces tells whether node has announcements in the chain.
+func announces(pub *v1alpha1.PublishedChain, node string) bool {
+	return pub != nil && slices.ContainsFunc(pub.Announced, func(a v1alpha1.AnnouncedLayer) bool { return a.Node == node })
 }
 
 // needsPublish tells whether the node has layers or a squash to publish.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -72,7 +73,24 @@ func newSyncCluster(t *testing.T) *syncCluster {
 // addNode starts a node agent over a new store.
 func (c *syncCluster) addNode(t *testing.T, name string) *syncNode {
 	t.Helper()
-	st := openRealStore(t, 0)
+	n := c.startAgent(t, name, openRealStore(t, 0))
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	if err := c.client.Create(context.Background(), node); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// restart replaces node's agent with a new one over the same store, as
+// after a kill: nothing the old one had in memory survives.
+func (c *syncCluster) restart(t *testing.T, name string) *syncNode {
+	t.Helper()
+	return c.startAgent(t, name, c.nodes[name].store)
+}
+
+func (c *syncCluster) startAgent(t *testing.T, name string, st *layerfs.Store) *syncNode {
+	t.Helper()
 	opts := DefaultOptions()
 	opts.NodeName, opts.Root = name, st.Root()
 	events := events.NewFakeRecorder(100)
@@ -106,7 +124,16 @@ func (c *syncCluster) params() map[string]string {
 // provision provisions claim name for cache maven on node.
 func (c *syncCluster) provision(t *testing.T, node, name string) *corev1.PersistentVolume {
 	t.Helper()
-	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven"}, c.params())
+	return c.provisionWith(t, node, name, nil)
+}
+
+// provisionWith provisions as provision, through a class with the extra
+// parameters.
+func (c *syncCluster) provisionWith(t *testing.T, node, name string, extra map[string]string) *corev1.PersistentVolume {
+	t.Helper()
+	params := c.params()
+	maps.Copy(params, extra)
+	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven"}, params)
 	opts.PVC.Name, opts.PVC.UID = name, types.UID("0c5e7a38-6c2d-4a8e-9a1f-"+name)
 	opts.PVC.Annotations[annSelectedNode] = node
 	opts.SelectedNodeName = node
@@ -244,9 +271,15 @@ func TestSyncRegistryOutageLosesNothing(t *testing.T) {
 	if len(cache.Status.Nodes) != 1 || cache.Status.Nodes[0].Unpublished != 1 {
 		t.Errorf("status nodes %+v: want node-a with 1 unpublished layer (the lag shows)", cache.Status.Nodes)
 	}
-	// A build on node-b during the outage mounts what node-b has.
+	// A build on node-b during the outage mounts what node-b has, at
+	// once: node-a's status says it cannot publish the layer it announced.
+	start := time.Now()
 	cold := c.provision(t, "node-b", "during-outage")
 	wantNoFile(t, cold, "kept.txt")
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("node-b waited %v for a layer node-a cannot publish", took)
+	}
+	wantEvents(t, c.nodes["node-b"], "Warning "+reasonSyncIncomplete, 1, "generation 1 from node node-a", "cannot publish now")
 
 	c.reg.SetDown(false)
 	if err := a.prov.sync.publish(context.Background(), maven); err != nil {

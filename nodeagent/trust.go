@@ -9,6 +9,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -154,6 +155,9 @@ func checkShape(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain) error {
 	bad := func(field, value, expected string) error {
 		return &untrustedError{Cache: ref, Field: field, Value: value, Expected: expected}
 	}
+	if err := checkAnnounced(pub.Announced, bad); err != nil {
+		return err
+	}
 	if len(pub.Layers) == 0 {
 		if pub.Generation != 0 {
 			return bad("generation", fmt.Sprint(pub.Generation), "a chain without layers has generation 0")
@@ -171,6 +175,24 @@ func checkShape(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain) error {
 		}
 		if err := checkLayer(field, l, below, bad); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// checkAnnounced bounds what readers act on: a node waits only for
+// announcements of live nodes, and only within its sync timeout, so a
+// forged one can delay a build, never stop it or make a node fetch.
+func checkAnnounced(announced []v1alpha1.AnnouncedLayer, bad func(field, value, expected string) error) error {
+	if len(announced) > maxAnnounced {
+		return bad("announced", fmt.Sprintf("%d entries", len(announced)), fmt.Sprintf("at most %d", maxAnnounced))
+	}
+	for i, a := range announced {
+		if msgs := validation.IsDNS1123Subdomain(a.Node); len(msgs) > 0 {
+			return bad(fmt.Sprintf("announced[%d].node", i), fmt.Sprintf("%q", a.Node), "a node name")
+		}
+		if a.Layer == "" || len(a.Layer) > 128 {
+			return bad(fmt.Sprintf("announced[%d].layer", i), fmt.Sprintf("%q", a.Layer), "a layer id of 1 to 128 characters")
 		}
 	}
 	return nil
