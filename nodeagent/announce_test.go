@@ -20,7 +20,7 @@ import (
 
 // end ends the PV's build as succeeded on node, as the build-end watcher
 // does: commit and announce, with the publish only queued.
-func (c *syncCluster) end(t *testing.T, node string, pv *corev1.PersistentVolume) {
+func (c *syncCluster) end(t testing.TB, node string, pv *corev1.PersistentVolume) {
 	t.Helper()
 	pv.Annotations[v1alpha1.AnnotationPodOutcome] = v1alpha1.OutcomeSucceeded
 	pv.Status.Phase = corev1.VolumeReleased

@@ -41,7 +41,7 @@ func newRealEnv(t *testing.T, maxLayers int, objs ...client.Object) (*testEnv, *
 
 // openRealStore opens a store in a temp root; every mount under it is
 // gone when the test ends.
-func openRealStore(t *testing.T, maxLayers int) *layerfs.Store {
+func openRealStore(t testing.TB, maxLayers int) *layerfs.Store {
 	t.Helper()
 	requireRoot(t)
 	root := t.TempDir()
@@ -55,7 +55,7 @@ func openRealStore(t *testing.T, maxLayers int) *layerfs.Store {
 
 // unmountUnder unmounts every mount under root, deepest first: volumes,
 // and the layers pulled as images, which are mounts of their own.
-func unmountUnder(t *testing.T, root string) {
+func unmountUnder(t testing.TB, root string) {
 	t.Helper()
 	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(root))
 	if err != nil {
@@ -97,7 +97,7 @@ func release(t *testing.T, env *testEnv, pv *corev1.PersistentVolume, outcome st
 	}
 }
 
-func writeFile(t *testing.T, pv *corev1.PersistentVolume, name, content string) {
+func writeFile(t testing.TB, pv *corev1.PersistentVolume, name, content string) {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(pv.Spec.HostPath.Path, name), []byte(content), 0o644); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
@@ -41,6 +42,8 @@ type syncCluster struct {
 	// classes are the StorageClasses the agents serve; the registry's
 	// class "layercache" (params) to begin with.
 	classes cache.Indexer
+	// request is the claims' storage request, if not provisionOptions'.
+	request string
 }
 
 type syncNode struct {
@@ -51,7 +54,7 @@ type syncNode struct {
 	events *events.FakeRecorder
 }
 
-func newSyncCluster(t *testing.T) *syncCluster {
+func newSyncCluster(t testing.TB) *syncCluster {
 	t.Helper()
 	reg := registrytest.New(t)
 	c := &syncCluster{client: newCacheClient(t), reg: reg, nodes: map[string]*syncNode{},
@@ -71,7 +74,7 @@ func newSyncCluster(t *testing.T) *syncCluster {
 }
 
 // addNode starts a node agent over a new store.
-func (c *syncCluster) addNode(t *testing.T, name string) *syncNode {
+func (c *syncCluster) addNode(t testing.TB, name string) *syncNode {
 	t.Helper()
 	n := c.startAgent(t, name, openRealStore(t, 0))
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -84,12 +87,12 @@ func (c *syncCluster) addNode(t *testing.T, name string) *syncNode {
 
 // restart replaces node's agent with a new one over the same store, as
 // after a kill: nothing the old one had in memory survives.
-func (c *syncCluster) restart(t *testing.T, name string) *syncNode {
+func (c *syncCluster) restart(t testing.TB, name string) *syncNode {
 	t.Helper()
 	return c.startAgent(t, name, c.nodes[name].store)
 }
 
-func (c *syncCluster) startAgent(t *testing.T, name string, st *layerfs.Store) *syncNode {
+func (c *syncCluster) startAgent(t testing.TB, name string, st *layerfs.Store) *syncNode {
 	t.Helper()
 	opts := DefaultOptions()
 	opts.NodeName, opts.Root = name, st.Root()
@@ -103,7 +106,7 @@ func (c *syncCluster) startAgent(t *testing.T, name string, st *layerfs.Store) *
 }
 
 // addClass makes the agents serve class (or its new version).
-func (c *syncCluster) addClass(t *testing.T, class *storagev1.StorageClass) {
+func (c *syncCluster) addClass(t testing.TB, class *storagev1.StorageClass) {
 	t.Helper()
 	if err := c.classes.Add(class); err != nil {
 		t.Fatal(err)
@@ -122,19 +125,22 @@ func (c *syncCluster) params() map[string]string {
 }
 
 // provision provisions claim name for cache maven on node.
-func (c *syncCluster) provision(t *testing.T, node, name string) *corev1.PersistentVolume {
+func (c *syncCluster) provision(t testing.TB, node, name string) *corev1.PersistentVolume {
 	t.Helper()
 	return c.provisionWith(t, node, name, nil)
 }
 
 // provisionWith provisions as provision, through a class with the extra
 // parameters.
-func (c *syncCluster) provisionWith(t *testing.T, node, name string, extra map[string]string) *corev1.PersistentVolume {
+func (c *syncCluster) provisionWith(t testing.TB, node, name string, extra map[string]string) *corev1.PersistentVolume {
 	t.Helper()
 	params := c.params()
 	maps.Copy(params, extra)
 	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven"}, params)
 	opts.PVC.Name, opts.PVC.UID = name, types.UID("0c5e7a38-6c2d-4a8e-9a1f-"+name)
+	if c.request != "" {
+		opts.PVC.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse(c.request)
+	}
 	opts.PVC.Annotations[annSelectedNode] = node
 	opts.SelectedNodeName = node
 	opts.PVName = "pvc-" + string(opts.PVC.UID)
@@ -147,7 +153,7 @@ func (c *syncCluster) provisionWith(t *testing.T, node, name string, extra map[s
 
 // commit ends the PV's build as succeeded on node and publishes as the
 // agent's queue would.
-func (c *syncCluster) commit(t *testing.T, node string, pv *corev1.PersistentVolume) error {
+func (c *syncCluster) commit(t testing.TB, node string, pv *corev1.PersistentVolume) error {
 	t.Helper()
 	n := c.nodes[node]
 	pv.Annotations[v1alpha1.AnnotationPodOutcome] = v1alpha1.OutcomeSucceeded
@@ -158,7 +164,7 @@ func (c *syncCluster) commit(t *testing.T, node string, pv *corev1.PersistentVol
 	return n.prov.sync.publish(context.Background(), maven)
 }
 
-func (c *syncCluster) published(t *testing.T) *v1alpha1.PublishedChain {
+func (c *syncCluster) published(t testing.TB) *v1alpha1.PublishedChain {
 	t.Helper()
 	var cache v1alpha1.Cache
 	if err := c.client.Get(context.Background(), clientKey(maven), &cache); err != nil {

@@ -186,6 +186,8 @@ func TestRegistryOutageLosesNothing(t *testing.T) {
 	if strings.TrimSpace(out) != "cold" {
 		t.Errorf("a build on %s during the outage read %q, want a cold cache", b, out)
 	}
+	// It mounted without node A's announced layer, and says so.
+	e.waitEvent(ctx, "PersistentVolumeClaim", "during-cache", "SyncIncomplete", "generation 1 from node "+a)
 
 	if err := e.Cluster.StartRegistry(ctx); err != nil {
 		t.Fatal(err)
@@ -212,7 +214,7 @@ func TestAgentKilledMidPushAndMidPull(t *testing.T) {
 	a, b := e.node(0), e.node(1)
 	e.run(ctx, e.buildPod("build", a, "ccache", "",
 		"head -c 268435456 /dev/urandom > /cache/big && sha256sum /cache/big | cut -d' ' -f1 > /cache/big.sha256"))
-	before := e.killAgent(ctx, a)
+	before := e.killAgent(ctx, a, "ccache")
 	t.Logf("killed %s's agent %s after the build; chain then: %v", a, before.pid, before.published)
 	c := e.waitPublished(ctx, "ccache", 1)
 	if n := len(c.Status.Published.Layers); n != 1 {
@@ -223,7 +225,7 @@ func TestAgentKilledMidPushAndMidPull(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitPulling(ctx, b)
-	killed := e.killAgent(ctx, b)
+	killed := e.killAgent(ctx, b, "ccache")
 	t.Logf("killed %s's agent %s during the pull", b, killed.pid)
 	out := e.waitSucceeded(ctx, "reader")
 	if sums := strings.Fields(out); len(sums) != 2 || sums[0] != sums[1] {
@@ -238,8 +240,8 @@ type killed struct {
 }
 
 // killAgent sends SIGKILL to node's agent and returns its PID and the
-// cache's chain at that moment.
-func (e *syncEnv) killAgent(ctx context.Context, node string) killed {
+// chain of Cache cache at that moment.
+func (e *syncEnv) killAgent(ctx context.Context, node, cache string) killed {
 	e.t.Helper()
 	pid, err := agentPID(node)
 	if err != nil {
@@ -248,7 +250,7 @@ func (e *syncEnv) killAgent(ctx context.Context, node string) killed {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		e.t.Fatalf("kill -9 %d (%s's agent): %v", pid, node, err)
 	}
-	c, _ := e.cache(ctx, "ccache")
+	c, _ := e.cache(ctx, cache)
 	return killed{pid: strconv.Itoa(pid), published: c.Status.Published}
 }
 

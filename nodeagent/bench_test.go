@@ -1,0 +1,77 @@
+package nodeagent
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkHandoffAcrossNodes is read-your-writes across nodes, timed: a
+// build on node A ends with a delta of 4 KiB, 64 MiB or 1 GiB (random
+// bytes, one file), and at that moment a claim of the same cache is
+// provisioned on node B. Two agents over real stores, one API (a fake
+// client) and the in-process registry, as in sync_test.go. Per size:
+//   - handoff-SIZE-s: A's build end (commit and announce) until B's volume
+//     is mounted with A's delta in it;
+//   - publish-SIZE-s: A's publish (export, push, append), run at the same
+//     time as the agent's queue runs it;
+//   - handoff/publish-SIZE: what the reader adds to the publish it waits
+//     for (re-reading the Cache, then the pull).
+func BenchmarkHandoffAcrossNodes(b *testing.B) {
+	c := newSyncCluster(b)
+	c.request = "2Gi" // the claims' bound on a build's delta and a pulled layer
+	for _, size := range []struct {
+		name  string
+		bytes int64
+	}{{"4KiB", 4 << 10}, {"64MiB", 64 << 20}, {"1GiB", 1 << 30}} {
+		pv := c.provision(b, "node-a", "writer-"+strings.ToLower(size.name))
+		writeRandom(b, filepath.Join(pv.Spec.HostPath.Path, "delta"), size.bytes)
+		writeFile(b, pv, "mark", size.name)
+
+		start := time.Now()
+		c.end(b, "node-a", pv)
+		published := make(chan time.Duration, 1)
+		go func() {
+			if err := c.nodes["node-a"].prov.sync.publish(context.Background(), maven); err != nil {
+				b.Error(err)
+			}
+			published <- time.Since(start)
+		}()
+		reader := c.provision(b, "node-b", "reader-"+strings.ToLower(size.name))
+		handoff := time.Since(start)
+		publish := <-published
+
+		mark, err := os.ReadFile(filepath.Join(reader.Spec.HostPath.Path, "mark"))
+		if err != nil || !bytes.Equal(mark, []byte(size.name)) {
+			for len(c.nodes["node-b"].events.Events) > 0 {
+				b.Log(<-c.nodes["node-b"].events.Events)
+			}
+			b.Fatalf("%s delta: node-b's volume has mark %q (%v), want %q after %v (publish %v): it mounted without node-a's commit", size.name, mark, err, size.name, handoff, publish)
+		}
+		b.ReportMetric(handoff.Seconds(), "handoff-"+size.name+"-s")
+		b.ReportMetric(publish.Seconds(), "publish-"+size.name+"-s")
+		b.ReportMetric(handoff.Seconds()/publish.Seconds(), "handoff/publish-"+size.name)
+	}
+}
+
+// writeRandom writes n random bytes to path, durably.
+func writeRandom(b *testing.B, path string, n int64) {
+	b.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := io.CopyN(f, rand.NewChaCha8([32]byte{1}), n); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+}
