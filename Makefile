@@ -74,9 +74,9 @@ test-envtest: ## the manager's controllers against a real kube-apiserver and etc
 	KUBEBUILDER_ASSETS=$$assets $(GO) test -tags envtest -count=1 ./cachemanager/...
 
 .PHONY: bench
-bench: ## layerfs and registry-sync benchmarks (needs root): each ratio beside its target (hack/bench-targets.txt); fails on clear misses
+bench: ## layerfs, registry-sync and cross-node handoff benchmarks (needs root): each ratio beside its target (hack/bench-targets.txt); fails on clear misses
 	@mkdir -p _output
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./layerfs/ ./remote/ | tee _output/bench.txt
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./layerfs/ ./remote/ ./nodeagent/ | tee _output/bench.txt
 	$(GO) run ./hack/benchcheck -targets hack/bench-targets.txt _output/bench.txt
 
 ##@ Cluster (e2e harness)

@@ -212,6 +212,15 @@ func TestAnnouncingCostsOneWritePerCommit(t *testing.T) {
 	}
 }
 
+// drain returns the events node recorded since the last drain.
+func drain(n *syncNode) []string {
+	var out []string
+	for len(n.events.Events) > 0 {
+		out = append(out, <-n.events.Events)
+	}
+	return out
+}
+
 // countingClient counts the status patches made through it.
 type countingClient struct {
 	client.Client

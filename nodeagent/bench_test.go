@@ -16,7 +16,9 @@ import (
 // build on node A ends with a delta of 4 KiB, 64 MiB or 1 GiB (random
 // bytes, one file), and at that moment a claim of the same cache is
 // provisioned on node B. Two agents over real stores, one API (a fake
-// client) and the in-process registry, as in sync_test.go. Per size:
+// client) and the in-process registry, as in sync_test.go; the reader's
+// class waits up to 5 minutes, as the in-process registry takes a minute
+// to take in a 1 GiB blob (it grows a buffer per upload chunk). Per size:
 //   - handoff-SIZE-s: A's build end (commit and announce) until B's volume
 //     is mounted with A's delta in it;
 //   - publish-SIZE-s: A's publish (export, push, append), run at the same
@@ -43,16 +45,14 @@ func BenchmarkHandoffAcrossNodes(b *testing.B) {
 			}
 			published <- time.Since(start)
 		}()
-		reader := c.provision(b, "node-b", "reader-"+strings.ToLower(size.name))
+		reader := c.provisionWith(b, "node-b", "reader-"+strings.ToLower(size.name), map[string]string{paramSyncTimeout: "5m"})
 		handoff := time.Since(start)
 		publish := <-published
 
 		mark, err := os.ReadFile(filepath.Join(reader.Spec.HostPath.Path, "mark"))
 		if err != nil || !bytes.Equal(mark, []byte(size.name)) {
-			for len(c.nodes["node-b"].events.Events) > 0 {
-				b.Log(<-c.nodes["node-b"].events.Events)
-			}
-			b.Fatalf("%s delta: node-b's volume has mark %q (%v), want %q after %v (publish %v): it mounted without node-a's commit", size.name, mark, err, size.name, handoff, publish)
+			b.Fatalf("%s delta: node-b's volume has mark %q (%v), want %q after %v (publish %v): it mounted without node-a's commit; node-b's events: %q",
+				size.name, mark, err, size.name, handoff, publish, drain(c.nodes["node-b"]))
 		}
 		b.ReportMetric(handoff.Seconds(), "handoff-"+size.name+"-s")
 		b.ReportMetric(publish.Seconds(), "publish-"+size.name+"-s")

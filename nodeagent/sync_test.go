@@ -176,10 +176,8 @@ func (c *syncCluster) published(t testing.TB) *v1alpha1.PublishedChain {
 func wantEvents(t *testing.T, n *syncNode, prefix string, count int, contains ...string) {
 	t.Helper()
 	var found []string
-	var all []string
-	for len(n.events.Events) > 0 {
-		ev := <-n.events.Events
-		all = append(all, ev)
+	all := drain(n)
+	for _, ev := range all {
 		if strings.HasPrefix(ev, prefix+" ") {
 			found = append(found, ev)
 		}

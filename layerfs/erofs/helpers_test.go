@@ -4,15 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/erofs/erofstest"
 )
 
 // requireTools fails (never skips) a test that cannot run here: these
@@ -87,38 +87,13 @@ func unmount(t testing.TB, mnt string) {
 	}
 }
 
-// --- tree building, by fd so depth is unbounded ---
-
-func mkfile(t testing.TB, dfd int, name string, data []byte, mode uint32) {
-	t.Helper()
-	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, mode)
-	if err != nil {
-		t.Fatalf("create %q: %v", name, err)
-	}
-	defer unix.Close(fd)
-	if _, err := unix.Write(fd, data); err != nil && len(data) > 0 {
-		t.Fatal(err)
-	}
-	if err := unix.Fchmod(fd, mode); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func must(t testing.TB, err error, what string) {
-	t.Helper()
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
-
-func setxattr(t testing.TB, dfd int, name, key, val string) {
-	t.Helper()
-	path := "/proc/self/fd/" + strconv.Itoa(dfd) + "/."
-	if name != "" {
-		path = path[:len(path)-1] + name
-	}
-	must(t, unix.Lsetxattr(path, key, []byte(val), 0), fmt.Sprintf("setxattr %s %s", name, key))
-}
+// Tree building, by fd so depth is unbounded: erofstest's, which the
+// random trees use too.
+var (
+	mkfile   = erofstest.Mkfile
+	must     = erofstest.Must
+	setxattr = erofstest.Setxattr
+)
 
 func sha(t testing.TB, path string) []byte {
 	f, err := os.Open(path)

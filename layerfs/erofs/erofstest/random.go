@@ -44,7 +44,7 @@ func RandomTree(t testing.TB, dir string, seed uint64, opts ...TreeOption) {
 		opt(&o)
 	}
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	must(t, err, "open")
+	Must(t, err, "open")
 	defer unix.Close(fd)
 	g := &gen{t: t, r: rand.New(rand.NewPCG(seed, 7))}
 	g.dir(fd, 0)
@@ -61,7 +61,7 @@ func RandomTree(t testing.TB, dir string, seed uint64, opts ...TreeOption) {
 func DeepPath(t testing.TB, dir string, levels int) {
 	t.Helper()
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	must(t, err, "open")
+	Must(t, err, "open")
 	defer unix.Close(fd)
 	deepPath(t, fd, levels)
 }
@@ -69,20 +69,20 @@ func DeepPath(t testing.TB, dir string, levels int) {
 func deepPath(t testing.TB, dfd, levels int) {
 	t.Helper()
 	fd, err := unix.Dup(dfd)
-	must(t, err, "dup")
+	Must(t, err, "dup")
 	// Closed on every path, or a failed test leaves a mount busy.
 	defer func() { unix.Close(fd) }()
 	for i := range levels {
-		must(t, unix.Mkdirat(fd, "level-dir", 0o755), "mkdir")
+		Must(t, unix.Mkdirat(fd, "level-dir", 0o755), "mkdir")
 		nfd, err := unix.Openat(fd, "level-dir", unix.O_RDONLY|unix.O_DIRECTORY, 0)
-		must(t, err, "open")
+		Must(t, err, "open")
 		if i%500 == 0 {
-			mkfile(t, nfd, "f", []byte("x"), 0o644)
+			Mkfile(t, nfd, "f", []byte("x"), 0o644)
 		}
 		unix.Close(fd)
 		fd = nfd
 	}
-	mkfile(t, fd, "bottom", []byte("deep"), 0o644)
+	Mkfile(t, fd, "bottom", []byte("deep"), 0o644)
 }
 
 type gen struct {
@@ -151,22 +151,22 @@ func (g *gen) dir(fd, depth int) {
 		}
 		switch kind {
 		case 0, 1, 2:
-			mkfile(g.t, fd, name, g.bytes(g.r.IntN(9000)), 0o644)
+			Mkfile(g.t, fd, name, g.bytes(g.r.IntN(9000)), 0o644)
 			g.files = append(g.files, link{fd, name})
 		case 3:
-			mkfile(g.t, fd, name, g.bytes(blockSize*(1+g.r.IntN(6))+g.r.IntN(2)*g.r.IntN(blockSize)), 0o644)
+			Mkfile(g.t, fd, name, g.bytes(blockSize*(1+g.r.IntN(6))+g.r.IntN(2)*g.r.IntN(blockSize)), 0o644)
 			g.files = append(g.files, link{fd, name})
 		case 4:
 			g.sparse(fd, name)
 			g.files = append(g.files, link{fd, name})
 		case 5:
 			if len(g.files) == 0 {
-				mkfile(g.t, fd, name, nil, 0o644)
+				Mkfile(g.t, fd, name, nil, 0o644)
 				g.files = append(g.files, link{fd, name})
 				break
 			}
 			l := g.files[g.r.IntN(len(g.files))]
-			must(g.t, unix.Linkat(l.dfd, l.name, fd, name, 0), "link")
+			Must(g.t, unix.Linkat(l.dfd, l.name, fd, name, 0), "link")
 			continue // metadata belongs to the first name
 		case 6:
 			target := g.bytes(1 + g.r.IntN(200))
@@ -178,26 +178,26 @@ func (g *gen) dir(fd, depth int) {
 					target[i] = 'z'
 				}
 			}
-			must(g.t, unix.Symlinkat(string(target), fd, name), "symlink")
+			Must(g.t, unix.Symlinkat(string(target), fd, name), "symlink")
 		case 7:
-			must(g.t, unix.Mknodat(fd, name, unix.S_IFIFO|0o644, 0), "fifo")
+			Must(g.t, unix.Mknodat(fd, name, unix.S_IFIFO|0o644, 0), "fifo")
 		case 8:
-			must(g.t, unix.Mknodat(fd, name, unix.S_IFSOCK|0o644, 0), "socket")
+			Must(g.t, unix.Mknodat(fd, name, unix.S_IFSOCK|0o644, 0), "socket")
 		case 9:
 			typ := uint32(unix.S_IFCHR)
 			if g.r.IntN(2) == 0 {
 				typ = unix.S_IFBLK
 			}
 			dev := unix.Mkdev(uint32(g.r.IntN(4096)), uint32(g.r.IntN(1<<20)))
-			must(g.t, unix.Mknodat(fd, name, typ|0o600, int(dev)), "mknod")
+			Must(g.t, unix.Mknodat(fd, name, typ|0o600, int(dev)), "mknod")
 		case 10:
-			must(g.t, unix.Mknodat(fd, name, unix.S_IFCHR, 0), "whiteout")
+			Must(g.t, unix.Mknodat(fd, name, unix.S_IFCHR, 0), "whiteout")
 		default:
-			must(g.t, unix.Mkdirat(fd, name, 0o755), "mkdir")
+			Must(g.t, unix.Mkdirat(fd, name, 0o755), "mkdir")
 			cfd, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-			must(g.t, err, "open")
+			Must(g.t, err, "open")
 			if g.r.IntN(3) == 0 {
-				setxattr(g.t, cfd, "", "trusted.overlay.opaque", "y")
+				Setxattr(g.t, cfd, "", "trusted.overlay.opaque", "y")
 			}
 			g.dir(cfd, depth+1)
 			g.meta(cfd, "", unix.S_IFDIR)
@@ -205,7 +205,7 @@ func (g *gen) dir(fd, depth int) {
 			continue
 		}
 		var st unix.Stat_t
-		must(g.t, unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW), "stat")
+		Must(g.t, unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW), "stat")
 		g.meta(fd, name, st.Mode&unix.S_IFMT)
 	}
 	g.files = g.files[:mark]
@@ -213,13 +213,13 @@ func (g *gen) dir(fd, depth int) {
 
 // wide makes a directory whose dirents span several blocks.
 func (g *gen) wide(fd int) {
-	must(g.t, unix.Mkdirat(fd, "wide", 0o755), "mkdir")
+	Must(g.t, unix.Mkdirat(fd, "wide", 0o755), "mkdir")
 	cfd, err := unix.Openat(fd, "wide", unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	must(g.t, err, "open")
+	Must(g.t, err, "open")
 	defer unix.Close(cfd)
 	taken := map[string]bool{}
 	for range 50 + g.r.IntN(400) {
-		mkfile(g.t, cfd, g.name(taken), nil, 0o644)
+		Mkfile(g.t, cfd, g.name(taken), nil, 0o644)
 	}
 	g.meta(cfd, "", unix.S_IFDIR)
 }
@@ -227,10 +227,10 @@ func (g *gen) wide(fd int) {
 // sparse makes a file with holes at the start, middle or end, or only holes.
 func (g *gen) sparse(fd int, name string) {
 	f, err := unix.Openat(fd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644)
-	must(g.t, err, "create")
+	Must(g.t, err, "create")
 	defer unix.Close(f)
 	size := int64(64<<10 + g.r.IntN(256<<10))
-	must(g.t, unix.Ftruncate(f, size), "truncate")
+	Must(g.t, unix.Ftruncate(f, size), "truncate")
 	var offs []int64
 	switch g.r.IntN(5) {
 	case 0: // hole at start
@@ -245,7 +245,7 @@ func (g *gen) sparse(fd int, name string) {
 	}
 	for _, off := range offs {
 		_, err := unix.Pwrite(f, g.bytes(int(min(int64(1+g.r.IntN(9000)), size-off))), off)
-		must(g.t, err, "pwrite")
+		Must(g.t, err, "pwrite")
 	}
 }
 
@@ -256,33 +256,33 @@ func (g *gen) meta(fd int, name string, typ uint32) {
 	if name == "" {
 		target = "."
 	}
-	must(g.t, unix.Fchownat(fd, target, g.r.IntN(200000), g.r.IntN(200000), flags), "chown")
+	Must(g.t, unix.Fchownat(fd, target, g.r.IntN(200000), g.r.IntN(200000), flags), "chown")
 	if typ != unix.S_IFLNK {
-		must(g.t, unix.Fchmodat(fd, target, uint32(g.r.IntN(0o7777+1)), 0), "chmod")
+		Must(g.t, unix.Fchmodat(fd, target, uint32(g.r.IntN(0o7777+1)), 0), "chmod")
 	}
 	if typ == unix.S_IFREG || typ == unix.S_IFDIR || (typ == unix.S_IFLNK && g.r.IntN(2) == 0) {
 		for range g.r.IntN(4) {
 			switch g.r.IntN(6) {
 			case 0:
 				if typ != unix.S_IFLNK {
-					setxattr(g.t, fd, name, "user."+string(g.word()), string(g.bytes(g.r.IntN(100))))
+					Setxattr(g.t, fd, name, "user."+string(g.word()), string(g.bytes(g.r.IntN(100))))
 				}
 			case 1:
-				setxattr(g.t, fd, name, "trusted."+string(g.word()), string(g.bytes(g.r.IntN(300))))
+				Setxattr(g.t, fd, name, "trusted."+string(g.word()), string(g.bytes(g.r.IntN(300))))
 			case 2:
-				setxattr(g.t, fd, name, "security."+string(g.word()), string(g.bytes(g.r.IntN(50))))
+				Setxattr(g.t, fd, name, "security."+string(g.word()), string(g.bytes(g.r.IntN(50))))
 			case 3: // dropped by the writer
-				setxattr(g.t, fd, name, "trusted.overlay.origin", "x")
+				Setxattr(g.t, fd, name, "trusted.overlay.origin", "x")
 				if typ != unix.S_IFLNK {
-					setxattr(g.t, fd, name, "user.overlay.redirect", "/y")
+					Setxattr(g.t, fd, name, "user.overlay.redirect", "/y")
 				}
 			case 4:
 				if typ != unix.S_IFLNK {
-					setxattr(g.t, fd, name, "system.posix_acl_access", string(acl(uint32(g.r.IntN(60000)))))
+					Setxattr(g.t, fd, name, "system.posix_acl_access", string(acl(uint32(g.r.IntN(60000)))))
 				}
 			case 5:
 				if typ == unix.S_IFDIR {
-					setxattr(g.t, fd, name, "system.posix_acl_default", string(acl(uint32(g.r.IntN(60000)))))
+					Setxattr(g.t, fd, name, "system.posix_acl_default", string(acl(uint32(g.r.IntN(60000)))))
 				}
 			}
 		}
@@ -291,7 +291,7 @@ func (g *gen) meta(fd int, name string, typ uint32) {
 		{Sec: int64(g.r.IntN(2e9)), Nsec: int64(g.r.IntN(1e9))},
 		{Sec: int64(g.r.IntN(2e9)), Nsec: int64(g.r.IntN(1e9))},
 	}
-	must(g.t, unix.UtimesNanoAt(fd, target, ts, flags), "utimes")
+	Must(g.t, unix.UtimesNanoAt(fd, target, ts, flags), "utimes")
 }
 
 // acl encodes a valid POSIX ACL xattr with one named user.
@@ -310,7 +310,8 @@ func acl(uid uint32) []byte {
 
 // --- tree building, by fd so depth is unbounded ---
 
-func mkfile(t testing.TB, dfd int, name string, data []byte, mode uint32) {
+// Mkfile creates name in the directory dfd with data and mode.
+func Mkfile(t testing.TB, dfd int, name string, data []byte, mode uint32) {
 	t.Helper()
 	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, mode)
 	if err != nil {
@@ -325,16 +326,19 @@ func mkfile(t testing.TB, dfd int, name string, data []byte, mode uint32) {
 	}
 }
 
-func must(t testing.TB, err error, what string) {
+// Must fails the test with what when err is set.
+func Must(t testing.TB, err error, what string) {
 	t.Helper()
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
 }
 
-func setxattr(t testing.TB, dfd int, name, key, val string) {
+// Setxattr sets an xattr on name in the directory dfd, without
+// following a symlink.
+func Setxattr(t testing.TB, dfd int, name, key, val string) {
 	t.Helper()
-	must(t, unix.Lsetxattr(fdPath(dfd, name), key, []byte(val), 0), fmt.Sprintf("setxattr %s %s", name, key))
+	Must(t, unix.Lsetxattr(fdPath(dfd, name), key, []byte(val), 0), fmt.Sprintf("setxattr %s %s", name, key))
 }
 
 // fdPath names name in the directory dfd (dfd itself if name is "")
