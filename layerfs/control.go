@@ -65,6 +65,23 @@ func stripControlDir(upper string) error {
 
 // upperIsEmpty reports whether an upper layer holds nothing but the control
 // directory: such a volume commits no layer.
+// HasChanges tells whether a volume's build has written anything that a
+// commit would keep (anything but the control directory). A volume whose
+// upper directory is gone (a commit under way or done) has none left.
+func (s *Store) HasChanges(ctx context.Context, volumeID string) (bool, error) {
+	if err := ValidateName("volume", volumeID); err != nil {
+		return false, err
+	}
+	if _, err := s.readVolume(volumeID); err != nil {
+		return false, err
+	}
+	empty, err := upperIsEmpty(s.upperDir(volumeID))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return !empty, err
+}
+
 func upperIsEmpty(upper string) (bool, error) {
 	f, err := os.Open(upper)
 	if err != nil {

@@ -148,7 +148,7 @@ func newAgent(opts Options, st store, c *caches, events events.EventRecorder, m 
 	sync := &syncer{
 		node: opts.NodeName, store: st, caches: c, events: events, metrics: m, reports: maint.reports,
 		tmpDir: filepath.Join(opts.Root, "tmp"), compression: remote.Compression(opts.RegistryCompression),
-		failing: map[layerfs.CacheRef]string{}, stuck: map[layerfs.CacheRef]string{},
+		failing: map[layerfs.CacheRef]string{}, stuck: map[layerfs.CacheRef]string{}, inFlight: map[string]bool{},
 		trust: &trust{},
 	}
 	sync.publishes = newCacheQueue("publish", sync.publish)

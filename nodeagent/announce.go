@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,18 +18,19 @@ import (
 	"github.com/layercache/layercache/layerfs"
 )
 
-// Read-your-writes across nodes. Publishing runs after the commit, off
-// the build's path, so for a while a committed layer is on its node only.
-// A build that starts on another node meanwhile would mount the cache
-// without it and nothing would say so. So a node announces each layer
-// in the chain as it commits (one Cache update), the append of the layer
-// replaces the announcement in the same update, and a node that
-// provisions a volume waits, within the class's syncTimeout, for the
-// layers other nodes had announced when it started.
+// Read-your-writes across nodes. Committing a large delta (its sync) and
+// publishing it take seconds, and for that while a build's result is on
+// its node only: a build that starts on another node meanwhile would
+// mount the cache without it, and nothing would say so. So a node
+// announces each commit in the chain as the build ends, before the commit
+// (one Cache update); the append of the commit's layer replaces the
+// announcement in the same update; and a node that provisions a volume
+// waits, within the class's syncTimeout, for the commits other nodes had
+// announced when it started.
 
 const (
-	// reasonAnnouncementWithdrawn is the Event of a layer a node announced
-	// and will not publish.
+	// reasonAnnouncementWithdrawn is the Event of a commit a node
+	// announced and will not publish.
 	reasonAnnouncementWithdrawn = "AnnouncementWithdrawn"
 
 	// maxAnnounced bounds the announcements a chain carries (the CRD's
@@ -39,15 +41,17 @@ const (
 	announcePoll = 250 * time.Millisecond
 )
 
-// announce records the layer a commit made in the cache's chain, before
-// it is pushed, if the cache syncs through a registry this node trusts.
-// It never fails the commit: a reader that misses the announcement
-// mounts what its node has, as before announcements.
-func (s *syncer) announce(ctx context.Context, ref layerfs.CacheRef, layer string, committed time.Time) {
+// announce records in the cache's chain that node is committing volume,
+// if the cache syncs through a registry this node trusts. The volume
+// stays in flight until done: the chain updates of a publish meanwhile
+// keep its announcement. It never fails the commit: a reader that misses
+// the announcement mounts what its node has, as before announcements.
+func (s *syncer) announce(ctx context.Context, ref layerfs.CacheRef, volume string) {
 	if s == nil {
 		return
 	}
-	logger := log.FromContext(ctx).WithValues("cache", ref.String(), "layer", layer)
+	s.setInFlight(volume, true)
+	logger := log.FromContext(ctx).WithValues("cache", ref.String(), "volume", volume)
 	cache, err := s.caches.live(ctx, ref)
 	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil {
 		if err != nil {
@@ -58,15 +62,14 @@ func (s *syncer) announce(ctx context.Context, ref layerfs.CacheRef, layer strin
 	if _, err := s.checkChain(ctx, cache); err != nil {
 		return // publish reports the untrusted chain
 	}
+	now := metav1.NewTime(time.Now().UTC().Truncate(time.Second))
 	_, err = s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
-		mine := v1alpha1.AnnouncedLayer{Node: s.node, Layer: layer}
+		mine := v1alpha1.AnnouncedLayer{Node: s.node, Volume: volume}
 		if pub == nil || len(pub.Announced) >= maxAnnounced || slices.ContainsFunc(pub.Announced, mine.Same) {
 			return pub, false
 		}
-		pub.Announced = append(pub.Announced, v1alpha1.AnnouncedLayer{
-			Node: s.node, Layer: layer, Generation: pub.Generation + int64(len(pub.Announced)) + 1,
-			Committed: metav1.NewTime(committed.UTC().Truncate(time.Second)),
-		})
+		mine.Generation, mine.Committed = pub.Generation+int64(len(pub.Announced))+1, now
+		pub.Announced = append(pub.Announced, mine)
 		return pub, true
 	})
 	if err != nil {
@@ -74,38 +77,87 @@ func (s *syncer) announce(ctx context.Context, ref layerfs.CacheRef, layer strin
 	}
 }
 
-// keepAnnounced is the change to a chain's announcements that a node's
-// chain update carries at no extra write: this node's announcements
-// stay only for the layers it still has to publish, and announcements of
-// nodes that are gone are dropped.
-func (s *syncer) keepAnnounced(announced []v1alpha1.AnnouncedLayer, pending []string, gone []string) []v1alpha1.AnnouncedLayer {
-	return slices.DeleteFunc(slices.Clone(announced), func(a v1alpha1.AnnouncedLayer) bool {
-		if a.Node == s.node {
-			return !slices.Contains(pending, a.Layer)
-		}
-		return slices.Contains(gone, a.Node)
-	})
+// committed ends volume's flight. A commit that made no layer (no
+// changes, discarded, failed and retried) takes its announcement back.
+func (s *syncer) committed(ctx context.Context, ref layerfs.CacheRef, volume string, layer bool) {
+	if s == nil {
+		return
+	}
+	s.setInFlight(volume, false)
+	if layer {
+		return
+	}
+	mine := func(a v1alpha1.AnnouncedLayer) bool { return a.Node == s.node && a.Volume == volume }
+	cache, err := s.caches.live(ctx, ref)
+	if err != nil || cache == nil || cache.Status.Published == nil || !slices.ContainsFunc(cache.Status.Published.Announced, mine) {
+		return
+	}
+	if err := s.withdraw(ctx, cache, mine, "its commit made no layer"); err != nil {
+		log.FromContext(ctx).Error(err, "Withdraw the announcement of a commit that made no layer", "cache", ref.String(), "volume", volume)
+	}
 }
 
-// withdraw removes this node's announcements of layers other than
-// pending, with an Event on the Cache naming them and why: the node
-// restarted without them, or they cannot be published.
-func (s *syncer) withdraw(ctx context.Context, cache *v1alpha1.Cache, pending []string, why string) error {
+func (s *syncer) setInFlight(volume string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.inFlight[volume] = true
+	} else {
+		delete(s.inFlight, volume)
+	}
+}
+
+// landed is the change an append of one of this node's layers makes to
+// the announcements, in the same update: the oldest of this node's
+// settled announcements goes (it is that layer's, or of a commit that
+// made its layer before), and those of nodes that are gone are dropped.
+func (s *syncer) landed(ctx context.Context, announced []v1alpha1.AnnouncedLayer, gone []string) []v1alpha1.AnnouncedLayer {
+	out := slices.DeleteFunc(slices.Clone(announced), func(a v1alpha1.AnnouncedLayer) bool { return slices.Contains(gone, a.Node) })
+	if i := slices.IndexFunc(out, func(a v1alpha1.AnnouncedLayer) bool { return s.settled(ctx, a) }); i >= 0 {
+		out = slices.Delete(out, i, i+1)
+	}
+	return out
+}
+
+// settled tells whether a is this node's announcement of a commit that
+// is over: not in flight, and its volume gone from the store. A volume
+// that is still there (an agent restarted before its commit) will be
+// committed, and its announcement stays for it.
+func (s *syncer) settled(ctx context.Context, a v1alpha1.AnnouncedLayer) bool {
+	if a.Node != s.node {
+		return false
+	}
+	s.mu.Lock()
+	flying := s.inFlight[a.Volume]
+	s.mu.Unlock()
+	if flying {
+		return false
+	}
+	_, err := s.store.Volume(ctx, a.Volume)
+	return errors.Is(err, layerfs.ErrNotFound)
+}
+
+// withdraw removes the announcements that which selects, with an Event
+// on the Cache naming them and why: the commit made no layer, the node
+// has nothing left to publish (after a restart), or its layers cannot be
+// published.
+func (s *syncer) withdraw(ctx context.Context, cache *v1alpha1.Cache, which func(v1alpha1.AnnouncedLayer) bool, why string) error {
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	var withdrawn []string
 	_, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		if pub == nil {
 			return pub, false
 		}
-		kept := s.keepAnnounced(pub.Announced, pending, nil)
-		if len(kept) == len(pub.Announced) {
-			return pub, false
-		}
 		withdrawn = withdrawn[:0]
-		for _, a := range pub.Announced {
-			if !slices.ContainsFunc(kept, a.Same) {
-				withdrawn = append(withdrawn, fmt.Sprintf("generation %d (layer %s)", a.Generation, a.Layer))
+		kept := slices.DeleteFunc(slices.Clone(pub.Announced), func(a v1alpha1.AnnouncedLayer) bool {
+			if !which(a) {
+				return false
 			}
+			withdrawn = append(withdrawn, fmt.Sprintf("generation %d (volume %s)", a.Generation, a.Volume))
+			return true
+		})
+		if len(withdrawn) == 0 {
+			return pub, false
 		}
 		pub.Announced = kept
 		return pub, true
@@ -117,6 +169,14 @@ func (s *syncer) withdraw(ctx context.Context, cache *v1alpha1.Cache, pending []
 		"node %s withdrew its announcement of %s of cache %s: %s; builds on other nodes no longer wait for it",
 		s.node, strings.Join(withdrawn, ", "), ref, why)
 	return nil
+}
+
+// announcedBy is node's announcements in the chain.
+func announcedBy(pub *v1alpha1.PublishedChain, node string) []v1alpha1.AnnouncedLayer {
+	if pub == nil {
+		return nil
+	}
+	return slices.DeleteFunc(slices.Clone(pub.Announced), func(a v1alpha1.AnnouncedLayer) bool { return a.Node != node })
 }
 
 // announcement is an announced layer a node waited for or skipped, and

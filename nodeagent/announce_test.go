@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -210,6 +211,28 @@ func TestAnnouncingCostsOneWritePerCommit(t *testing.T) {
 	if got := counted.statusPatches.Load(); got != 0 {
 		t.Errorf("a reading build made %d status patches of the Cache, want 0", got)
 	}
+	counted.statusPatches.Store(0)
+	unchanged := c.provision(t, "node-a", "unchanged")
+	if err := c.commit(t, "node-a", unchanged); err != nil {
+		t.Fatal(err)
+	}
+	if got := counted.statusPatches.Load(); got != 0 {
+		t.Errorf("a build that changed nothing made %d status patches of the Cache, want 0", got)
+	}
+}
+
+// A commit discarded for its size made no layer: its announcement is
+// taken back at once, so no reader waits for it.
+func TestAnAnnouncedCommitThatMakesNoLayerIsWithdrawn(t *testing.T) {
+	c := newSyncCluster(t)
+	c.request = "1Mi"
+	pv := c.provision(t, "node-a", "too-big")
+	writeRandomFile(t, filepath.Join(pv.Spec.HostPath.Path, "big"), 2<<20)
+	c.end(t, "node-a", pv)
+	if pub := c.published(t); len(pub.Announced) != 0 || pub.Generation != 0 {
+		t.Errorf("chain %+v: want no layer and no announcement", pub)
+	}
+	wantEvents(t, c.nodes["node-a"], "Warning "+reasonAnnouncementWithdrawn, 1, "made no layer")
 }
 
 // drain returns the events node recorded since the last drain.

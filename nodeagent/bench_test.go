@@ -33,7 +33,7 @@ func BenchmarkHandoffAcrossNodes(b *testing.B) {
 		bytes int64
 	}{{"4KiB", 4 << 10}, {"64MiB", 64 << 20}, {"1GiB", 1 << 30}} {
 		pv := c.provision(b, "node-a", "writer-"+strings.ToLower(size.name))
-		writeRandom(b, filepath.Join(pv.Spec.HostPath.Path, "delta"), size.bytes)
+		writeRandomFile(b, filepath.Join(pv.Spec.HostPath.Path, "delta"), size.bytes)
 		writeFile(b, pv, "mark", size.name)
 
 		start := time.Now()
@@ -60,18 +60,18 @@ func BenchmarkHandoffAcrossNodes(b *testing.B) {
 	}
 }
 
-// writeRandom writes n random bytes to path, durably.
-func writeRandom(b *testing.B, path string, n int64) {
-	b.Helper()
+// writeRandomFile writes n random bytes to path, durably.
+func writeRandomFile(t testing.TB, path string, n int64) {
+	t.Helper()
 	f, err := os.Create(path)
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	if _, err := io.CopyN(f, rand.NewChaCha8([32]byte{1}), n); err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	if err := f.Sync(); err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 }

@@ -368,3 +368,5 @@ func (s *fakeStore) SetLayerDigest(context.Context, layerfs.CacheRef, string, st
 func (s *fakeStore) Sync(context.Context, layerfs.CacheRef, layerfs.Chain, layerfs.Fetch, layerfs.SyncOptions) (layerfs.SyncResult, error) {
 	return layerfs.SyncResult{}, errFakeStoreSync
 }
+
+func (s *fakeStore) HasChanges(context.Context, string) (bool, error) { return true, nil }

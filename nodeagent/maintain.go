@@ -206,7 +206,7 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 		}
 	}
 	m.reports.Add(info.Cache)
-	if cache.Status.Published != nil && (needsPublish(info, cache.Status.Published) || announces(cache.Status.Published, m.node)) {
+	if cache.Status.Published != nil && (needsPublish(info, cache.Status.Published) || len(announcedBy(cache.Status.Published, m.node)) > 0) {
 		m.publishes.Add(info.Cache)
 	}
 	return nil

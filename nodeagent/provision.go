@@ -37,6 +37,7 @@ type store interface {
 	Inspect(ctx context.Context, cache layerfs.CacheRef) (layerfs.CacheInfo, error)
 	Recover(ctx context.Context) (layerfs.RecoverResult, error)
 	HasControlFile(ctx context.Context, volumeID, name string) (bool, error)
+	HasChanges(ctx context.Context, volumeID string) (bool, error)
 	ExportLayer(ctx context.Context, cache layerfs.CacheRef, layerID string, w io.Writer) error
 	SetLayerDigest(ctx context.Context, cache layerfs.CacheRef, layerID, digest string) error
 	Sync(ctx context.Context, cache layerfs.CacheRef, chain layerfs.Chain, fetch layerfs.Fetch, opts layerfs.SyncOptions) (layerfs.SyncResult, error)
@@ -257,7 +258,17 @@ func (p *Provisioner) readMarker(ctx context.Context, volume string, rec provisi
 
 func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume string, rec provisioned, subject runtime.Object) (ended, error) {
 	start := time.Now()
+	// Announced before the commit's sync, which takes seconds for a large
+	// delta, so that a build starting on another node now waits for it.
+	changed, err := p.store.HasChanges(ctx, volume)
+	announced := err == nil && changed
+	if announced {
+		p.sync.announce(ctx, rec.Cache, volume)
+	}
 	res, err := p.store.Commit(ctx, volume)
+	if announced && (err == nil || errors.Is(err, layerfs.ErrNotFound)) {
+		p.sync.committed(ctx, rec.Cache, volume, res.Layer != "")
+	}
 	if errors.Is(err, layerfs.ErrNotFound) {
 		logger.Info("Volume already gone; nothing to commit")
 		return ended{}, nil
@@ -303,10 +314,7 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 		p.squashes.Add(rec.Cache)
 	}
 	if res.Layer != "" {
-		// Announced before the publish is queued, so that a build that
-		// starts on another node now waits for it. A cache without a
-		// registry costs the announcer and the publisher one read each.
-		p.sync.announce(ctx, rec.Cache, res.Layer, time.Now())
+		// A cache without a registry costs the publisher one read.
 		p.sync.queuePublish(rec.Cache)
 	}
 	return out, nil

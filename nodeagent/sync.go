@@ -80,6 +80,8 @@ type syncer struct {
 	mu      sync.Mutex
 	failing map[layerfs.CacheRef]string
 	stuck   map[layerfs.CacheRef]string
+	// inFlight has the volumes announced and not yet committed.
+	inFlight map[string]bool
 }
 
 // queuePublish queues a publish of the cache; a nil syncer (tests) or
@@ -301,7 +303,7 @@ func (s *syncer) publish(ctx context.Context, ref layerfs.CacheRef) error {
 		s.metrics.fail(opPush, failureUnpublishable)
 		s.failed(cache, err)
 		// It holds back every later layer too, until a commit or a squash.
-		return s.withdraw(ctx, cache, nil, unpublishable.Error())
+		return s.withdraw(ctx, cache, func(a v1alpha1.AnnouncedLayer) bool { return s.settled(ctx, a) }, unpublishable.Error())
 	case err != nil:
 		s.metrics.fail(opPush, failureReason(err))
 		s.failed(cache, err)
@@ -325,10 +327,10 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 		return err
 	}
 	pending := unpublished(info)
-	if len(pending) == 0 && announces(cache.Status.Published, s.node) {
+	if len(pending) == 0 && len(announcedBy(cache.Status.Published, s.node)) > 0 {
 		// Announced before a restart, then squashed into published layers
-		// or lost with the node's store.
-		if err := s.withdraw(ctx, cache, nil, "the node has no unpublished layers any more"); err != nil {
+		// or lost with the node's store; commits in flight keep theirs.
+		if err := s.withdraw(ctx, cache, func(a v1alpha1.AnnouncedLayer) bool { return s.settled(ctx, a) }, "the node has no unpublished layers for it"); err != nil {
 			return err
 		}
 	}
@@ -376,12 +378,8 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 // one would end up below it on this node. A layer that cannot be
 // published therefore holds back the ones after it.
 func (s *syncer) pushPending(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, pending []layerfs.LayerInfo, gone []string, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
-	ids := make([]string, len(pending))
-	for i, l := range pending {
-		ids[i] = l.ID
-	}
 	for i, layer := range pending {
-		next, err := s.pushLayer(ctx, ref, reg, target, layer, announcedChange{pending: ids[i+1:], gone: gone})
+		next, err := s.pushLayer(ctx, ref, reg, target, layer, gone)
 		if errors.Is(err, layerfs.ErrUnpublishable) {
 			s.markStuck(ref, pending)
 			return nil, &unpublishableError{cache: ref, layer: layer.ID, held: len(pending) - i - 1, err: err}
@@ -455,10 +453,9 @@ func sameChain(ref layerfs.CacheRef, reg *registryRef, pub *v1alpha1.PublishedCh
 // next publish push the same blob again (exports are deterministic) and
 // find it already appended.
 //
-// The append also settles announcements, in the same update: this
-// node's stay for the layers still to publish after this one (ann), and
-// those of gone nodes are dropped.
-func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, layer layerfs.LayerInfo, ann announcedChange) (*v1alpha1.PublishedChain, error) {
+// The append also settles announcements in the same update (see
+// landed): the layer's own goes, and those of gone nodes.
+func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, layer layerfs.LayerInfo, gone []string) (*v1alpha1.PublishedChain, error) {
 	start := time.Now()
 	blob, err := target.PushLayer(ctx, s.tmpDir, func(w io.Writer) error {
 		return s.store.ExportLayer(ctx, ref, layer.ID, w)
@@ -479,22 +476,18 @@ func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *regis
 		if pub == nil {
 			return pub, false
 		}
-		announced := s.keepAnnounced(pub.Announced, ann.pending, ann.gone)
-		inChain := slices.ContainsFunc(pub.Layers, func(l v1alpha1.PublishedLayer) bool { return l.Digest == blob.Digest.String() })
-		if inChain && len(announced) == len(pub.Announced) {
-			return pub, false
+		if slices.ContainsFunc(pub.Layers, func(l v1alpha1.PublishedLayer) bool { return l.Digest == blob.Digest.String() }) {
+			return pub, false // appended before a crash, with its announcement
 		}
 		if refused = sameChain(ref, reg, pub); refused != nil {
 			return pub, false
 		}
-		pub.Announced = announced
-		if !inChain {
-			pub.Generation++
-			pub.Layers = slices.Insert(pub.Layers, 0, v1alpha1.PublishedLayer{
-				Digest: blob.Digest.String(), DiffID: blob.DiffID.String(), MediaType: string(blob.MediaType), Size: blob.Size,
-				Generation: pub.Generation, Node: s.node,
-			})
-		}
+		pub.Announced = s.landed(ctx, pub.Announced, gone)
+		pub.Generation++
+		pub.Layers = slices.Insert(pub.Layers, 0, v1alpha1.PublishedLayer{
+			Digest: blob.Digest.String(), DiffID: blob.DiffID.String(), MediaType: string(blob.MediaType), Size: blob.Size,
+			Generation: pub.Generation, Node: s.node,
+		})
 		return pub, true
 	})
 	if err == nil {
@@ -733,18 +726,6 @@ func (s *syncer) publishError(ref layerfs.CacheRef) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.failing[ref]
-}
-
-// announcedChange is what a node's chain update does to announcements:
-// the node's own stay for pending layers only; gone nodes' are dropped.
-type announcedChange struct {
-	pending []string
-	gone    []string
-}
-
-// announces tells whether node has announcements in the chain.
-func announces(pub *v1alpha1.PublishedChain, node string) bool {
-	return pub != nil && slices.ContainsFunc(pub.Announced, func(a v1alpha1.AnnouncedLayer) bool { return a.Node == node })
 }
 
 // needsPublish tells whether the node has layers or a squash to publish.

@@ -191,8 +191,8 @@ func checkAnnounced(announced []v1alpha1.AnnouncedLayer, bad func(field, value, 
 		if msgs := validation.IsDNS1123Subdomain(a.Node); len(msgs) > 0 {
 			return bad(fmt.Sprintf("announced[%d].node", i), fmt.Sprintf("%q", a.Node), "a node name")
 		}
-		if a.Layer == "" || len(a.Layer) > 128 {
-			return bad(fmt.Sprintf("announced[%d].layer", i), fmt.Sprintf("%q", a.Layer), "a layer id of 1 to 128 characters")
+		if msgs := validation.IsDNS1123Label(a.Volume); len(msgs) > 0 {
+			return bad(fmt.Sprintf("announced[%d].volume", i), fmt.Sprintf("%q", a.Volume), "a volume name")
 		}
 	}
 	return nil

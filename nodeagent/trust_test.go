@@ -264,9 +264,9 @@ func TestCheckShape(t *testing.T) {
 		{"bad digest", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{layer(1, "sha256:../../x")}}, "layers[0].digest"},
 		{"bad covered digest", v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{layer(2, d('a'), "md5:x", d('f'))}}, "layers[0].covers[0]"},
 		{"no size", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{{Digest: d('a'), Generation: 1}}}, "layers[0].size"},
-		{"announced", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "node-a", Layer: "l1", Generation: 1}}}, ""},
-		{"announced by no node", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "../x", Layer: "l1"}}}, "announced[0].node"},
-		{"announced without a layer", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "node-a"}}}, "announced[0].layer"},
+		{"announced", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "node-a", Volume: "pvc-1", Generation: 1}}}, ""},
+		{"announced by no node", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "../x", Volume: "pvc-1"}}}, "announced[0].node"},
+		{"announced without a volume", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "node-a", Volume: "../x"}}}, "announced[0].volume"},
 		{"too many announced", v1alpha1.PublishedChain{Announced: make([]v1alpha1.AnnouncedLayer, maxAnnounced+1)}, "at most 64"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -92,38 +92,39 @@ type PublishedChain struct {
 	// +listType=atomic
 	Layers []PublishedLayer `json:"layers,omitempty"`
 
-	// Announced lists layers that nodes have committed and are
-	// publishing. A node records its layer here as it commits, before the
-	// push, and the append of the layer to Layers removes it in the same
-	// update. A node that provisions a volume of the cache waits for the
-	// announced layers of other nodes (within its class's syncTimeout),
-	// so that the next build sees the last one's commit on any node.
+	// Announced lists commits that nodes are making and publishing. A
+	// node records a commit here as the build ends, before it commits and
+	// pushes, and the append of the commit's layer to Layers removes it in
+	// the same update. A node that provisions a volume of the cache waits
+	// for the announced commits of other nodes (within its class's
+	// syncTimeout), so that the next build sees the last one's commit on
+	// any node.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
 	Announced []AnnouncedLayer `json:"announced,omitempty"`
 }
 
-// AnnouncedLayer is a committed layer on its way to the chain.
+// AnnouncedLayer is a commit on its way to the chain.
 type AnnouncedLayer struct {
-	// Node is the node that committed the layer and publishes it.
+	// Node is the node that commits the layer and publishes it.
 	Node string `json:"node"`
 
-	// Layer is the layer's id in that node's store.
-	Layer string `json:"layer"`
+	// Volume is the volume whose build ended, on that node.
+	Volume string `json:"volume"`
 
 	// Generation is the generation the layer is expected to make: the
 	// chain's generation plus the announcements before it. Two nodes
 	// publishing at once may land in the other order.
 	Generation int64 `json:"generation"`
 
-	// Committed is when the node committed the layer.
+	// Committed is when the build ended and the node began the commit.
 	Committed metav1.Time `json:"committed"`
 }
 
-// Same tells whether b announces the same layer as a.
+// Same tells whether b announces the same commit as a.
 func (a AnnouncedLayer) Same(b AnnouncedLayer) bool {
-	return a.Node == b.Node && a.Layer == b.Layer
+	return a.Node == b.Node && a.Volume == b.Volume
 }
 
 // PublishedLayer is one layer of a cache's chain.
