@@ -166,6 +166,26 @@ func TestAnnouncementsAreResolved(t *testing.T) {
 		}
 		wantFile(t, c.provision(t, "node-b", "later"), "a.txt", "a")
 	})
+	t.Run("kept while its volume waits for the commit after a restart", func(t *testing.T) {
+		c := newSyncCluster(t)
+		pv := c.provision(t, "node-a", "build")
+		writeFile(t, pv, "a.txt", "a")
+		// Killed after the announcement, before the commit.
+		c.nodes["node-a"].prov.sync.announce(context.Background(), maven, pv.Name)
+		restarted := c.restart(t, "node-a")
+		if err := restarted.prov.sync.publish(context.Background(), maven); err != nil {
+			t.Fatal(err)
+		}
+		if pub := c.published(t); len(pub.Announced) != 1 {
+			t.Fatalf("chain %+v: want the announcement kept for the volume still to commit", pub)
+		}
+		if err := c.commit(t, "node-a", pv); err != nil {
+			t.Fatal(err)
+		}
+		if pub := c.published(t); pub.Generation != 1 || len(pub.Announced) != 0 {
+			t.Errorf("chain %+v: want the layer published and no announcement", pub)
+		}
+	})
 	t.Run("withdrawn when it cannot be published", func(t *testing.T) {
 		c := newSyncCluster(t)
 		a := c.nodes["node-a"]
