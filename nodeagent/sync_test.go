@@ -155,13 +155,8 @@ func (c *syncCluster) provisionWith(t testing.TB, node, name string, extra map[s
 // agent's queue would.
 func (c *syncCluster) commit(t testing.TB, node string, pv *corev1.PersistentVolume) error {
 	t.Helper()
-	n := c.nodes[node]
-	pv.Annotations[v1alpha1.AnnotationPodOutcome] = v1alpha1.OutcomeSucceeded
-	pv.Status.Phase = corev1.VolumeReleased
-	if err := n.prov.Delete(context.Background(), pv); err != nil {
-		t.Fatalf("Delete %s on %s: %v", pv.Name, node, err)
-	}
-	return n.prov.sync.publish(context.Background(), maven)
+	c.end(t, node, pv)
+	return c.nodes[node].prov.sync.publish(context.Background(), maven)
 }
 
 func (c *syncCluster) published(t testing.TB) *v1alpha1.PublishedChain {
