@@ -51,21 +51,15 @@ func (s *syncer) announce(ctx context.Context, ref layerfs.CacheRef, volume stri
 		return
 	}
 	s.setInFlight(volume, true)
-	logger := log.FromContext(ctx).WithValues("cache", ref.String(), "volume", volume)
-	cache, err := s.caches.live(ctx, ref)
-	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil {
-		if err != nil {
-			logger.Error(err, "Read the Cache to announce a commit; readers on other nodes will not wait for it")
-		}
-		return
-	}
-	if _, err := s.checkChain(ctx, cache); err != nil {
-		return // publish reports the untrusted chain
-	}
 	now := metav1.NewTime(time.Now().UTC().Truncate(time.Second))
-	_, err = s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+	_, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		mine := v1alpha1.AnnouncedLayer{Node: s.node, Volume: volume}
 		if pub == nil || len(pub.Announced) >= maxAnnounced || slices.ContainsFunc(pub.Announced, mine.Same) {
+			return pub, false
+		}
+		// Only into a chain of a registry this node serves; publish
+		// reports any other.
+		if _, err := s.trust.registry(ref, pub); err != nil {
 			return pub, false
 		}
 		mine.Generation, mine.Committed = pub.Generation+int64(len(pub.Announced))+1, now
@@ -73,7 +67,7 @@ func (s *syncer) announce(ctx context.Context, ref layerfs.CacheRef, volume stri
 		return pub, true
 	})
 	if err != nil {
-		logger.Error(err, "Announce a commit; readers on other nodes will not wait for it")
+		log.FromContext(ctx).Error(err, "Announce a commit; readers on other nodes will not wait for it", "cache", ref.String(), "volume", volume)
 	}
 }
 
@@ -88,11 +82,7 @@ func (s *syncer) committed(ctx context.Context, ref layerfs.CacheRef, volume str
 		return
 	}
 	mine := func(a v1alpha1.AnnouncedLayer) bool { return a.Node == s.node && a.Volume == volume }
-	cache, err := s.caches.live(ctx, ref)
-	if err != nil || cache == nil || cache.Status.Published == nil || !slices.ContainsFunc(cache.Status.Published.Announced, mine) {
-		return
-	}
-	if err := s.withdraw(ctx, cache, mine, "its commit made no layer"); err != nil {
+	if err := s.withdraw(ctx, ref, mine, "its commit made no layer"); err != nil {
 		log.FromContext(ctx).Error(err, "Withdraw the announcement of a commit that made no layer", "cache", ref.String(), "volume", volume)
 	}
 }
@@ -141,10 +131,9 @@ func (s *syncer) settled(ctx context.Context, a v1alpha1.AnnouncedLayer) bool {
 // on the Cache naming them and why: the commit made no layer, the node
 // has nothing left to publish (after a restart), or its layers cannot be
 // published.
-func (s *syncer) withdraw(ctx context.Context, cache *v1alpha1.Cache, which func(v1alpha1.AnnouncedLayer) bool, why string) error {
-	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
+func (s *syncer) withdraw(ctx context.Context, ref layerfs.CacheRef, which func(v1alpha1.AnnouncedLayer) bool, why string) error {
 	var withdrawn []string
-	_, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+	cache, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		if pub == nil {
 			return pub, false
 		}
@@ -162,7 +151,7 @@ func (s *syncer) withdraw(ctx context.Context, cache *v1alpha1.Cache, which func
 		pub.Announced = kept
 		return pub, true
 	})
-	if err != nil || len(withdrawn) == 0 {
+	if err != nil || cache == nil || len(withdrawn) == 0 {
 		return err
 	}
 	s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonAnnouncementWithdrawn, actionPush,

@@ -303,7 +303,7 @@ func (s *syncer) publish(ctx context.Context, ref layerfs.CacheRef) error {
 		s.metrics.fail(opPush, failureUnpublishable)
 		s.failed(cache, err)
 		// It holds back every later layer too, until a commit or a squash.
-		return s.withdraw(ctx, cache, func(a v1alpha1.AnnouncedLayer) bool { return s.settled(ctx, a) }, unpublishable.Error())
+		return s.withdraw(ctx, layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}, func(a v1alpha1.AnnouncedLayer) bool { return s.settled(ctx, a) }, unpublishable.Error())
 	case err != nil:
 		s.metrics.fail(opPush, failureReason(err))
 		s.failed(cache, err)
@@ -330,7 +330,7 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 	if len(pending) == 0 && len(announcedBy(cache.Status.Published, s.node)) > 0 {
 		// Announced before a restart, then squashed into published layers
 		// or lost with the node's store; commits in flight keep theirs.
-		if err := s.withdraw(ctx, cache, func(a v1alpha1.AnnouncedLayer) bool { return s.settled(ctx, a) }, "the node has no unpublished layers for it"); err != nil {
+		if err := s.withdraw(ctx, ref, func(a v1alpha1.AnnouncedLayer) bool { return s.settled(ctx, a) }, "the node has no unpublished layers for it"); err != nil {
 			return err
 		}
 	}
