@@ -266,6 +266,7 @@ func BenchmarkPullOntoFreshNode(b *testing.B) {
 		}))
 	}
 	layercache, blobOnly := medianOf(pulls), medianOf(fetches)
+	b.Logf("pulls %v, blob fetches %v", pulls, fetches)
 	extract := timed(func() {
 		plainExtract(b, target, tarBlob, b.TempDir())
 	})
