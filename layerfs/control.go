@@ -63,8 +63,6 @@ func stripControlDir(upper string) error {
 	return syncDir(upper)
 }
 
-// upperIsEmpty reports whether an upper layer holds nothing but the control
-// directory: such a volume commits no layer.
 // HasChanges tells whether a volume's build has written anything that a
 // commit would keep (anything but the control directory). A volume whose
 // upper directory is gone (a commit under way or done) has none left.
@@ -82,6 +80,8 @@ func (s *Store) HasChanges(ctx context.Context, volumeID string) (bool, error) {
 	return !empty, err
 }
 
+// upperIsEmpty reports whether an upper layer holds nothing but the control
+// directory: such a volume commits no layer.
 func upperIsEmpty(upper string) (bool, error) {
 	f, err := os.Open(upper)
 	if err != nil {

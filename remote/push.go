@@ -62,9 +62,14 @@ func (t *Target) compressTo(f *os.File, export Export) (Blob, error) {
 		return Blob{}, fmt.Errorf("start %s compression: %w", t.Compression, err)
 	}
 	uncompressed := newCounter(sha256.New())
-	if err := export(io.MultiWriter(zw, uncompressed)); err != nil {
+	pw := newPipeWriter(io.MultiWriter(zw, uncompressed), 1<<20, 4)
+	if err := export(pw); err != nil {
 		zw.Close()
-		return Blob{}, fmt.Errorf("export layer: %w", err)
+		return Blob{}, fmt.Errorf("export layer: %w", errors.Join(pw.Close(), err))
+	}
+	if err := pw.Close(); err != nil {
+		zw.Close()
+		return Blob{}, fmt.Errorf("compress layer: %w", err)
 	}
 	if err := zw.Close(); err != nil {
 		return Blob{}, fmt.Errorf("compress layer: %w", err)
