@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -245,11 +244,11 @@ func (p *Provisioner) readMarker(ctx context.Context, volume string, rec provisi
 	if rec.Commit != v1alpha1.CommitOnMarker || rec.Mode != v1alpha1.ModeWrite {
 		return markerNone, nil
 	}
-	abort, err := p.store.HasControlFile(ctx, volume, path.Base(v1alpha1.MarkerAbort))
+	abort, err := p.store.HasControlFile(ctx, volume, v1alpha1.MarkerAbort)
 	if err != nil || abort {
 		return markerAbort, err
 	}
-	commit, err := p.store.HasControlFile(ctx, volume, path.Base(v1alpha1.MarkerCommit))
+	commit, err := p.store.HasControlFile(ctx, volume, v1alpha1.MarkerCommit)
 	if err != nil || !commit {
 		return markerNone, err
 	}

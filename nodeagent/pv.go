@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"fmt"
+	"path"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -98,6 +99,11 @@ const (
 	markerAbort                // v1alpha1.MarkerAbort, whatever else
 )
 
+// markerPath is where a build writes a marker, from the volume's root.
+func markerPath(name string) string {
+	return path.Join(layerfs.ControlDir, name)
+}
+
 // parsePV reads back the annotations buildPV wrote. An error means someone
 // edited them; the message says which and how to repair it.
 func parsePV(pv *corev1.PersistentVolume) (provisioned, error) {
@@ -154,9 +160,9 @@ func (p provisioned) discardWhy() string {
 	case p.Commit == v1alpha1.CommitNever:
 		return "its commit policy is never"
 	case p.Commit == v1alpha1.CommitOnMarker && p.Marker == markerAbort:
-		return "its build wrote " + v1alpha1.MarkerAbort + " and the commit policy is " + v1alpha1.CommitOnMarker
+		return "its build wrote " + markerPath(v1alpha1.MarkerAbort) + " and the commit policy is " + v1alpha1.CommitOnMarker
 	case p.Commit == v1alpha1.CommitOnMarker:
-		return "its build did not write " + v1alpha1.MarkerCommit + " and the commit policy is " + v1alpha1.CommitOnMarker
+		return "its build did not write " + markerPath(v1alpha1.MarkerCommit) + " and the commit policy is " + v1alpha1.CommitOnMarker
 	case p.Outcome == v1alpha1.OutcomeFailed:
 		return "its pod failed and the commit policy is " + p.Commit
 	default:

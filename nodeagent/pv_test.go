@@ -151,3 +151,21 @@ func TestShouldCommit(t *testing.T) {
 		}
 	}
 }
+
+// TestDiscardWhyNamesMarkers pins the marker paths in the Discarded Event:
+// users write them from the volume's root, so the Event names them so.
+func TestDiscardWhyNamesMarkers(t *testing.T) {
+	tests := []struct {
+		marker marker
+		want   string
+	}{
+		{markerNone, "its build did not write .layercache/commit and the commit policy is on-marker"},
+		{markerAbort, "its build wrote .layercache/abort and the commit policy is on-marker"},
+	}
+	for _, tt := range tests {
+		p := provisioned{Mode: "write", Commit: "on-marker", Marker: tt.marker}
+		if got := p.discardWhy(); got != tt.want {
+			t.Errorf("marker %d: discardWhy = %q, want %q", tt.marker, got, tt.want)
+		}
+	}
+}

@@ -47,14 +47,12 @@ const (
 	// holds the volume's changes, when AnnotationResult is ResultCommitted.
 	AnnotationCommittedGeneration = "layercache.dev/committed-generation"
 
-	// ControlDir is the directory at a volume's root through which a build
-	// talks to layercache. It never lands in the cache.
-	ControlDir = ".layercache"
-	// MarkerCommit and MarkerAbort are files in ControlDir. Under
-	// CommitOnMarker the volume is committed only if the build wrote
-	// MarkerCommit and not MarkerAbort.
-	MarkerCommit = ControlDir + "/commit"
-	MarkerAbort  = ControlDir + "/abort"
+	// MarkerCommit and MarkerAbort are files in the volume's control
+	// directory, .layercache at its root (layerfs.ControlDir, which the
+	// store owns and strips at commit). Under CommitOnMarker the volume is
+	// committed only if the build wrote MarkerCommit and not MarkerAbort.
+	MarkerCommit = "commit"
+	MarkerAbort  = "abort"
 
 	// FinalizerOutcome on a standalone PVC is added by the manager and
 	// removed once every pod that used the claim has ended and their

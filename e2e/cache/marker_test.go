@@ -4,6 +4,7 @@ package cache
 
 import (
 	"context"
+	"path"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
 )
 
 // TestCommitOnMarker checks the commit policy of CI systems whose pod's
@@ -26,7 +28,8 @@ func TestCommitOnMarker(t *testing.T) {
 	defer cancel()
 	const cacheName = "marker"
 	ann := cacheAnnotations(cacheName, v1alpha1.AnnotationCommit, v1alpha1.CommitOnMarker)
-	mark := "mkdir -p /cache/.layercache && touch /cache/" + v1alpha1.MarkerCommit
+	control := path.Join("/cache", layerfs.ControlDir)
+	mark := "mkdir -p " + control + " && touch " + path.Join(control, v1alpha1.MarkerCommit)
 
 	pods := []struct {
 		name, script string
@@ -36,7 +39,7 @@ func TestCommitOnMarker(t *testing.T) {
 		// The runner's job passed, but its pod failed on the way out.
 		{"marked", "echo marked > /cache/marked && " + mark + " && exit 1", corev1.PodFailed, "Committed"},
 		{"unmarked", "echo unmarked > /cache/unmarked", corev1.PodSucceeded, "Discarded"},
-		{"aborted", "echo aborted > /cache/aborted && " + mark + " && touch /cache/" + v1alpha1.MarkerAbort, corev1.PodSucceeded, "Discarded"},
+		{"aborted", "echo aborted > /cache/aborted && " + mark + " && touch " + path.Join(control, v1alpha1.MarkerAbort), corev1.PodSucceeded, "Discarded"},
 		// The CI deletes the pod as soon as the job is done.
 		{"deleted", "echo deleted > /cache/deleted && " + mark + " && touch /tmp/done && sleep 3600", "", "Committed"},
 	}
