@@ -257,7 +257,7 @@ func (r *ReleaseReconciler) releaseUnused(ctx context.Context, pvc *corev1.Persi
 		return reconcile.Result{}, r.liftProtection(ctx, pvc)
 	}
 	return reconcile.Result{}, r.release(ctx, pvc, nil, outcomeUnknown,
-		"its pods were deleted before they were seen to end; the outcome is unknown, so the volume is committed only under commit policy "+v1alpha1.CommitAlways)
+		"its pods were deleted before they were seen to end; the outcome is unknown, so the volume is committed only under commit policy "+string(v1alpha1.CommitAlways))
 }
 
 // recordOutcome writes the outcome on the claim's PV. The node agent acts on

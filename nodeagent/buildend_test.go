@@ -165,7 +165,7 @@ func must(t testing.TB, err error) {
 
 func TestBuildEnd(t *testing.T) {
 	maven := map[string]string{v1alpha1.AnnotationCache: "maven"}
-	onMarker := map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationCommit: v1alpha1.CommitOnMarker}
+	onMarker := map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationCommit: string(v1alpha1.CommitOnMarker)}
 	tests := []struct {
 		name    string
 		ann     map[string]string

@@ -78,6 +78,12 @@ func annotationError(key, value, fix string) error {
 		Message: fmt.Sprintf("annotation %s has value %q: %s", key, value, fix)}
 }
 
+// refusedValue refuses a claim whose annotation value did not parse; err
+// says what is wrong and the valid values, orDefault how to get the default.
+func refusedValue(err error, orDefault string) error {
+	return &claimError{Reason: reasonInvalidAnnotation, Message: err.Error() + ", " + orDefault}
+}
+
 func classError(class, format string, args ...any) error {
 	return &claimError{Reason: reasonInvalidStorageClass,
 		Message: fmt.Sprintf("StorageClass %q: ", class) + fmt.Sprintf(format, args...)}
@@ -86,8 +92,8 @@ func classError(class, format string, args ...any) error {
 // volumeRequest is what a claim and its class ask for, validated.
 type volumeRequest struct {
 	Cache  layerfs.CacheRef
-	Mode   string // v1alpha1.ModeWrite or ModeRead
-	Commit string // v1alpha1.Commit*
+	Mode   v1alpha1.Mode
+	Commit v1alpha1.CommitPolicy
 	// ForcedRead is set when the class turned an explicit write into a read.
 	ForcedRead bool
 	UID, GID   int
@@ -180,7 +186,7 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	}
 	switch v := class.Parameters[paramMode]; v {
 	case "":
-	case v1alpha1.ModeRead:
+	case string(v1alpha1.ModeRead):
 		p.ForceRead = true
 	default:
 		perm, err := strconv.ParseUint(v, 8, 32)
@@ -233,7 +239,6 @@ func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *cor
 	if q, ok := claim.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
 		req.LimitBytes = q.Value()
 	}
-	ann := claim.Annotations
 
 	ref, err := claimCache(claim, class, pod)
 	if err != nil {
@@ -241,43 +246,52 @@ func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *cor
 	}
 	req.Cache = ref
 	req.Registry = class.Registry.forCache(ref, req.LimitBytes)
+	if req.Mode, req.ForcedRead, err = claimMode(claim, ref, class); err != nil {
+		return req, err
+	}
+	req.Commit, err = claimCommit(claim)
+	return req, err
+}
+
+// claimMode is the mode the claim asks for, by default write to a cache of
+// its own namespace and read of another's. A class that forces reads turns
+// a write into a read; forced tells whether the claim asked for that write.
+func claimMode(claim *corev1.PersistentVolumeClaim, ref layerfs.CacheRef, class classParams) (mode v1alpha1.Mode, forced bool, err error) {
 	own := ref.Namespace == claim.Namespace
-
-	switch m := ann[v1alpha1.AnnotationMode]; m {
-	case "":
-		req.Mode = v1alpha1.ModeWrite
-		if !own {
-			req.Mode = v1alpha1.ModeRead
+	asked := claim.Annotations[v1alpha1.AnnotationMode]
+	switch {
+	case asked == "" && own:
+		mode = v1alpha1.ModeWrite
+	case asked == "":
+		mode = v1alpha1.ModeRead
+	default:
+		if mode, err = v1alpha1.ParseMode(asked); err != nil {
+			return "", false, refusedValue(err, "or remove the annotation (the default is write in the cache's own namespace and read for another namespace's cache)")
 		}
-	case v1alpha1.ModeRead:
-		req.Mode = m
-	case v1alpha1.ModeWrite:
-		if !own {
-			return req, &claimError{Reason: reasonInvalidAnnotation,
+		if mode == v1alpha1.ModeWrite && !own {
+			return "", false, &claimError{Reason: reasonInvalidAnnotation,
 				Message: fmt.Sprintf("annotation %s is %q, but cache %s belongs to namespace %q and a claim may only read another namespace's cache; set %s: %s, or use a cache of namespace %q",
-					v1alpha1.AnnotationMode, m, ref, ref.Namespace, v1alpha1.AnnotationMode, v1alpha1.ModeRead, claim.Namespace)}
+					v1alpha1.AnnotationMode, asked, ref, ref.Namespace, v1alpha1.AnnotationMode, v1alpha1.ModeRead, claim.Namespace)}
 		}
-		req.Mode = m
-	default:
-		return req, annotationError(v1alpha1.AnnotationMode, m,
-			fmt.Sprintf("use %q or %q, or remove the annotation (the default is write in the cache's own namespace and read for another namespace's cache)", v1alpha1.ModeWrite, v1alpha1.ModeRead))
 	}
-	if class.ForceRead && req.Mode == v1alpha1.ModeWrite {
-		req.Mode = v1alpha1.ModeRead
-		req.ForcedRead = ann[v1alpha1.AnnotationMode] == v1alpha1.ModeWrite
+	if class.ForceRead && mode == v1alpha1.ModeWrite {
+		return v1alpha1.ModeRead, asked != "", nil
 	}
+	return mode, false, nil
+}
 
-	switch c := ann[v1alpha1.AnnotationCommit]; c {
-	case "":
-		req.Commit = v1alpha1.CommitOnSuccess
-	case v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker:
-		req.Commit = c
-	default:
-		return req, annotationError(v1alpha1.AnnotationCommit, c,
-			fmt.Sprintf("use %q, %q, %q or %q, or remove the annotation (the default is %s)",
-				v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker, v1alpha1.CommitOnSuccess))
+// claimCommit is the commit policy the claim asks for, by default
+// CommitOnSuccess.
+func claimCommit(claim *corev1.PersistentVolumeClaim) (v1alpha1.CommitPolicy, error) {
+	asked := claim.Annotations[v1alpha1.AnnotationCommit]
+	if asked == "" {
+		return v1alpha1.CommitOnSuccess, nil
 	}
-	return req, nil
+	policy, err := v1alpha1.ParseCommitPolicy(asked)
+	if err != nil {
+		return "", refusedValue(err, "or remove the annotation (the default is "+string(v1alpha1.CommitOnSuccess)+")")
+	}
+	return policy, nil
 }
 
 // claimCache is the cache the claim names by annotation, or else the one

@@ -129,7 +129,7 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 		Name: opts.PVName, Node: p.node, Hostname: p.hostname,
 		Request: req, Volume: vol, Claim: claim, Class: opts.StorageClass,
 	})
-	p.metrics.provisionSeconds.WithLabelValues(req.Mode).Observe(time.Since(start).Seconds())
+	p.metrics.provisionSeconds.WithLabelValues(string(req.Mode)).Observe(time.Since(start).Seconds())
 	if vol.BaseGeneration > 0 {
 		p.metrics.hits.WithLabelValues(req.Cache.Namespace, req.Cache.Name).Inc()
 	} else {

@@ -48,8 +48,8 @@ func buildPV(s pvSpec) *corev1.PersistentVolume {
 			Labels: map[string]string{labelNode: s.Node},
 			Annotations: map[string]string{
 				v1alpha1.AnnotationCache:          s.Request.Cache.String(),
-				v1alpha1.AnnotationMode:           s.Request.Mode,
-				v1alpha1.AnnotationCommit:         s.Request.Commit,
+				v1alpha1.AnnotationMode:           string(s.Request.Mode),
+				v1alpha1.AnnotationCommit:         string(s.Request.Commit),
 				v1alpha1.AnnotationBaseGeneration: strconv.FormatInt(s.Volume.BaseGeneration, 10),
 				v1alpha1.AnnotationNode:           s.Node,
 			},
@@ -84,8 +84,8 @@ func buildPV(s pvSpec) *corev1.PersistentVolume {
 // seen by the agent) and, under CommitOnMarker, the build's markers.
 type provisioned struct {
 	Cache   layerfs.CacheRef
-	Mode    string
-	Commit  string
+	Mode    v1alpha1.Mode
+	Commit  v1alpha1.CommitPolicy
 	Outcome string // v1alpha1.Outcome*, or "" when unknown
 	Marker  marker
 }
@@ -114,16 +114,11 @@ func parsePV(pv *corev1.PersistentVolume) (provisioned, error) {
 		return p, fmt.Errorf("PV %s: annotation %s: %w; restore it to the NAMESPACE/NAME of the volume's cache", pv.Name, v1alpha1.AnnotationCache, err)
 	}
 	p.Cache = ref
-	switch p.Mode = ann[v1alpha1.AnnotationMode]; p.Mode {
-	case v1alpha1.ModeWrite, v1alpha1.ModeRead:
-	default:
-		return p, fmt.Errorf("PV %s: annotation %s has value %q: restore it to %q or %q", pv.Name, v1alpha1.AnnotationMode, p.Mode, v1alpha1.ModeWrite, v1alpha1.ModeRead)
+	if p.Mode, err = v1alpha1.ParseMode(ann[v1alpha1.AnnotationMode]); err != nil {
+		return p, editedError(pv, err)
 	}
-	switch p.Commit = ann[v1alpha1.AnnotationCommit]; p.Commit {
-	case v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker:
-	default:
-		return p, fmt.Errorf("PV %s: annotation %s has value %q: restore it to %q, %q, %q or %q", pv.Name, v1alpha1.AnnotationCommit, p.Commit,
-			v1alpha1.CommitOnSuccess, v1alpha1.CommitAlways, v1alpha1.CommitNever, v1alpha1.CommitOnMarker)
+	if p.Commit, err = v1alpha1.ParseCommitPolicy(ann[v1alpha1.AnnotationCommit]); err != nil {
+		return p, editedError(pv, err)
 	}
 	// Any other outcome value is as good as none: the pod's result is unknown.
 	switch o := ann[v1alpha1.AnnotationPodOutcome]; o {
@@ -131,6 +126,12 @@ func parsePV(pv *corev1.PersistentVolume) (provisioned, error) {
 		p.Outcome = o
 	}
 	return p, nil
+}
+
+// editedError says that an annotation of the PV no longer holds what
+// buildPV wrote there.
+func editedError(pv *corev1.PersistentVolume, err error) error {
+	return fmt.Errorf("PV %s: %w; restore it to the value the volume was provisioned with", pv.Name, err)
 }
 
 // shouldCommit decides the fate of a volume whose build ended: only
@@ -160,12 +161,12 @@ func (p provisioned) discardWhy() string {
 	case p.Commit == v1alpha1.CommitNever:
 		return "its commit policy is never"
 	case p.Commit == v1alpha1.CommitOnMarker && p.Marker == markerAbort:
-		return "its build wrote " + markerPath(v1alpha1.MarkerAbort) + " and the commit policy is " + v1alpha1.CommitOnMarker
+		return "its build wrote " + markerPath(v1alpha1.MarkerAbort) + " and the commit policy is " + string(v1alpha1.CommitOnMarker)
 	case p.Commit == v1alpha1.CommitOnMarker:
-		return "its build did not write " + markerPath(v1alpha1.MarkerCommit) + " and the commit policy is " + v1alpha1.CommitOnMarker
+		return "its build did not write " + markerPath(v1alpha1.MarkerCommit) + " and the commit policy is " + string(v1alpha1.CommitOnMarker)
 	case p.Outcome == v1alpha1.OutcomeFailed:
-		return "its pod failed and the commit policy is " + p.Commit
+		return "its pod failed and the commit policy is " + string(p.Commit)
 	default:
-		return "its pod's outcome is unknown and the commit policy is " + p.Commit + " (only always commits without a known outcome)"
+		return "its pod's outcome is unknown and the commit policy is " + string(p.Commit) + " (only always commits without a known outcome)"
 	}
 }

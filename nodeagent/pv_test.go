@@ -130,8 +130,10 @@ func TestParsePV(t *testing.T) {
 
 func TestShouldCommit(t *testing.T) {
 	tests := []struct {
-		mode, commit, outcome string
-		want                  bool
+		mode    v1alpha1.Mode
+		commit  v1alpha1.CommitPolicy
+		outcome string
+		want    bool
 	}{
 		{"write", "on-success", "succeeded", true},
 		{"write", "on-success", "failed", false},

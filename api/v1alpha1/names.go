@@ -67,18 +67,9 @@ const (
 	FinalizerCleanup = "layercache.dev/cleanup"
 )
 
-// Values of the annotations above.
+// Values of the annotations above; those of AnnotationMode and
+// AnnotationCommit are the types Mode and CommitPolicy (values.go).
 const (
-	ModeWrite = "write"
-	ModeRead  = "read"
-
-	CommitOnSuccess = "on-success"
-	CommitAlways    = "always"
-	CommitNever     = "never"
-	// CommitOnMarker commits only if the build wrote MarkerCommit: for CI
-	// systems whose pods do not end with the job's result.
-	CommitOnMarker = "on-marker"
-
 	ReleaseOnPodExit = "on-pod-exit"
 
 	OutcomeSucceeded = "succeeded"

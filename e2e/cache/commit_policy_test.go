@@ -25,12 +25,13 @@ func TestCommitPolicy(t *testing.T) {
 	const cacheName = "policy"
 
 	cases := []struct {
-		pod, commit string // commit "" leaves the annotation out
-		exit        string
-		phase       corev1.PodPhase
-		outcome     string
-		end         string // the Event reason on the PV
-		kept        bool
+		pod     string
+		commit  v1alpha1.CommitPolicy // "" leaves the annotation out
+		exit    string
+		phase   corev1.PodPhase
+		outcome string
+		end     string // the Event reason on the PV
+		kept    bool
 	}{
 		{pod: "failed-default", exit: "1", phase: corev1.PodFailed, outcome: v1alpha1.OutcomeFailed, end: "Discarded"},
 		{pod: "failed-always", commit: v1alpha1.CommitAlways, exit: "1", phase: corev1.PodFailed, outcome: v1alpha1.OutcomeFailed, end: "Committed", kept: true},
@@ -39,7 +40,7 @@ func TestCommitPolicy(t *testing.T) {
 	for _, c := range cases {
 		ann := cacheAnnotations(cacheName)
 		if c.commit != "" {
-			ann[v1alpha1.AnnotationCommit] = c.commit
+			ann[v1alpha1.AnnotationCommit] = string(c.commit)
 		}
 		pod := e.cachePod(c.pod, ann, "echo "+c.pod+" > /cache/"+c.pod+" && exit "+c.exit)
 		if _, err := e.CreatePod(ctx, pod); err != nil {

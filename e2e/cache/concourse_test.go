@@ -93,8 +93,8 @@ func concourseCache(kind, readable string, identity ...string) string {
 // concourseTask is a task step's pod: the resource's cache read-only at
 // /input, the task's own cache at /cache.
 func (e *env) concourseTask(name, resource, cache, script string) *corev1.Pod {
-	pod := e.cachePod(name, cacheAnnotations(cache, v1alpha1.AnnotationCommit, v1alpha1.CommitAlways), script)
-	input := cacheVolume(cacheAnnotations(resource, v1alpha1.AnnotationMode, v1alpha1.ModeRead))
+	pod := e.cachePod(name, cacheAnnotations(cache, v1alpha1.AnnotationCommit, string(v1alpha1.CommitAlways)), script)
+	input := cacheVolume(cacheAnnotations(resource, v1alpha1.AnnotationMode, string(v1alpha1.ModeRead)))
 	input.Name = "input"
 	pod.Spec.Volumes = append(pod.Spec.Volumes, input)
 	pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "input", MountPath: "/input"})

@@ -27,7 +27,7 @@ func TestCommitOnMarker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
 	defer cancel()
 	const cacheName = "marker"
-	ann := cacheAnnotations(cacheName, v1alpha1.AnnotationCommit, v1alpha1.CommitOnMarker)
+	ann := cacheAnnotations(cacheName, v1alpha1.AnnotationCommit, string(v1alpha1.CommitOnMarker))
 	control := path.Join("/cache", layerfs.ControlDir)
 	mark := "mkdir -p " + control + " && touch " + path.Join(control, v1alpha1.MarkerCommit)
 
@@ -62,7 +62,7 @@ func TestCommitOnMarker(t *testing.T) {
 			}
 		}
 		end := e.expectVolumeEnd(ctx, p.name, p.end)
-		if p.end == "Discarded" && !strings.Contains(end.Event, v1alpha1.CommitOnMarker) {
+		if p.end == "Discarded" && !strings.Contains(end.Event, string(v1alpha1.CommitOnMarker)) {
 			t.Errorf("pod %s: Discarded Event %q does not say why (the marker)", p.name, end.Event)
 		}
 	}

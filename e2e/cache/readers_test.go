@@ -37,7 +37,7 @@ func TestReadModeAndReaders(t *testing.T) {
 	read := "cat /cache/seed && echo reader > /cache/from-reader"
 	for _, pod := range []*corev1.Pod{
 		reader.cachePod("ungranted", cacheAnnotations(ref), read),
-		reader.cachePod("write-other", cacheAnnotations(ref, v1alpha1.AnnotationMode, v1alpha1.ModeWrite), read),
+		reader.cachePod("write-other", cacheAnnotations(ref, v1alpha1.AnnotationMode, string(v1alpha1.ModeWrite)), read),
 	} {
 		if _, err := reader.CreatePod(ctx, pod); err != nil {
 			t.Fatal(err)
@@ -58,7 +58,7 @@ func TestReadModeAndReaders(t *testing.T) {
 
 	// A read view of one's own cache: readable and writable scratch space,
 	// never committed.
-	owner.runPod(ctx, owner.cachePod("own-read", cacheAnnotations(cacheName, v1alpha1.AnnotationMode, v1alpha1.ModeRead),
+	owner.runPod(ctx, owner.cachePod("own-read", cacheAnnotations(cacheName, v1alpha1.AnnotationMode, string(v1alpha1.ModeRead)),
 		"cat /cache/seed && echo own-read > /cache/from-own-read"), corev1.PodSucceeded)
 	if got := owner.logs(ctx, "own-read"); got != "seed\n" {
 		t.Errorf("read view of the own cache shows %q, want %q", got, "seed\n")
@@ -79,7 +79,7 @@ func TestReadModeAndReaders(t *testing.T) {
 			t.Errorf("pod %s of the granted namespace reads %q, want %q", pod, got, "seed\n")
 		}
 		end := reader.expectVolumeEnd(ctx, pod, "Discarded")
-		checkPVAnnotations(t, end.PV, map[string]string{v1alpha1.AnnotationCache: ref, v1alpha1.AnnotationMode: v1alpha1.ModeRead})
+		checkPVAnnotations(t, end.PV, map[string]string{v1alpha1.AnnotationCache: ref, v1alpha1.AnnotationMode: string(v1alpha1.ModeRead)})
 	}
 	reader.expectNoVolume(ctx, "write-other")
 

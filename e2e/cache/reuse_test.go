@@ -36,8 +36,8 @@ func TestNextJobSeesCommittedFiles(t *testing.T) {
 	end := e.expectVolumeEnd(ctx, first.Name, "Committed")
 	checkPVAnnotations(t, end.PV, map[string]string{
 		v1alpha1.AnnotationCache:          e.Namespace + "/" + cacheName,
-		v1alpha1.AnnotationMode:           v1alpha1.ModeWrite,
-		v1alpha1.AnnotationCommit:         v1alpha1.CommitOnSuccess,
+		v1alpha1.AnnotationMode:           string(v1alpha1.ModeWrite),
+		v1alpha1.AnnotationCommit:         string(v1alpha1.CommitOnSuccess),
 		v1alpha1.AnnotationBaseGeneration: "0",
 		v1alpha1.AnnotationNode:           e.Node.Name,
 		v1alpha1.AnnotationPodOutcome:     v1alpha1.OutcomeSucceeded,

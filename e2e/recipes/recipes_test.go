@@ -126,7 +126,7 @@ func TestRecipesNameACacheOnMarker(t *testing.T) {
 				t.Fatalf("no generic ephemeral volume named cache in %+v", pod.Spec.Volumes)
 			}
 			ann := cache.Annotations
-			if ann[v1alpha1.AnnotationCache] == "" || ann[v1alpha1.AnnotationCommit] != v1alpha1.CommitOnMarker {
+			if ann[v1alpha1.AnnotationCache] == "" || ann[v1alpha1.AnnotationCommit] != string(v1alpha1.CommitOnMarker) {
 				t.Errorf("cache claim annotations %v, want a cache and commit %s (the pod's end says nothing of the job)", ann, v1alpha1.CommitOnMarker)
 			}
 			if sc := cache.Spec.StorageClassName; sc == nil || *sc != v1alpha1.StorageClassName {
