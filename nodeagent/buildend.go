@@ -3,7 +3,6 @@ package nodeagent
 import (
 	"context"
 	"encoding/json"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -16,10 +15,10 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
-	"k8s.io/component-helpers/storage/ephemeral"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/podfacts"
 )
 
 // indexClaim indexes pods by the claims they use, as NAMESPACE/NAME.
@@ -91,84 +90,16 @@ func claimKey(pv *corev1.PersistentVolume) string {
 	return pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name
 }
 
-// podEnded tells whether the kubelet reports every container of the pod
-// stopped for good. The store's own busy check cannot see a build that
-// still runs: containers reach the volume through bind mounts in their own
-// mount namespaces, which keep the overlay alive after the agent unmounts
-// its view. So only the kubelet's word that every container stopped makes
-// a commit safe.
-//
-// A terminal phase says so once no container runs. The kubelet reports each
-// container's exit about a second before that phase (it tears the pod's
-// sandbox down in between), so a pod whose containers have all exited and
-// will not be restarted has ended too.
-func podEnded(pod *corev1.Pod) bool {
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		for _, s := range allStatuses(pod) {
-			if s.State.Running != nil {
-				return false
-			}
-		}
-		return true
-	}
-	return containersDone(pod)
-}
-
-// containersDone tells whether every container of a pod that is not yet
-// terminal has exited and none will run again: under restartPolicy Never,
-// or OnFailure once every container succeeded.
-func containersDone(pod *corev1.Pod) bool {
-	policy := pod.Spec.RestartPolicy
-	if policy != corev1.RestartPolicyNever && policy != corev1.RestartPolicyOnFailure {
-		return false
-	}
-	if len(pod.Status.ContainerStatuses) != len(pod.Spec.Containers) ||
-		len(pod.Status.InitContainerStatuses) != len(pod.Spec.InitContainers) {
-		return false
-	}
-	for _, s := range allStatuses(pod) {
-		t := s.State.Terminated
-		if t == nil || (policy == corev1.RestartPolicyOnFailure && t.ExitCode != 0 && !isSidecar(pod, s.Name)) {
-			return false
-		}
-	}
-	return true
-}
-
-func allStatuses(pod *corev1.Pod) []corev1.ContainerStatus {
-	return slices.Concat(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses, pod.Status.EphemeralContainerStatuses)
-}
-
-// isSidecar tells whether the named container is a restartable init
-// container: the kubelet stops sidecars after the pod's containers, so
-// their exit codes say nothing of the build (nor does Kubernetes count them
-// in the pod's phase).
-func isSidecar(pod *corev1.Pod, name string) bool {
-	for _, c := range pod.Spec.InitContainers {
-		if c.Name == name {
-			return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
-		}
-	}
-	return false
-}
-
-// podOutcome is the outcome of an ended pod: its phase, or before the phase
-// is reported, whether any of its containers failed.
+// podOutcome is the outcome of a pod as the node agent records it: the
+// phase the pod ends in (podfacts.FinalPhase), "" while not known.
 func podOutcome(pod *corev1.Pod) string {
-	switch {
-	case pod.Status.Phase == corev1.PodSucceeded:
+	switch podfacts.FinalPhase(pod) {
+	case corev1.PodSucceeded:
 		return v1alpha1.OutcomeSucceeded
-	case pod.Status.Phase == corev1.PodFailed:
+	case corev1.PodFailed:
 		return v1alpha1.OutcomeFailed
-	case !containersDone(pod):
-		return ""
 	}
-	for _, s := range allStatuses(pod) {
-		if s.State.Terminated.ExitCode != 0 && !isSidecar(pod, s.Name) {
-			return v1alpha1.OutcomeFailed
-		}
-	}
-	return v1alpha1.OutcomeSucceeded
+	return ""
 }
 
 // podClaims lists the claims a pod uses as NAMESPACE/NAME.
@@ -178,38 +109,26 @@ func podClaims(obj any) ([]string, error) {
 		return nil, nil
 	}
 	var keys []string
-	for i := range pod.Spec.Volumes {
-		if name := claimOfVolume(pod, &pod.Spec.Volumes[i]); name != "" {
-			keys = append(keys, pod.Namespace+"/"+name)
-		}
+	for _, c := range podfacts.Claims(pod) {
+		keys = append(keys, pod.Namespace+"/"+c.Name)
 	}
 	return keys, nil
 }
 
-func claimOfVolume(pod *corev1.Pod, v *corev1.Volume) string {
-	switch {
-	case v.Ephemeral != nil:
-		return ephemeral.VolumeClaimName(pod, v)
-	case v.PersistentVolumeClaim != nil:
-		return v.PersistentVolumeClaim.ClaimName
-	}
-	return ""
-}
-
 // handlers are the pod informer's event handlers: a pod that ended, or
-// went away, queues the PVs of the claims it owned.
+// went away, queues the claims it used.
 func (b *buildEnds) handlers() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if pod, ok := obj.(*corev1.Pod); ok && podEnded(pod) {
-				b.podEnded(pod, false)
+			if pod, ok := obj.(*corev1.Pod); ok && podfacts.Ended(pod) {
+				b.queueClaims(pod, false)
 			}
 		},
 		UpdateFunc: func(oldObj, obj any) {
 			old, ok1 := oldObj.(*corev1.Pod)
 			pod, ok2 := obj.(*corev1.Pod)
-			if ok1 && ok2 && podEnded(pod) && !podEnded(old) {
-				b.podEnded(pod, false)
+			if ok1 && ok2 && podfacts.Ended(pod) && !podfacts.Ended(old) {
+				b.queueClaims(pod, false)
 			}
 		},
 		DeleteFunc: func(obj any) {
@@ -217,25 +136,20 @@ func (b *buildEnds) handlers() cache.ResourceEventHandler {
 				obj = d.Obj
 			}
 			if pod, ok := obj.(*corev1.Pod); ok {
-				b.podEnded(pod, true)
+				b.queueClaims(pod, true)
 			}
 		},
 	}
 }
 
-// podEnded queues the claims pod used. For a pod that went away after it
-// ended it remembers the outcome of its generic ephemeral volumes' claims,
-// which are its own; a pod deleted before it ended leaves the outcome
-// unknown.
-func (b *buildEnds) podEnded(pod *corev1.Pod, gone bool) {
-	for i := range pod.Spec.Volumes {
-		v := &pod.Spec.Volumes[i]
-		name := claimOfVolume(pod, v)
-		if name == "" {
-			continue
-		}
-		key := pod.Namespace + "/" + name
-		if gone && v.Ephemeral != nil && podEnded(pod) {
+// queueClaims queues the claims of a pod that ended, or went away (gone).
+// For a pod that went away after it ended it remembers the outcome of its
+// generic ephemeral volumes' claims, which are its own; a pod deleted
+// before it ended leaves the outcome unknown.
+func (b *buildEnds) queueClaims(pod *corev1.Pod, gone bool) {
+	for _, c := range podfacts.Claims(pod) {
+		key := pod.Namespace + "/" + c.Name
+		if gone && c.Owned && podfacts.Ended(pod) {
 			b.seen.set(key, podOutcome(pod))
 		}
 		b.queue.Add(key)
@@ -288,7 +202,7 @@ func (b *buildEnds) end(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	owner, ok := owningPod(claim)
+	owner, ok := podfacts.OwningPod(claim)
 	if !ok || claim.Spec.VolumeName == "" {
 		return nil
 	}
@@ -315,14 +229,18 @@ func (b *buildEnds) end(ctx context.Context, key string) error {
 }
 
 // outcome returns the outcome of the claim's owner and false while any pod
-// of this node that uses the claim has not ended.
+// of this node that uses the claim has not ended. The store's own busy
+// check cannot see a build that still runs: containers reach the volume
+// through bind mounts in their own mount namespaces, which keep the overlay
+// alive after the agent unmounts its view. So only the kubelet's word that
+// every container stopped for good (podfacts.Ended) makes a commit safe.
 func (b *buildEnds) outcome(claim *corev1.PersistentVolumeClaim, owner types.UID) (string, bool) {
 	key := claim.Namespace + "/" + claim.Name
 	objs, _ := b.pods.ByIndex(indexClaim, key)
 	outcome := b.seen.get(key)
 	for _, obj := range objs {
 		pod := obj.(*corev1.Pod)
-		if !podEnded(pod) {
+		if !podfacts.Ended(pod) {
 			return "", false
 		}
 		if pod.UID == owner {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/podfacts"
 )
 
 const (
@@ -100,7 +101,7 @@ func TestPodEnded(t *testing.T) {
 		{"on-failure: a killed sidecar does not hold the end", withSidecar(exited(corev1.RestartPolicyOnFailure, 0)), true, v1alpha1.OutcomeSucceeded},
 	}
 	for _, tt := range tests {
-		if got := podEnded(tt.pod); got != tt.ended {
+		if got := podfacts.Ended(tt.pod); got != tt.ended {
 			t.Errorf("%s: podEnded = %v, want %v", tt.name, got, tt.ended)
 		}
 		if got := podOutcome(tt.pod); got != tt.outcome {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/podfacts"
 )
 
 // StorageClass parameters.
@@ -342,7 +343,7 @@ func parseCacheAnnotation(claimNamespace, value string) (layerfs.CacheRef, error
 // writerOf names who will write through the volume: the pod that owns a
 // generic ephemeral volume's claim, else the claim itself.
 func writerOf(claim *corev1.PersistentVolumeClaim) string {
-	if pod, ok := owningPod(claim); ok {
+	if pod, ok := podfacts.OwningPod(claim); ok {
 		return claim.Namespace + "/" + pod.Name
 	}
 	return claim.Namespace + "/" + claim.Name

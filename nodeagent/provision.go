@@ -17,6 +17,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/podfacts"
 )
 
 // annSelectedNode is set by the scheduler on a late-binding claim.
@@ -338,7 +339,7 @@ func (p *Provisioner) discard(ctx context.Context, logger logr.Logger, volume st
 
 // owningPod returns the pod that owns claim, or nil for a standalone claim.
 func (p *Provisioner) owningPod(ctx context.Context, claim *corev1.PersistentVolumeClaim) (*corev1.Pod, error) {
-	ref, ok := owningPod(claim)
+	ref, ok := podfacts.OwningPod(claim)
 	if !ok {
 		return nil, nil
 	}

@@ -7,9 +7,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/component-helpers/storage/ephemeral"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/podfacts"
 )
 
 // paramCache is the StorageClass parameter that names the cache of claims
@@ -66,11 +66,9 @@ func templateData(claim *corev1.PersistentVolumeClaim, pod *corev1.Pod) cacheTem
 		return d
 	}
 	d.Pod = objectDataOf(pod.ObjectMeta)
-	for i := range pod.Spec.Volumes {
-		v := &pod.Spec.Volumes[i]
-		if (v.Ephemeral != nil && ephemeral.VolumeClaimName(pod, v) == claim.Name) ||
-			(v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim.Name) {
-			d.Volume = v.Name
+	for _, c := range podfacts.Claims(pod) {
+		if c.Name == claim.Name {
+			d.Volume = c.Volume
 		}
 	}
 	return d
@@ -90,14 +88,4 @@ func cacheFromTemplate(class string, t *cacheTemplate, data cacheTemplateData) (
 				class, paramCache, t.text, who, err, who, v1alpha1.AnnotationCache)}
 	}
 	return b.String(), nil
-}
-
-// owningPod returns the name and UID of the pod that controls the claim,
-// if any: such a claim cannot outlive its pod, so its build ends with it.
-func owningPod(claim *corev1.PersistentVolumeClaim) (*metav1.OwnerReference, bool) {
-	ref := metav1.GetControllerOf(claim)
-	if ref == nil || ref.Kind != "Pod" || ref.APIVersion != "v1" {
-		return nil, false
-	}
-	return ref, true
 }

@@ -104,8 +104,13 @@ func FinalPhase(pod *corev1.Pod) corev1.PodPhase {
 
 // exitedForGood tells whether every container of a pod (sidecars and
 // ephemeral containers included) has exited and none will be restarted. A
-// container without a status may still start.
+// container without a status may still start. A pod whose spec lists no
+// containers is a cut-down copy (the manager caches such), which cannot
+// tell: it waits for the phase.
 func exitedForGood(pod *corev1.Pod) bool {
+	if len(pod.Spec.Containers) == 0 || slices.ContainsFunc(statuses(pod), isRunning) {
+		return false
+	}
 	for _, c := range pod.Spec.InitContainers {
 		t := terminated(pod, c.Name)
 		if t == nil || (!isSidecar(c) && mayRestart(pod, c, t.ExitCode)) {

@@ -22,6 +22,7 @@ type container struct {
 	noStatus bool
 	policy   corev1.ContainerRestartPolicy // "" for none of its own
 	rules    bool                          // has restart rules
+	noSpec   bool                          // only in the pod's status
 }
 
 type podSpec struct {
@@ -40,6 +41,9 @@ func (p podSpec) pod() *corev1.Pod {
 	pod.Spec.InitContainers, pod.Status.InitContainerStatuses = containers(p.init)
 	pod.Spec.Containers, pod.Status.ContainerStatuses = containers(p.main)
 	for _, c := range p.ephemeral {
+		if c.noSpec {
+			continue
+		}
 		pod.Spec.EphemeralContainers = append(pod.Spec.EphemeralContainers, corev1.EphemeralContainer{
 			EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: c.name},
 		})
@@ -140,6 +144,8 @@ func TestEndedAndFinalPhase(t *testing.T) {
 		// Missing statuses: a container not reported yet may still start.
 		{"a container without a status", podSpec{phase: podRunning, policy: never, main: []container{{name: "build", state: 0}, {name: "wait", noStatus: true}}}, false, ""},
 		{"a container waiting", podSpec{phase: podRunning, policy: never, main: regular(0, waiting)}, false, ""},
+		{"a cut-down copy without the spec's containers", podSpec{phase: podRunning, policy: never, ephemeral: []container{{name: "debug", state: 0}}}, false, ""},
+		{"a running container the spec does not list", podSpec{phase: podRunning, policy: never, main: regular(0), ephemeral: []container{{name: "debug", state: running, noSpec: true}}}, false, ""},
 		{"no statuses at all", podSpec{phase: podRunning, policy: never, main: []container{{name: "build", noStatus: true}}}, false, ""},
 
 		// Init containers.
