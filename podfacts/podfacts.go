@@ -5,12 +5,13 @@
 //
 // A pod has ended when no container runs and none will run again. The
 // kubelet reports a terminal phase only after it stopped every container,
-// but a pod can be made terminal from outside (the pod garbage collector, an
-// eviction) while a container still runs; and the kubelet reports each
-// container's exit about a second before the phase. So Ended reads the
-// container statuses both ways: a terminal phase counts only once no
-// container runs, and a pod whose containers have all exited and will not
-// be restarted has ended before its phase says so.
+// but a pod can be made terminal from outside (the pod garbage collector
+// marks the pods of a lost node Failed) while a status still says a
+// container runs; and the kubelet reports each container's exit about a
+// second before the phase. So Ended reads the container statuses both
+// ways: a terminal phase counts only once no container runs, and a pod
+// whose containers have all exited and will not be restarted has ended
+// before its phase says so.
 //
 // Sidecars. Kubernetes native sidecars (init containers with restartPolicy
 // Always) keep running after the pod's containers exit, until the kubelet
@@ -19,11 +20,11 @@
 // worse than a commit a second later. Their exit codes, though, say nothing
 // of the build (the kubelet kills them, typically 137) and Kubernetes leaves
 // them out of the phase, so FinalPhase leaves them out too. Ephemeral
-// (debug) containers are treated alike: they hold the end while they run,
-// their exit codes do not count. The extra containers of Tekton and Argo
-// pods (step sidecars, Argo's wait container) are ordinary containers to
-// Kubernetes and count as such, exit codes included: that is what the
-// phase does.
+// (debug) containers are treated alike: they hold the end while they run
+// (or may still start), their exit codes do not count. The extra
+// containers of Tekton and Argo pods (Tekton's sidecars, Argo's wait
+// container) are ordinary containers to Kubernetes: they hold the end and
+// their exit codes count, as they do in the phase.
 package podfacts
 
 import (
