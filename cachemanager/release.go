@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/podfacts"
 )
 
 const (
@@ -78,7 +79,7 @@ func (r *ReleaseReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("release").
 		For(&corev1.PersistentVolumeClaim{}, builder.WithPredicates(claimChanged)).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(claimsOfPod), builder.WithPredicates(podEnded)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(claimsOfPod), builder.WithPredicates(podEndedOrGone)).
 		Complete(r)
 }
 
@@ -94,7 +95,7 @@ func (r *ReleaseReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if err != nil || !ours {
 		return reconcile.Result{}, err
 	}
-	if podOwner(&pvc) != nil {
+	if _, owned := podfacts.OwningPod(&pvc); owned {
 		return reconcile.Result{}, nil
 	}
 	releasable, err := isReleasable(&pvc)
@@ -167,16 +168,6 @@ func (r *ReleaseReconciler) isLayercache(ctx context.Context, pvc *corev1.Persis
 	return sc.Provisioner == v1alpha1.ProvisionerName, nil
 }
 
-// podOwner returns the pod that controls the claim (a generic ephemeral
-// volume's), or nil.
-func podOwner(pvc *corev1.PersistentVolumeClaim) *metav1.OwnerReference {
-	ref := metav1.GetControllerOf(pvc)
-	if ref == nil || ref.Kind != "Pod" || ref.APIVersion != "v1" {
-		return nil
-	}
-	return ref
-}
-
 func isReleasable(pvc *corev1.PersistentVolumeClaim) (bool, error) {
 	v, ok := pvc.Annotations[v1alpha1.AnnotationRelease]
 	if ok && v != v1alpha1.ReleaseOnPodExit {
@@ -202,7 +193,9 @@ func (r *ReleaseReconciler) claimUsers(ctx context.Context, pvc *corev1.Persiste
 }
 
 // classify sorts the pods that use this incarnation of the claim into
-// running and ended ones. A pod names a claim only by name, and a released
+// running and ended ones. A terminal phase alone does not end a pod while
+// one of its containers still runs: released, the claim's volume would be
+// committed under it. A pod names a claim only by name, and a released
 // claim may be created again under the same name (a pipeline that makes one
 // per run): an ended pod used an earlier one if this one was never bound
 // (no pod mounts an unbound claim), or if it started before this one
@@ -220,7 +213,7 @@ func classify(pods []corev1.Pod, pvc *corev1.PersistentVolumeClaim) claimUsers {
 			continue
 		}
 		switch {
-		case !isTerminal(pod):
+		case !podfacts.Ended(pod):
 			u.running = append(u.running, pod)
 		case pvc.Spec.VolumeName == "":
 		case pod.Status.StartTime != nil && !pod.Status.StartTime.Before(&pvc.CreationTimestamp):
@@ -385,7 +378,7 @@ func outcomeOf(ended []*corev1.Pod) (outcome string, deciding []*corev1.Pod) {
 			continue
 		}
 		deciding = append(deciding, p)
-		if p.Status.Phase == corev1.PodFailed {
+		if podfacts.FinalPhase(p) == corev1.PodFailed {
 			outcome = v1alpha1.OutcomeFailed
 		}
 	}
@@ -414,18 +407,14 @@ func finishedAt(p *corev1.Pod) (time.Time, bool) {
 	return last, !last.IsZero()
 }
 
-func isTerminal(p *corev1.Pod) bool {
-	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-}
-
 // claimNames lists the claims a pod names by PersistentVolumeClaim volume
 // source: the standalone claims it may use. (Its generic ephemeral volumes'
 // claims are owned by it, which the node agent handles.)
 func claimNames(pod *corev1.Pod) []string {
 	var names []string
-	for _, v := range pod.Spec.Volumes {
-		if v.PersistentVolumeClaim != nil {
-			names = append(names, v.PersistentVolumeClaim.ClaimName)
+	for _, c := range podfacts.Claims(pod) {
+		if !c.Owned {
+			names = append(names, c.Name)
 		}
 	}
 	return names
@@ -456,18 +445,18 @@ func claimsOfPod(_ context.Context, obj client.Object) []reconcile.Request {
 	return reqs
 }
 
-// podEnded passes the pod events that can release a claim: a pod that uses
-// claims ended, or went away (a claim it shared may now be free). Pods that
-// have already ended when the manager starts come as create events.
-var podEnded = predicate.Funcs{
+// podEndedOrGone passes the pod events that can release a claim: a pod that
+// uses claims ended, or went away (a claim it shared may now be free). Pods
+// that have already ended when the manager starts come as create events.
+var podEndedOrGone = predicate.Funcs{
 	CreateFunc: func(e event.CreateEvent) bool {
 		pod, ok := e.Object.(*corev1.Pod)
-		return ok && isTerminal(pod) && len(claimNames(pod)) > 0
+		return ok && podfacts.Ended(pod) && len(claimNames(pod)) > 0
 	},
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		old, ok1 := e.ObjectOld.(*corev1.Pod)
 		pod, ok2 := e.ObjectNew.(*corev1.Pod)
-		return ok1 && ok2 && !isTerminal(old) && isTerminal(pod) && len(claimNames(pod)) > 0
+		return ok1 && ok2 && !podfacts.Ended(old) && podfacts.Ended(pod) && len(claimNames(pod)) > 0
 	},
 	DeleteFunc: func(e event.DeleteEvent) bool {
 		pod, ok := e.Object.(*corev1.Pod)

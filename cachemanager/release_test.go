@@ -16,12 +16,14 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/internal/bootstrap"
+	"github.com/layercache/layercache/podfacts"
 )
 
 const ns = "builds"
@@ -126,11 +128,20 @@ func pod(name string, phase corev1.PodPhase, claims ...string) *corev1.Pod {
 			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: c},
 		}})
 	}
-	if isTerminal(p) {
+	if podfacts.Terminal(p) {
 		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "build", State: corev1.ContainerState{
 			Terminated: &corev1.ContainerStateTerminated{FinishedAt: *at(60)},
 		}}}
 	}
+	return p
+}
+
+// stillRunning adds a container that still runs, as in a pod made terminal
+// from outside (an eviction, the pod garbage collector).
+func stillRunning(p *corev1.Pod) *corev1.Pod {
+	p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{
+		Name: "sidecar", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+	})
 	return p
 }
 
@@ -260,6 +271,13 @@ func TestRelease(t *testing.T) {
 		outcome: v1alpha1.OutcomeSucceeded,
 		kept:    true,
 		events:  []string{"Normal OutcomeRecorded Recorded pod outcome succeeded on PersistentVolume pv-ws (pod run-build-pod succeeded)"},
+	}, {
+		// Released, the claim's volume would be committed under the
+		// container that still writes to it.
+		name:  "a failed pod whose container still runs holds the claim",
+		claim: onExit,
+		pods:  []*corev1.Pod{stillRunning(pod("evicted", corev1.PodFailed, "ws"))},
+		kept:  true,
 	}, {
 		name:  "shared claim released after both pods end, failed if one failed",
 		claim: onExit,
@@ -491,7 +509,7 @@ func TestSlimPodKeepsWhatReleaseReads(t *testing.T) {
 	if len(slim.Spec.Volumes) != 1 || len(slim.Spec.Containers) != 0 || slim.Labels != nil || slim.ManagedFields != nil || slim.Status.Conditions != nil {
 		t.Errorf("slim pod keeps more than it needs: %+v", slim)
 	}
-	if isTerminal(slim) != isTerminal(full) || !slim.Status.StartTime.Equal(full.Status.StartTime) || slim.UID != full.UID {
+	if podfacts.Ended(slim) != podfacts.Ended(full) || podfacts.FinalPhase(slim) != podfacts.FinalPhase(full) || !slim.Status.StartTime.Equal(full.Status.StartTime) || slim.UID != full.UID {
 		t.Errorf("slim pod lost phase, start time or UID: %+v", slim)
 	}
 	gotFin, _ := finishedAt(slim)
@@ -501,6 +519,29 @@ func TestSlimPodKeepsWhatReleaseReads(t *testing.T) {
 	}
 	if other, _ := slimPod(&corev1.Node{}); other == nil {
 		t.Errorf("slimPod dropped a non-pod object")
+	}
+}
+
+func TestPodEndedOrGone(t *testing.T) {
+	running := stillRunning(pod("build", corev1.PodFailed, "ws"))
+	ended := pod("build", corev1.PodFailed, "ws")
+	ephemeral := pod("build", corev1.PodFailed, "eph:cache")
+	tests := []struct {
+		name string
+		pass bool
+		got  bool
+	}{
+		{"create: ended", true, podEndedOrGone.Create(event.CreateEvent{Object: ended})},
+		{"create: terminal, a container still runs", false, podEndedOrGone.Create(event.CreateEvent{Object: running})},
+		{"create: ended, only an ephemeral claim", false, podEndedOrGone.Create(event.CreateEvent{Object: ephemeral})},
+		{"update: the last container stopped", true, podEndedOrGone.Update(event.UpdateEvent{ObjectOld: running, ObjectNew: ended})},
+		{"update: ended already", false, podEndedOrGone.Update(event.UpdateEvent{ObjectOld: ended, ObjectNew: ended})},
+		{"delete: a container still ran", true, podEndedOrGone.Delete(event.DeleteEvent{Object: running})},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.pass {
+			t.Errorf("%s: passed %v, want %v", tt.name, tt.got, tt.pass)
+		}
 	}
 }
 

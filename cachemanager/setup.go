@@ -71,8 +71,11 @@ func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer) 
 }
 
 // slimPod keeps what the release controller reads of a Pod: identity,
-// deletion, the volumes that name PVCs, phase, start and container finish
-// times. Everything else (containers, env, images, conditions) is dropped.
+// deletion, the volumes that name PVCs, phase, start time, and which
+// containers run or exited (with their exit codes and finish times).
+// Everything else (containers, env, images, conditions) is dropped: without
+// the spec's containers podfacts waits for the pod's phase before it calls
+// the pod ended, a second later than the node agent.
 func slimPod(in any) (any, error) {
 	pod, ok := in.(*corev1.Pod)
 	if !ok {
@@ -104,17 +107,23 @@ func slimPod(in any) (any, error) {
 	}
 	out.Status.InitContainerStatuses = slimContainerStatuses(pod.Status.InitContainerStatuses)
 	out.Status.ContainerStatuses = slimContainerStatuses(pod.Status.ContainerStatuses)
+	out.Status.EphemeralContainerStatuses = slimContainerStatuses(pod.Status.EphemeralContainerStatuses)
 	return out, nil
 }
 
+// slimContainerStatuses keeps the containers that run, which hold a pod's
+// end even in a terminal phase, and those that exited.
 func slimContainerStatuses(in []corev1.ContainerStatus) []corev1.ContainerStatus {
 	var out []corev1.ContainerStatus
 	for _, s := range in {
-		if t := s.State.Terminated; t != nil {
+		switch t := s.State.Terminated; {
+		case t != nil:
 			out = append(out, corev1.ContainerStatus{
 				Name:  s.Name,
 				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: t.ExitCode, FinishedAt: t.FinishedAt}},
 			})
+		case s.State.Running != nil:
+			out = append(out, corev1.ContainerStatus{Name: s.Name, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}})
 		}
 	}
 	return out
