@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-helpers/storage/ephemeral"
 )
 
 // Container states in a pod's table: running, waiting, or exited with a
@@ -200,7 +201,10 @@ func TestClaims(t *testing.T) {
 			{Name: "ws", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "workspace"}}},
 		}},
 	}
-	want := []Claim{{Volume: "scratch", Name: "build-scratch", Owned: true}, {Volume: "ws", Name: "workspace"}}
+	// The ephemeral-volume controller's own naming, which Claims repeats
+	// to import only k8s.io/api and apimachinery.
+	scratch := ephemeral.VolumeClaimName(pod, &pod.Spec.Volumes[0])
+	want := []Claim{{Volume: "scratch", Name: scratch, Owned: true}, {Volume: "ws", Name: "workspace"}}
 	got := Claims(pod)
 	if len(got) != len(want) {
 		t.Fatalf("Claims = %+v, want %+v", got, want)
