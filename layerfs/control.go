@@ -25,12 +25,23 @@ func (s *Store) HasControlFile(ctx context.Context, volumeID, name string) (bool
 	if err := ValidateName("control file", name); err != nil {
 		return false, err
 	}
-	if _, err := s.readVolume(volumeID); err != nil {
+	r, err := s.readVolume(volumeID)
+	if err != nil {
 		return false, err
 	}
-	// Lstat each step: a build could have left a symlink at either place,
-	// which must neither count nor lead the agent out of the volume.
-	dir := filepath.Join(s.upperDir(volumeID), ControlDir)
+	// A commit under way may have moved the directory aside.
+	for _, dir := range []string{filepath.Join(s.upperDir(r), ControlDir), s.controlAside(volumeID)} {
+		if found, err := hasControlFile(dir, name); found || err != nil {
+			return found, err
+		}
+	}
+	return false, nil
+}
+
+// hasControlFile looks for the regular file name in the control directory
+// dir. It Lstats each step: a build could have left a symlink at either
+// place, which must neither count nor lead the agent out of the volume.
+func hasControlFile(dir, name string) (bool, error) {
 	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
 		return false, ignoreNotExist(err)
 	}
@@ -49,8 +60,8 @@ func ignoreNotExist(err error) error {
 }
 
 // stripControlDir removes the control directory from an upper layer that is
-// about to become a layer, and makes the removal durable before the layer
-// is renamed into the store: a crash must not bring it back inside a layer.
+// about to become a layer, and makes the removal durable before the head
+// names the layer: a crash must not bring it back inside a layer.
 func stripControlDir(upper string) error {
 	dir := filepath.Join(upper, ControlDir)
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
@@ -64,16 +75,16 @@ func stripControlDir(upper string) error {
 }
 
 // HasChanges tells whether a volume's build has written anything that a
-// commit would keep (anything but the control directory). A volume whose
-// upper directory is gone (a commit under way or done) has none left.
+// commit would keep (anything but the control directory).
 func (s *Store) HasChanges(ctx context.Context, volumeID string) (bool, error) {
 	if err := ValidateName("volume", volumeID); err != nil {
 		return false, err
 	}
-	if _, err := s.readVolume(volumeID); err != nil {
+	r, err := s.readVolume(volumeID)
+	if err != nil {
 		return false, err
 	}
-	empty, err := upperIsEmpty(s.upperDir(volumeID))
+	empty, err := upperIsEmpty(s.upperDir(r))
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}

@@ -59,24 +59,44 @@ var crashOps = []crashOp{
 		},
 	},
 	{
-		// A commit that failed after moving its layer in (a full disk) is
-		// rolled back to a mounted volume by Mount, then committed again.
+		// A commit that failed after sealing its upper directory, short of
+		// writing the head (a full disk), is remounted by Mount, then
+		// committed again.
 		name: "remount-mid-commit",
 		setup: func(t testing.TB, s *Store) {
 			buildChain(t, s, "ns/c", layerSteps[:2])
 			merged := mustMount(t, s, "pending", "ns/c")
 			layerSteps[2](t, merged)
+			writeFile(t, filepath.Join(merged, ControlDir, "commit"), "")
 			fixTimes(t, merged)
 			r, err := s.readVolume("pending")
 			must(t, err)
-			must(t, s.prepareCommit(context.Background(), r))
-			must(t, renameDurable(s.upperDir("pending"), s.layerDir(r.CommitLayer.ID)))
+			_, err = s.seal(r)
+			must(t, err)
 		},
 		run: func(ctx context.Context, s *Store) error {
 			if _, err := s.Mount(ctx, "pending", MountOptions{Cache: CacheRef{"ns", "c"}}); err != nil {
 				return err
 			}
 			_, err := s.Commit(ctx, "pending")
+			return err
+		},
+	},
+	{
+		// A commit of the store's old layout, recorded with its layer
+		// moved in or not, is finished by Recover.
+		name:  "recover-legacy-commit",
+		setup: func(t testing.TB, s *Store) { setupLegacyCommit(t, s, true) },
+		run: func(ctx context.Context, s *Store) error {
+			_, err := s.Recover(ctx)
+			return err
+		},
+	},
+	{
+		name:  "recover-legacy-commit-unmoved",
+		setup: func(t testing.TB, s *Store) { setupLegacyCommit(t, s, false) },
+		run: func(ctx context.Context, s *Store) error {
+			_, err := s.Recover(ctx)
 			return err
 		},
 	},

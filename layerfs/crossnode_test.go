@@ -28,7 +28,7 @@ func TestRandomTreesCrossStores(t *testing.T) {
 			// Straight into the upper directory, where a build's writes land,
 			// before anything looks up through the overlay and caches what
 			// it found.
-			erofstest.RandomTree(t, a.upperDir("build"), uint64(seed), opts...)
+			erofstest.RandomTree(t, upperOf(t, a, "build"), uint64(seed), opts...)
 			mustCommit(t, a, "build")
 			reg := registry{}
 			chain := publish(t, a, reg, "ns/c")

@@ -108,14 +108,13 @@ func TestDeepTreeCannotBeMeasured(t *testing.T) {
 // failed commit unmounted the volume, so the failed commit left the volume
 // unmounted although the design says it stays mounted.
 func TestFailedCommitLeavesVolumeUnmounted(t *testing.T) {
-	ctx := context.Background()
 	s := newTestStore(t, Options{})
 	merged := mustMount(t, s, "v", "ns/c")
 	writeFile(t, filepath.Join(merged, "f"), "kept")
 	r, err := s.readVolume("v")
 	must(t, err)
-	must(t, unmount(merged)) // what prepareCommit does before it fails
-	if err := s.ensureMounted(ctx, r); err != nil {
+	must(t, unmount(merged)) // what a commit does before it fails
+	if err := s.ensureMounted(&txn{s: s, Volume: r, volID: "v"}); err != nil {
 		t.Fatal(err)
 	}
 	if !isMountPoint(merged) || readFile(t, filepath.Join(merged, "f")) != "kept" {

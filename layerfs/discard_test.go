@@ -28,7 +28,7 @@ func TestRecoverResurrectsDiscardedVolume(t *testing.T) {
 		recs, err := s.volumeRecords()
 		must(t, err)
 		if committing {
-			recs[0].State = stateCommitting // as read from a commit interrupted by a crash
+			recs[0].State = legacyStateCommitting // as read from a commit of the old layout interrupted by a crash
 		}
 		must(t, s.Discard(ctx, "v"))
 		var res RecoverResult

@@ -3,14 +3,18 @@
 // A cache is an ordered list of immutable overlayfs layers (its head). A
 // volume is an overlay mount whose lower layers are the cache's head at mount
 // time and whose upper layer is private to the volume; committing a volume
-// turns its upper layer into the cache's newest layer. Mount and commit are
-// renames and mounts: no byte of the cache is copied.
+// turns its upper layer into the cache's newest layer. A volume's upper
+// directory is born where its layer will live (layers/<id>), so a commit
+// moves nothing: it unmounts, syncs and rewrites the head. No byte of the
+// cache is copied.
 //
 // Layout under the root:
 //
-//	layers/<id>/                         immutable layers in overlay format
+//	layers/<id>/                         layers in overlay format: immutable
+//	                                     once a head names them, the upper
+//	                                     directory of the volume that names it
 //	caches/<namespace>/<name>/head.json  generation and layer list
-//	volumes/<id>/{upper,work,merged,volume.json}
+//	volumes/<id>/{work,merged,volume.json,control}
 //	locks/                               flock files
 //	tmp/                                 squash views, pulls in progress, trash, probes
 //	probe.json, reserve                  last overlay probe; space kept for a full disk
@@ -19,7 +23,9 @@
 // and their paths are public in /proc/*/mountinfo.
 // Every on-disk change is atomic (build in a new-* temp path, fsync, rename),
 // and every operation takes flock locks so that several processes (the node
-// agent and the CLI) can use one store at once.
+// agent and the CLI) can use one store at once. Heads and volume records
+// change only in transactions (txn.go). A layer exists iff a head or a
+// volume record names it; the sweep removes the rest.
 //
 // Store methods (see store.go and friends):
 //
@@ -35,7 +41,7 @@
 //	List(ctx) ([]CacheInfo, error) / Inspect(ctx, CacheRef) (CacheInfo, error)
 //	Recover(ctx) (RecoverResult, error)
 //
-// Across nodes, through an OCI registry (remote.go, export.go, sync.go;
+// Across nodes, through an OCI registry (chain.go, export.go, sync.go;
 // the registry client is the caller's):
 //
 //	ExportLayer(ctx, CacheRef, layerID, io.Writer) error

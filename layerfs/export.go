@@ -65,13 +65,9 @@ func (e *errWriter) Write(p []byte) (int, error) {
 // The caller holds the store lock, which keeps the layer from being swept
 // after the cache lock is released.
 func (s *Store) checkInHead(ctx context.Context, cache CacheRef, layerID string) error {
-	h, l, err := s.lockHead(ctx, cache)
+	h, err := s.lockedHead(ctx, cache)
 	if err != nil {
-		return err
-	}
-	defer l.unlock()
-	if h == nil {
-		return fmt.Errorf("export layer %s: cache %s: %w", layerID, cache, ErrNotFound)
+		return fmt.Errorf("export layer %s: cache %s: %w", layerID, cache, err)
 	}
 	if !h.hasLayer(layerID) {
 		return fmt.Errorf("export layer %s: it is not in cache %s (squashed or synced away): %w", layerID, cache, ErrNotFound)

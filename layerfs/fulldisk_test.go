@@ -33,14 +33,12 @@ func TestFullDiskStopsStore(t *testing.T) {
 	writeFile(t, filepath.Join(remount, "kept"), "yes")
 	must(t, unix.Unmount(remount, 0)) // as after a reboot
 
-	// The disk fills up between recording the commit's intent and writing
-	// the cache head.
+	// The disk fills up between sealing the volume's upper layer and
+	// writing the cache head.
 	var filler string
 	faultPoint = func() {
-		if filler == "" && exists(s.volumePath("keep")) {
-			if r, err := s.readVolume("keep"); err == nil && r.State == stateCommitting {
-				filler = fillDisk(t, filepath.Dir(root))
-			}
+		if filler == "" && exists(s.volumePath("keep")) && !isMountPoint(keep) && !exists(s.volatileMarker("keep")) {
+			filler = fillDisk(t, filepath.Dir(root))
 		}
 	}
 	_, err := s.Commit(ctx, "keep")

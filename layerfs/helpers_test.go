@@ -244,3 +244,11 @@ func fillDisk(t testing.TB, dir string) string {
 	}
 	return path
 }
+
+// upperOf is the upper directory of volume id.
+func upperOf(t testing.TB, s *Store, id string) string {
+	t.Helper()
+	r, err := s.readVolume(id)
+	must(t, err)
+	return s.upperDir(r)
+}

@@ -2,275 +2,240 @@ package layerfs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
+	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
-// maxOverlayDepth is the kernel's limit on lower layers (OVL_MAX_STACK).
-const maxOverlayDepth = 500
-
-// overlayFeatures keep every upper directory self-contained, so it can
-// become a lower layer of other mounts: no redirects or metacopy files that
-// point into the layers below, no index tied to this mount.
-var overlayFeatures = []string{"index=off", "redirect_dir=off", "metacopy=off"}
-
-// volatileFeature drops every sync to the upper filesystem while a volume
-// is mounted. A build cache needs durability only once it is committed, and
-// Commit fsyncs exactly the upper layer's files then. Without it, each
-// unmount syncs the whole filesystem under the store, which on a busy node
-// means waiting for every other pod's writes.
-const volatileFeature = "volatile"
-
-// mountSpec is an overlay mount described as data, so that it can be tested
-// without root and printed for debugging.
-type mountSpec struct {
-	Lower []string // newest (top) first
-	Upper string   // empty for a read-only mount of the lower layers
-	Work  string
-	// AllowSetuid and AllowDevices lift nosuid and nodev, which every
-	// mount gets by default: a volume is filled by untrusted builds and
-	// must not become a way to run set-id programs or reach host devices.
-	AllowSetuid, AllowDevices bool
-}
-
-// flags are the mount flags (mount(2)), the matching new-API attributes
-// (fsmount(2)) and their names for mount(8).
-func (m mountSpec) flags() (flags uintptr, attr int, names []string) {
-	if m.Upper == "" {
-		flags, attr, names = flags|unix.MS_RDONLY, attr|unix.MOUNT_ATTR_RDONLY, append(names, "ro")
+// Mount creates volume volumeID as a copy-on-write view of opts.Cache and
+// mounts it; an unknown cache starts empty. Mounting an existing volume again
+// returns it, remounting it if its mount is gone (after a reboot).
+//
+// The transaction holds the cache's lock until the volume is recorded, so
+// that whoever decides under that lock whether the cache is in use (GC,
+// RemoveIfUnused) sees it.
+func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (*Volume, error) {
+	if err := ValidateName("volume", volumeID); err != nil {
+		return nil, err
 	}
-	if !m.AllowSetuid {
-		flags, attr, names = flags|unix.MS_NOSUID, attr|unix.MOUNT_ATTR_NOSUID, append(names, "nosuid")
+	if err := opts.Validate(); err != nil {
+		return nil, err
 	}
-	if !m.AllowDevices {
-		flags, attr, names = flags|unix.MS_NODEV, attr|unix.MOUNT_ATTR_NODEV, append(names, "nodev")
+	if opts.Mode == 0 {
+		opts.Mode = 0o777
 	}
-	return flags, attr, names
-}
-
-func (m mountSpec) options() []string {
-	opts := []string{"lowerdir=" + strings.Join(m.Lower, ":")}
-	if m.Upper != "" {
-		opts = append(opts, "upperdir="+m.Upper, "workdir="+m.Work)
-	}
-	// Features come last: the kernel takes the last value of an option, and
-	// nothing may turn them back on.
-	return append(opts, m.features()...)
-}
-
-func (m mountSpec) features() []string {
-	if m.Upper == "" {
-		return overlayFeatures
-	}
-	return append(slices.Clone(overlayFeatures), volatileFeature)
-}
-
-// data is the option string for mount(2).
-func (m mountSpec) data() string { return strings.Join(m.options(), ",") }
-
-// command is the equivalent mount(8) command line.
-func (m mountSpec) command(target string) string {
-	_, _, names := m.flags()
-	return fmt.Sprintf("mount -t overlay overlay -o %s %s", strings.Join(append(names, m.data()), ","), target)
-}
-
-func (m mountSpec) validate() error {
-	if len(m.Lower) == 0 {
-		return errors.New("overlay needs at least one lower layer")
-	}
-	if len(m.Lower) > maxOverlayDepth {
-		return fmt.Errorf("%d layers exceed overlayfs's limit of %d; squash the cache (layerfs squash)", len(m.Lower), maxOverlayDepth)
-	}
-	return nil
-}
-
-// mount mounts the overlay at target. mount(2) takes at most one page of
-// options; longer chains go through the new mount API, which takes one
-// lower layer at a time ("lowerdir+", Linux 6.8+).
-func (m mountSpec) mount(target string) error {
-	if err := m.validate(); err != nil {
-		return err
-	}
-	flags, _, _ := m.flags()
-	if data := m.data(); len(data) < os.Getpagesize() {
-		if err := unix.Mount("overlay", target, "overlay", flags, data); err != nil {
-			return fmt.Errorf("%s: %w", m.command(target), err)
-		}
-		return nil
-	}
-	if err := m.fsmount(target); err != nil {
-		return fmt.Errorf("mount overlay of %d layers at %s with the new mount API (needs Linux 6.8 or later; squash the cache to shorten the chain): %w", len(m.Lower), target, err)
-	}
-	return nil
-}
-
-func (m mountSpec) fsmount(target string) error {
-	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
-	if err != nil {
-		return fmt.Errorf("fsopen: %w", err)
-	}
-	defer unix.Close(fsfd)
-	set := func(key, value string) error {
-		if err := unix.FsconfigSetString(fsfd, key, value); err != nil {
-			return fmt.Errorf("fsconfig %s=%s: %w", key, value, err)
-		}
-		return nil
-	}
-	if err := set("source", "overlay"); err != nil {
-		return err
-	}
-	for _, l := range m.Lower {
-		if err := set("lowerdir+", l); err != nil {
-			return err
-		}
-	}
-	if m.Upper != "" {
-		if err := set("upperdir", m.Upper); err != nil {
-			return err
-		}
-		if err := set("workdir", m.Work); err != nil {
-			return err
-		}
-	}
-	for _, f := range m.features() {
-		k, v, ok := strings.Cut(f, "=")
-		if !ok {
-			if err := unix.FsconfigSetFlag(fsfd, k); err != nil {
-				return fmt.Errorf("fsconfig %s: %w", k, err)
+	var vol Volume
+	err := s.transact(ctx, scope{store: true, volume: volumeID, cache: opts.Cache}, func(t *txn) error {
+		if t.Volume == nil {
+			if err := s.newVolume(t, volumeID, opts); err != nil {
+				return err
 			}
-			continue
-		}
-		if err := set(k, v); err != nil {
+		} else if t.Volume.Cache != opts.Cache {
+			return fmt.Errorf("volume %q already exists for cache %s, not %s: use another volume name", volumeID, t.Volume.Cache, opts.Cache)
+		} else if err := s.ensureMounted(t); err != nil {
 			return err
 		}
-	}
-	if err := unix.FsconfigCreate(fsfd); err != nil {
-		return fmt.Errorf("fsconfig create: %w", err)
-	}
-	_, attr, _ := m.flags()
-	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, attr)
+		vol = t.Volume.Volume
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("fsmount: %w", err)
+		return nil, err
 	}
-	defer unix.Close(mfd)
-	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("move_mount to %s: %w", target, err)
+	return &vol, nil
+}
+
+// MaxID is the largest uid or gid a volume root can have: ids are 32-bit,
+// and 4294967295 means "unchanged" to chown(2).
+const MaxID = 1<<32 - 2
+
+// rootModeBits are the mode bits a volume root may have: permissions, and
+// setgid (new files take the directory's group) and sticky (a shared /tmp).
+// setuid means nothing on a directory.
+const rootModeBits = os.ModePerm | os.ModeSetgid | os.ModeSticky
+
+// Validate checks the options as Mount does, so that a caller (the CLI)
+// can refuse bad input before doing any work.
+func (o MountOptions) Validate() error {
+	if err := o.Cache.Validate(); err != nil {
+		return err
+	}
+	for _, id := range []struct {
+		name  string
+		value int
+	}{{"uid", o.UID}, {"gid", o.GID}} {
+		if id.value < 0 || id.value > MaxID {
+			return fmt.Errorf("volume root %s %d is out of range: use 0 to %d", id.name, id.value, MaxID)
+		}
+	}
+	if o.LimitBytes < 0 {
+		return fmt.Errorf("volume size limit %d is negative: use a number of bytes, or 0 for no limit", o.LimitBytes)
+	}
+	if o.Mode&^rootModeBits != 0 {
+		return fmt.Errorf("volume root mode 0%o is not allowed: use permission bits, optionally with setgid or sticky, like 0777, 0755, 02775 or 01777 (setuid means nothing on a directory)", unixMode(o.Mode))
 	}
 	return nil
 }
 
-// unmount removes the mount at target; EBUSY (still in use) is ErrBusy. Not
-// lazily: a layer must never be written after it is committed.
-func unmount(target string) error {
-	for range 8 { // a mount point may carry stacked mounts
-		if !isMountPoint(target) {
-			return nil
-		}
-		faultPoint()
-		if err := unmountOnce(target); err != nil {
-			return err
+// unixMode is m as chmod(2) bits, for messages.
+func unixMode(m os.FileMode) uint32 {
+	bits := uint32(m.Perm())
+	for flag, bit := range map[os.FileMode]uint32{os.ModeSetuid: 0o4000, os.ModeSetgid: 0o2000, os.ModeSticky: 0o1000} {
+		if m&flag != 0 {
+			bits |= bit
 		}
 	}
-	if isMountPoint(target) {
-		return fmt.Errorf("unmount %s: still mounted after repeated unmounts", target)
+	return bits
+}
+
+// ensureMounted mounts the transaction's volume unless it is mounted. It
+// asks the mount table, not the record: a failed operation may have
+// unmounted the volume after the record was read.
+func (s *Store) ensureMounted(t *txn) error {
+	r := t.Volume
+	if isMountPoint(r.MergedPath) {
+		r.Mounted = true
+		return nil
+	}
+	if err := s.checkTorn(t); err != nil {
+		return fmt.Errorf("remount volume %q: %w", r.ID, err)
+	}
+	// A volatile overlay leaves a marker in its work directory, and the
+	// kernel refuses to mount over it until it is reset.
+	if err := resetDir(s.workDir(r.ID)); err != nil {
+		return fmt.Errorf("remount volume %q: reset work directory: %w", r.ID, err)
+	}
+	if err := s.readyLayers(r.Layers); err != nil {
+		return fmt.Errorf("remount volume %q: %w", r.ID, err)
+	}
+	if err := s.withReserve(func() error { return s.volumeSpec(r).mount(r.MergedPath) }); err != nil {
+		return fmt.Errorf("remount volume %q: %w", r.ID, err)
+	}
+	r.Mounted = true
+	return nil
+}
+
+// volatileMarker is what the kernel leaves in a volatile overlay's work
+// directory. It stays after a clean unmount too (Linux 6.18), so it alone
+// does not tell a crash; together with a different boot it does: the node
+// went down while the volume was mounted, and what the kernel had not yet
+// written of the upper layer is lost.
+func (s *Store) volatileMarker(id string) string {
+	return filepath.Join(s.workDir(id), "work", "incompat", "volatile")
+}
+
+// checkTorn finds a volume whose upper layer a crash may have torn, before
+// the remount erases the evidence. It records that first (atomically), then
+// empties the upper layer: the volume stays usable, but is never committed.
+func (s *Store) checkTorn(t *txn) error {
+	r := t.Volume
+	boot := bootID()
+	if r.BootID == boot || !exists(s.volatileMarker(r.ID)) {
+		return nil
+	}
+	r.Torn, r.BootID, r.Mounted = true, boot, false
+	if err := t.save(); err != nil {
+		return fmt.Errorf("record that its upper layer may be torn: %w", err)
+	}
+	if err := resetDir(s.upperDir(r)); err != nil {
+		return fmt.Errorf("empty its possibly torn upper layer: %w", err)
 	}
 	return nil
 }
 
-// busyRetries bound how long unmountOnce waits out a busy mount: about
-// 300 ms in all. Anything that looks up a path on the mount holds it for a
-// moment (the kubelet's filesystem stats, a listing); only a mount busy for
-// longer is in use.
-var busyRetries = []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond, 80 * time.Millisecond, 150 * time.Millisecond}
-
-func unmountOnce(target string) error {
-	for i := 0; ; i++ {
-		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
-		switch {
-		case err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT):
-			return nil
-		case !errors.Is(err, unix.EBUSY):
-			return fmt.Errorf("unmount %s: %w", target, err)
-		case i == len(busyRetries):
-			return fmt.Errorf("unmount %s: the volume is still in use (a process has files open or a bind mount remains): %w", target, ErrBusy)
-		}
-		time.Sleep(busyRetries[i])
-	}
-}
-
-// isMountPoint tells whether something is mounted at path: a mount root has
-// another device than its parent directory (an overlay gets its own).
-func isMountPoint(path string) bool {
-	var st, parent unix.Stat_t
-	if unix.Lstat(path, &st) != nil || unix.Lstat(filepath.Dir(path), &parent) != nil {
-		return false
-	}
-	return st.Dev != parent.Dev
-}
-
-// probeOverlay proves the directory's filesystem can host overlay upper and
-// work directories, including whiteouts, with a real mount.
-func probeOverlay(ctx context.Context, dir string) (err error) {
-	probe, err := os.MkdirTemp(dir, "probe-")
+// bootID names the running kernel's boot.
+var bootID = sync.OnceValue(func() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
-		return fmt.Errorf("create probe directory: %w", err)
-	}
-	defer os.RemoveAll(probe)
-	spec := mountSpec{Lower: []string{filepath.Join(probe, "l")}, Upper: filepath.Join(probe, "u"), Work: filepath.Join(probe, "w")}
-	merged := filepath.Join(probe, "m")
-	for _, d := range []string{spec.Lower[0], spec.Upper, spec.Work, merged} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return fmt.Errorf("create probe directory: %w", err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(spec.Lower[0], "f"), nil, 0o600); err != nil {
-		return fmt.Errorf("write probe file: %w", err)
-	}
-	if err := spec.mount(merged); err != nil {
-		return fmt.Errorf("%w (filesystem %s; use ext4, xfs with ftype=1, btrfs or tmpfs, and run as root)", err, fsTypeName(dir))
-	}
-	defer func() {
-		if uerr := unmount(merged); uerr != nil && err == nil {
-			err = uerr
-		}
-	}()
-	if err := os.Remove(filepath.Join(merged, "f")); err != nil {
-		return fmt.Errorf("delete through the probe overlay: %w", err)
-	}
-	if !isWhiteout(filepath.Join(spec.Upper, "f")) {
-		return fmt.Errorf("deleting a lower file left no whiteout in the upper directory (filesystem %s)", fsTypeName(dir))
-	}
-	return ctx.Err()
-}
-
-// isWhiteout tells whether path is an overlay whiteout (a 0/0 char device).
-func isWhiteout(path string) bool {
-	var st unix.Stat_t
-	if unix.Lstat(path, &st) != nil {
-		return false
-	}
-	return st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
-}
-
-func fsTypeName(path string) string {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
 		return "unknown"
 	}
-	names := map[int64]string{
-		unix.EXT4_SUPER_MAGIC: "ext4", unix.XFS_SUPER_MAGIC: "xfs", unix.BTRFS_SUPER_MAGIC: "btrfs",
-		unix.TMPFS_MAGIC: "tmpfs", unix.OVERLAYFS_SUPER_MAGIC: "overlay", unix.NFS_SUPER_MAGIC: "nfs",
-		unix.FUSE_SUPER_MAGIC: "fuse",
+	return strings.TrimSpace(string(b))
+})
+
+// newVolume creates the volume's directories, its upper directory at its
+// home as a layer, records the volume, then mounts it; on any failure
+// nothing of it remains (a crash leaves what Recover and the sweep remove).
+func (s *Store) newVolume(t *txn, id string, opts MountOptions) (err error) {
+	t.touchHead()
+	h := t.Head
+	r := &volumeRecord{
+		Volume: Volume{
+			ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
+			BaseGeneration: h.Generation, Layers: h.layerIDs(), Created: time.Now().UTC(),
+			LimitBytes: opts.LimitBytes, MergedPath: s.mergedDir(id),
+		},
+		CacheUID: h.UID, Upper: randomID(), BootID: bootID(),
+		RootMode: opts.Mode, RootUID: opts.UID, RootGID: opts.GID,
+		AllowSetuid: opts.AllowSetuid, AllowDevices: opts.AllowDevices,
 	}
-	if n, ok := names[int64(st.Type)]; ok {
-		return n
+	defer func() {
+		if err != nil {
+			unmount(r.MergedPath)
+			t.Volume = nil
+			t.save() // best effort; Recover removes what is left
+			os.RemoveAll(s.layerDir(r.Upper))
+			os.RemoveAll(s.volumeDir(id))
+		}
+	}()
+	if err := s.makeVolumeDirs(r); err != nil {
+		return fmt.Errorf("create volume %q: %w", id, err)
 	}
-	return fmt.Sprintf("0x%x", st.Type)
+	t.Volume = r
+	if err := t.save(); err != nil {
+		return fmt.Errorf("create volume %q: %w", id, err)
+	}
+	if err := s.readyLayers(r.Layers); err != nil {
+		return fmt.Errorf("mount volume %q: %w", id, err)
+	}
+	if err := s.volumeSpec(r).mount(r.MergedPath); err != nil {
+		return fmt.Errorf("mount volume %q: %w", id, err)
+	}
+	r.Mounted = true
+	return nil
+}
+
+// makeVolumeDirs creates the volume's work and merged directories and its
+// upper directory, which takes the volume root's owner and mode (the
+// merged root shows the upper root's).
+func (s *Store) makeVolumeDirs(r *volumeRecord) error {
+	// What a crash left of an earlier volume of this name goes first.
+	if exists(s.volumeDir(r.ID)) {
+		if err := unmountAll(s.volumeDir(r.ID)); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(s.volumeDir(r.ID)); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(s.volumeDir(r.ID), 0o755); err != nil {
+		return err
+	}
+	upper := s.upperDir(r)
+	for _, dir := range []string{s.workDir(r.ID), r.MergedPath, upper} {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.Chown(upper, r.RootUID, r.RootGID); err != nil {
+		return err
+	}
+	return os.Chmod(upper, r.RootMode)
+}
+
+// lastUsedGranularity is how stale a cache's recorded last use may be.
+const lastUsedGranularity = time.Minute
+
+// touchHead records a use of the transaction's cache, creating it if
+// needed.
+func (t *txn) touchHead() {
+	now := time.Now().UTC()
+	switch {
+	case t.Head == nil:
+		t.Head = &head{Cache: t.cache, UID: randomID(), Created: now}
+	case now.Sub(t.Head.LastUsed) < lastUsedGranularity:
+		return // recent enough for GC; spare the hot path two fsyncs
+	}
+	t.Head.LastUsed = now
 }

@@ -49,7 +49,7 @@ func TestLayersWorldWritable(t *testing.T) {
 		t.Fatalf("layer root mode %o; the test wants a world-writable layer root to prove the parents protect it", st.Mode&0o777)
 	}
 	merged := mustMount(t, s, "pod", "ns/c")
-	for _, path := range []string{layer, s.upperDir("pod"), s.emptyLayer()} {
+	for _, path := range []string{layer, upperOf(t, s, "pod"), s.emptyLayer()} {
 		if out, err := asUser(t, "touch "+path+"/planted"); err == nil {
 			t.Errorf("uid 1000 planted a file in %s (%s)", path, out)
 		}

@@ -12,9 +12,9 @@ import (
 )
 
 // Recover repairs the store after a crash or reboot: it removes temp files
-// and directories, finishes commits that were interrupted after their intent
-// was recorded, remounts volumes whose mounts are gone, and removes layers
-// nothing references. Run it at start-up, before serving.
+// and directories and what ended volumes left, moves volumes of the old
+// layout to the current one (finishing the commits it recorded), remounts
+// volumes whose mounts are gone, and removes layers nothing references. Run it at start-up, before serving.
 //
 // A volume that cannot be repaired (a full disk, a damaged record) does not
 // stop the others: it is listed in RecoverResult.Failed, and the returned
@@ -59,55 +59,27 @@ func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
 // made again under its lock, and a volume that is gone stays gone: a
 // Mount here would create it anew, owned by nobody.
 func (s *Store) recoverVolume(ctx context.Context, listed *volumeRecord, res *RecoverResult) error {
-	if listed.State != stateCommitting && listed.Mounted {
-		return nil
-	}
-	storeLock, err := s.lockStore(ctx, false)
-	if err != nil {
-		return err
-	}
-	volLock, err := s.lockVolume(ctx, listed.ID)
-	if err != nil {
-		storeLock.unlock()
-		return err
-	}
-	r, err := s.readVolume(listed.ID)
-	switch {
-	case errors.Is(err, ErrNotFound):
-		releaseOnError(volLock, err)
-		storeLock.unlock()
-		return nil // discarded or committed meanwhile
-	case err != nil:
-		volLock.unlock()
-		storeLock.unlock()
-		return err
-	case r.State == stateCommitting:
-		// Commit takes both locks itself.
-		volLock.unlock()
-		storeLock.unlock()
-		if _, err := s.Commit(ctx, r.ID); err != nil {
-			if errors.Is(err, ErrNotFound) {
-				return nil
-			}
-			return fmt.Errorf("finish commit: %w", err)
+	if s.needsMigration(listed) {
+		if err := s.migrateVolume(ctx, listed.ID, res); err != nil {
+			return err
 		}
-		res.RolledForward = append(res.RolledForward, r.ID)
+	} else if listed.Mounted {
 		return nil
 	}
-	defer storeLock.unlock()
-	defer volLock.unlock()
-	if r.Mounted {
+	return s.transact(ctx, scope{store: true, volume: listed.ID}, func(t *txn) error {
+		if t.Volume == nil || t.Volume.Mounted {
+			return nil // discarded, committed or remounted meanwhile
+		}
+		wasTorn := t.Volume.Torn
+		if err := s.ensureMounted(t); err != nil {
+			return err
+		}
+		res.Remounted = append(res.Remounted, t.Volume.ID)
+		if t.Volume.Torn && !wasTorn {
+			res.Torn = append(res.Torn, t.Volume.ID)
+		}
 		return nil
-	}
-	wasTorn := r.Torn
-	if err := s.ensureMounted(ctx, r); err != nil {
-		return err
-	}
-	res.Remounted = append(res.Remounted, r.ID)
-	if r.Torn && !wasTorn {
-		res.Torn = append(res.Torn, r.ID)
-	}
-	return nil
+	})
 }
 
 // removeTemp removes what interrupted operations left: new-* builds, temp
@@ -126,7 +98,7 @@ func (s *Store) removeTemp(ctx context.Context) (int, error) {
 			return 0, err
 		}
 		for _, e := range entries {
-			if isTemp(e.Name()) || (dir == s.volumesDir() && !exists(s.volumePath(e.Name()))) {
+			if isTemp(e.Name()) || (dir == s.volumesDir() && s.volumeEnded(e.Name())) {
 				leftovers = append(leftovers, filepath.Join(dir, e.Name()))
 			}
 		}
@@ -148,6 +120,13 @@ func (s *Store) removeTemp(ctx context.Context) (int, error) {
 		}
 	}
 	return len(leftovers), nil
+}
+
+// volumeEnded tells a volume directory whose record is gone, or names a
+// layer its cache holds: what a crash left of a Discard or Commit.
+func (s *Store) volumeEnded(id string) bool {
+	_, err := s.readVolume(id)
+	return errors.Is(err, ErrNotFound)
 }
 
 func exists(path string) bool {

@@ -103,15 +103,6 @@ func covers(layers []LayerInfo) []string {
 	return ds
 }
 
-func (s *Store) lockedHead(ctx context.Context, cache CacheRef) (*head, error) {
-	l, err := s.lockCache(ctx, cache)
-	if err != nil {
-		return nil, err
-	}
-	defer l.unlock()
-	return s.readHead(cache)
-}
-
 // mergeLayers builds one new layer equal to the merged view of ids.
 func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (layer LayerInfo, err error) {
 	work, err := os.MkdirTemp(s.tmpDir(), "squash-")
@@ -168,19 +159,16 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 // that landed since are newer and stay on top; if the cache was removed or
 // rewritten meanwhile, the squash is abandoned.
 func (s *Store) swapInSquashed(ctx context.Context, before *head, old []LayerInfo, layer LayerInfo) error {
-	l, err := s.lockCache(ctx, before.Cache)
-	if err != nil {
-		return err
-	}
-	defer l.unlock()
-	h, err := s.readHead(before.Cache)
-	if err != nil {
-		return fmt.Errorf("squash %s: %w", before.Cache, err)
-	}
-	n := len(h.Layers) - len(old)
-	if h.UID != before.UID || n < 0 || !slices.EqualFunc(h.Layers[n:], old, func(a, b LayerInfo) bool { return a.ID == b.ID }) {
-		return fmt.Errorf("squash %s: the cache changed underneath (removed or squashed by another process); nothing was changed", before.Cache)
-	}
-	h.Layers = append(slices.Clone(h.Layers[:n]), layer)
-	return s.writeHead(h)
+	return s.transact(ctx, scope{cache: before.Cache}, func(t *txn) error {
+		h := t.Head
+		if h == nil {
+			return fmt.Errorf("squash %s: %w", before.Cache, ErrNotFound)
+		}
+		n := len(h.Layers) - len(old)
+		if h.UID != before.UID || n < 0 || !slices.EqualFunc(h.Layers[n:], old, func(a, b LayerInfo) bool { return a.ID == b.ID }) {
+			return fmt.Errorf("squash %s: the cache changed underneath (removed or squashed by another process); nothing was changed", before.Cache)
+		}
+		h.Layers = append(slices.Clone(h.Layers[:n]), layer)
+		return nil
+	})
 }

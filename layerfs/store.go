@@ -135,9 +135,7 @@ func (s *Store) layerDir(id string) string { return filepath.Join(s.layersDir(),
 func (s *Store) cacheDir(c CacheRef) string {
 	return filepath.Join(s.cachesDir(), c.Namespace, c.Name)
 }
-func (s *Store) headPath(c CacheRef) string  { return filepath.Join(s.cacheDir(c), "head.json") }
-func (s *Store) volumeDir(id string) string  { return filepath.Join(s.volumesDir(), id) }
-func (s *Store) volumePath(id string) string { return filepath.Join(s.volumeDir(id), "volume.json") }
+func (s *Store) headPath(c CacheRef) string { return filepath.Join(s.cacheDir(c), "head.json") }
 
 // Locks. The store lock is shared by operations that create references to
 // layers (mount, commit, squash) and exclusive for the sweep that deletes

@@ -1,22 +1,15 @@
 package layerfs
 
 import (
-	"archive/tar"
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/moby/go-archive"
 	"golang.org/x/sync/errgroup"
-
-	"github.com/layercache/layercache/layerfs/erofs"
 )
 
 // defaultSyncParallel is how many layers a Sync fetches at once.
@@ -222,23 +215,32 @@ func coversPrefix(covers []string, chain []ChainLayer) bool {
 // missing, writes the new head. done is false when the head changed so
 // that more layers must be fetched; kept lists the head's layers.
 func (s *Store) swapInSynced(ctx context.Context, cache CacheRef, chain Chain, fetched map[int]LayerInfo, res *SyncResult) (done bool, kept []string, err error) {
-	h, l, err := s.lockHead(ctx, cache)
+	err = s.transact(ctx, scope{cache: cache}, func(t *txn) error {
+		done, kept = s.planSwap(t, chain, fetched, res)
+		return nil
+	})
 	if err != nil {
-		return false, nil, err
+		return false, nil, fmt.Errorf("sync cache %s: %w", cache, err)
 	}
-	defer l.unlock()
+	return done, kept, nil
+}
+
+// planSwap changes the transaction's head to the synced one, if nothing
+// is missing for it.
+func (s *Store) planSwap(t *txn, chain Chain, fetched map[int]LayerInfo, res *SyncResult) (done bool, kept []string) {
 	now := time.Now().UTC()
-	created := h == nil
+	created := t.Head == nil
+	h := t.Head
 	if created {
-		h = &head{Cache: cache, UID: randomID(), Created: now}
+		h = &head{Cache: t.cache, UID: randomID(), Created: now}
 	}
 	p := planSync(h.Layers, chain.Layers, fetched)
 	if staleChain(h, chain) {
 		*res = SyncResult{Generation: h.Generation, Unpublished: countUnpublished(h.Layers), NeedsSquash: len(h.Layers) > s.opts.MaxLayers}
-		return true, h.layerIDs(), nil
+		return true, h.layerIDs()
 	}
 	if len(p.missing) > 0 {
-		return false, nil, nil
+		return false, nil
 	}
 	gen := max(h.Generation, chain.Generation+int64(p.unpublished))
 	*res = SyncResult{Generation: gen, Unpublished: p.unpublished, NeedsSquash: len(p.layers) > s.opts.MaxLayers}
@@ -249,15 +251,13 @@ func (s *Store) swapInSynced(ctx context.Context, cache CacheRef, chain Chain, f
 		}
 	}
 	if !created && gen == h.Generation && chain.Generation == h.ChainGeneration && slices.EqualFunc(p.layers, h.Layers, sameLayer) {
-		return true, h.layerIDs(), nil
+		return true, h.layerIDs()
 	}
 	faultPoint()
 	h.Layers, h.Generation, h.ChainGeneration, h.LastUsed = p.layers, gen, chain.Generation, now
-	if err := s.writeHead(h); err != nil {
-		return false, nil, fmt.Errorf("sync cache %s: write its head: %w", cache, err)
-	}
+	t.Head = h
 	res.Changed = true
-	return true, h.layerIDs(), nil
+	return true, h.layerIDs()
 }
 
 // staleChain tells a chain older than the last one synced: an agent's
@@ -323,173 +323,4 @@ func (s *Store) pullLayer(ctx context.Context, cl ChainLayer, fetch Fetch, maxBy
 		return s.pullImage(ctx, cl, fetch, maxBytes)
 	}
 	return s.pullTar(ctx, cl, fetch, maxBytes)
-}
-
-// pullTar unpacks a layer published as a tar into a temp dir under tmp/,
-// syncs it and renames it into layers/ under a new id.
-func (s *Store) pullTar(ctx context.Context, cl ChainLayer, fetch Fetch, maxBytes int64) (layer LayerInfo, err error) {
-	tmp, err := os.MkdirTemp(s.tmpDir(), "pull-")
-	if err != nil {
-		return layer, err
-	}
-	defer func() {
-		if tmp != "" {
-			os.RemoveAll(tmp)
-		}
-	}()
-	if err := importLayer(ctx, tmp, cl, fetch, maxBytes); err != nil {
-		return layer, err
-	}
-	if err := syncFS(tmp); err != nil {
-		return layer, err
-	}
-	bytes, files, err := diskUsage(tmp)
-	if err != nil {
-		return layer, err
-	}
-	layer = LayerInfo{ID: randomID(), Bytes: bytes, Files: files, Created: time.Now().UTC(), Digest: cl.Digest}
-	if err := renameDurable(tmp, s.layerDir(layer.ID)); err != nil {
-		return layer, fmt.Errorf("move it into the store: %w", err)
-	}
-	tmp = ""
-	return layer, nil
-}
-
-// importLayer unpacks the layer's tar into dir with go-archive, which
-// turns OCI whiteouts into overlay ones and refuses entries that would
-// land outside dir. The stream is read to its end, so that the fetcher
-// sees every byte and can check the digest. Tars are what layers were
-// published as before images; their files are written dense, so bounding
-// the tar's bytes bounds what it takes on disk.
-func importLayer(ctx context.Context, dir string, cl ChainLayer, fetch Fetch, maxBytes int64) error {
-	rc, err := fetch(ctx, cl)
-	if err != nil {
-		return fmt.Errorf("fetch: %w", err)
-	}
-	defer func() {
-		if rc != nil {
-			rc.Close() // after a failure; the error that counts is returned
-		}
-	}()
-	br := bufio.NewReaderSize(&ctxReader{ctx: ctx, r: rc}, erofs.BlockSize)
-	if first, _ := br.Peek(erofs.BlockSize); len(first) == erofs.BlockSize {
-		if _, err := erofs.ParseSuperblock(first); err == nil {
-			// A tar reader takes the image's leading zeros for the end of
-			// an empty archive: the layer would arrive empty.
-			return fmt.Errorf("layer %s is an image, but its chain says it is a tar", cl.Digest)
-		}
-	}
-	var r io.Reader = br
-	if maxBytes > 0 {
-		r = &boundReader{r: r, left: maxBytes, what: "layer " + cl.Digest}
-	}
-	filtered := withoutOverlayXattrs(r)
-	defer filtered.Close()
-	faultPoint()
-	if err := archive.Unpack(filtered, dir, &archive.TarOptions{WhiteoutFormat: archive.OverlayWhiteoutFormat}); err != nil {
-		// go-archive's refusals (an entry or link leaving the layer's
-		// directory) name the entry; the head is not touched either way.
-		return fmt.Errorf("unpack its tar (the cache is unchanged): %w", err)
-	}
-	// Unpack stops at the end-of-archive marker: read the rest, through
-	// the filter and then raw.
-	if _, err := io.Copy(io.Discard, filtered); err != nil {
-		return fmt.Errorf("read to the end: %w", err)
-	}
-	if _, err := io.Copy(io.Discard, r); err != nil {
-		return fmt.Errorf("read to the end: %w", err)
-	}
-	err = rc.Close()
-	rc = nil
-	if err != nil {
-		return fmt.Errorf("fetch: %w", err)
-	}
-	// The temp dir was made 0700; the layer's root is never a volume's
-	// root (the upper layer's is), but squash views show it.
-	return os.Chmod(dir, 0o755)
-}
-
-// boundReader fails a stream once it passes its bound.
-type boundReader struct {
-	r    io.Reader
-	left int64
-	what string
-}
-
-func (b *boundReader) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
-	b.left -= int64(n)
-	if b.left < 0 {
-		return n, fmt.Errorf("%s unpacks to more than its bound: %w", b.what, ErrTooLarge)
-	}
-	return n, err
-}
-
-const overlayOpaqueXattr = "trusted.overlay.opaque"
-
-// paxXattr prefixes an xattr's name in a tar header's PAX records.
-const paxXattr = "SCHILY.xattr."
-
-// isOverlayXattr tells overlay's own xattrs (opaque, origin, impure,
-// redirect...): they describe a node's layer stack, not content.
-func isOverlayXattr(name string) bool {
-	return strings.HasPrefix(name, "trusted.overlay.") || strings.HasPrefix(name, "user.overlay.")
-}
-
-// ctxReader stops a stream once ctx is done: Unpack takes no context.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c *ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
-}
-
-// withoutOverlayXattrs passes a tar through without overlay's own xattrs
-// (trusted.overlay.*, user.overlay.*). A layer this store exported has
-// none, but a blob someone else pushed could carry redirects or origins
-// that make the kernel look elsewhere in the node's layer stack.
-func withoutOverlayXattrs(r io.Reader) io.ReadCloser {
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(copyTarWithoutOverlayXattrs(r, pw)) }()
-	return pr
-}
-
-func copyTarWithoutOverlayXattrs(r io.Reader, w io.Writer) error {
-	// Buffered, so that the pipe hands over large chunks rather than
-	// every header and small file on its own.
-	bw := bufio.NewWriterSize(w, 256<<10)
-	tr, tw := tar.NewReader(r), tar.NewWriter(bw)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			if err := tw.Close(); err != nil {
-				return err
-			}
-			return bw.Flush()
-		}
-		if err != nil {
-			return err
-		}
-		for k := range hdr.PAXRecords {
-			if x, ok := strings.CutPrefix(k, paxXattr); ok && isOverlayXattr(x) {
-				delete(hdr.PAXRecords, k)
-			}
-		}
-		for k := range hdr.Xattrs { //nolint:staticcheck // the reader fills both
-			if isOverlayXattr(k) {
-				delete(hdr.Xattrs, k) //nolint:staticcheck
-			}
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return fmt.Errorf("%s: %w", hdr.Name, err)
-		}
-		if _, err := io.Copy(tw, tr); err != nil {
-			return fmt.Errorf("%s: %w", hdr.Name, err)
-		}
-	}
 }

@@ -1,11 +1,9 @@
 package layerfs
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +13,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containerd/continuity/sysx"
 	"golang.org/x/sys/unix"
 )
 
@@ -288,142 +285,6 @@ func TestSyncFailureChangesNothing(t *testing.T) {
 }
 
 type iotestErr struct{}
-
-// A blob that is not a layer this store wrote must not write outside the
-// layer's directory.
-func TestSyncRefusesTarsThatEscape(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		entries []tar.Header
-		wantErr string // empty: the tar is harmless and imports
-	}{
-		{"dot-dot entry", []tar.Header{{Name: "../evil", Typeflag: tar.TypeReg}}, "invalid entry name"},
-		{"deep dot-dot entry", []tar.Header{{Name: "a/../../../evil", Typeflag: tar.TypeReg}}, "invalid entry name"},
-		{"hardlink out", []tar.Header{{Name: "l", Typeflag: tar.TypeLink, Linkname: "../../evil"}}, "invalid hardlink target"},
-		{"through a relative symlink", []tar.Header{
-			{Name: "up", Typeflag: tar.TypeSymlink, Linkname: "../../.."},
-			{Name: "up/evil", Typeflag: tar.TypeReg},
-		}, "escapes"},
-		{"whiteout of a parent", []tar.Header{{Name: ".wh..", Typeflag: tar.TypeReg}}, "invalid whiteout"},
-		// An absolute symlink resolves inside the layer, as in a chroot.
-		{"through an absolute symlink", []tar.Header{
-			{Name: "abs", Typeflag: tar.TypeSymlink, Linkname: "/"},
-			{Name: "abs/evil", Typeflag: tar.TypeReg},
-		}, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			parent := t.TempDir()
-			s := newTestStore(t, Options{Root: filepath.Join(parent, "store")})
-			var buf bytes.Buffer
-			tw := tar.NewWriter(&buf)
-			for _, h := range tc.entries {
-				h.Mode = 0o644
-				must(t, tw.WriteHeader(&h))
-			}
-			must(t, tw.Close())
-			reg := registry{}
-			chain := Chain{Generation: 1, Layers: []ChainLayer{{Digest: reg.put(buf.Bytes())}}}
-			_, err := s.Sync(context.Background(), mustRef(t, "ns/c"), chain, reg.fetch, SyncOptions{})
-			switch {
-			case tc.wantErr == "" && err != nil:
-				t.Fatalf("Sync: %v", err)
-			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
-				t.Fatalf("Sync = %v, want an error containing %q", err, tc.wantErr)
-			}
-			t.Log(err)
-			must(t, filepath.Walk(parent, func(p string, _ os.FileInfo, err error) error {
-				if err == nil && filepath.Base(p) == "evil" && !strings.HasPrefix(p, s.layersDir()) {
-					t.Errorf("the tar wrote %s", p)
-				}
-				return err
-			}))
-			assertMissing(t, "/evil")
-			_, err = s.Recover(context.Background())
-			must(t, err)
-			assertNoOrphans(t, s)
-		})
-	}
-}
-
-// syncCrashFixture is a published three-layer chain, built once: the
-// crash test needs it for every crash point.
-var syncCrashFixture struct {
-	chain Chain
-	reg   registry
-}
-
-func syncFixture(t testing.TB) (Chain, registry) {
-	if syncCrashFixture.reg == nil {
-		src := newTestStore(t, Options{})
-		buildChain(t, src, "ns/c", layerSteps)
-		syncCrashFixture.reg = registry{}
-		syncCrashFixture.chain = publish(t, src, syncCrashFixture.reg, "ns/c")
-	}
-	return syncCrashFixture.chain, syncCrashFixture.reg
-}
-
-// blobDir is where the crash test keeps a store's registry: the crash
-// child reads it from there.
-func blobDir(s *Store) string { return s.Root() + "-blobs" }
-
-// setupSyncCrash gives s the chain's bottom layer and an unpublished
-// commit on top, and writes the registry for the child.
-func setupSyncCrash(t testing.TB, s *Store) {
-	chain, reg := syncFixture(t)
-	must(t, os.Mkdir(blobDir(s), 0o700))
-	for d, data := range reg {
-		must(t, os.WriteFile(filepath.Join(blobDir(s), strings.TrimPrefix(d, "sha256:")), data, 0o600))
-	}
-	data, err := json.Marshal(chain)
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(blobDir(s), "chain.json"), data, 0o600))
-	bottom := Chain{Generation: 1, Layers: chain.Layers[2:]}
-	mustSync(t, s, "ns/c", bottom, reg.fetch)
-	commitFiles(t, s, "ns/c", map[string]string{"local": "unpublished", "keep.txt": "local"})
-}
-
-// runSyncCrash syncs the whole chain from blobDir, one layer at a time so
-// that the crash points come in a fixed order.
-func runSyncCrash(ctx context.Context, s *Store) error {
-	var chain Chain
-	data, err := os.ReadFile(filepath.Join(blobDir(s), "chain.json"))
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(data, &chain); err != nil {
-		return err
-	}
-	fetch := func(ctx context.Context, l ChainLayer) (io.ReadCloser, error) {
-		return os.Open(filepath.Join(blobDir(s), strings.TrimPrefix(l.Digest, "sha256:")))
-	}
-	_, err = s.Sync(ctx, CacheRef{"ns", "c"}, chain, fetch, SyncOptions{Parallel: 1})
-	return err
-}
-
-// Overlay's own xattrs in a blob (a redirect, an origin) would make the
-// kernel look elsewhere in the node's stack: they are dropped, others kept.
-func TestSyncDropsOverlayXattrs(t *testing.T) {
-	s := newTestStore(t, Options{})
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	must(t, tw.WriteHeader(&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755, PAXRecords: map[string]string{
-		paxXattr + "trusted.overlay.redirect": "/elsewhere",
-		paxXattr + "user.overlay.origin":      "x",
-		paxXattr + "user.kept":                "yes",
-	}}))
-	must(t, tw.Close())
-	reg := registry{}
-	chain := Chain{Generation: 1, Layers: []ChainLayer{{Digest: reg.put(buf.Bytes())}}}
-	mustSync(t, s, "ns/c", chain, reg.fetch)
-	dir := filepath.Join(s.layerDir(headIDs(t, s, "ns/c")[0]), "d")
-	xattrs, err := contentXattrs(dir)
-	must(t, err)
-	keys, err := sysx.LListxattr(dir)
-	must(t, err)
-	if len(keys) != 1 || xattrs["user.kept"] != "yes" {
-		t.Fatalf("imported xattrs %v, want only user.kept", keys)
-	}
-}
 
 func (iotestErr) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
 

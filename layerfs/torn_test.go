@@ -71,8 +71,8 @@ func TestVolatileMarkerClearedAtRemount(t *testing.T) {
 	}
 }
 
-// A commit interrupted after its intent was recorded had synced its upper
-// layer, so rolling it back after a reboot must not take it for torn.
+// A commit interrupted after it sealed the upper layer had synced it, so
+// remounting it after a reboot must not take it for torn.
 func TestRolledBackCommitAfterRebootIsNotTorn(t *testing.T) {
 	ctx := context.Background()
 	s := newTestStore(t, Options{})
@@ -80,7 +80,8 @@ func TestRolledBackCommitAfterRebootIsNotTorn(t *testing.T) {
 	writeFile(t, filepath.Join(merged, "synced"), "x")
 	r, err := s.readVolume("v")
 	must(t, err)
-	must(t, s.prepareCommit(ctx, r)) // unmounts, syncs, records the intent
+	_, err = s.seal(r) // unmounts, syncs
+	must(t, err)
 	r.BootID = "an-earlier-boot"
 	must(t, writeJSONAtomic(s.volumePath("v"), r))
 	v, err := s.Mount(ctx, "v", MountOptions{Cache: mustRef(t, "ns/c")})

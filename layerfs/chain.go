@@ -99,24 +99,19 @@ func (s *Store) SetLayerDigest(ctx context.Context, cache CacheRef, layerID, dig
 	if err := validateDigest("layer digest", digest); err != nil {
 		return err
 	}
-	h, l, err := s.lockHead(ctx, cache)
-	if err != nil {
-		return err
-	}
-	defer l.unlock()
-	if h == nil {
-		return fmt.Errorf("record digest of layer %s: cache %s: %w", layerID, cache, ErrNotFound)
-	}
-	i := h.layerIndex(layerID)
-	if i < 0 {
-		return fmt.Errorf("record digest of layer %s: it is no longer in cache %s (squashed or synced away): %w", layerID, cache, ErrNotFound)
-	}
-	if h.Layers[i].Digest == digest {
+	err := s.transact(ctx, scope{cache: cache}, func(t *txn) error {
+		if t.Head == nil {
+			return fmt.Errorf("cache %s: %w", cache, ErrNotFound)
+		}
+		i := t.Head.layerIndex(layerID)
+		if i < 0 {
+			return fmt.Errorf("it is no longer in cache %s (squashed or synced away): %w", cache, ErrNotFound)
+		}
+		t.Head.Layers[i].Digest = digest
 		return nil
-	}
-	h.Layers[i].Digest = digest
-	if err := s.writeHead(h); err != nil {
-		return fmt.Errorf("record digest of layer %s of cache %s: %w", layerID, cache, err)
+	})
+	if err != nil {
+		return fmt.Errorf("record digest of layer %s: %w", layerID, err)
 	}
 	return nil
 }
