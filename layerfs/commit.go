@@ -69,7 +69,10 @@ func (s *Store) commitLocked(t *txn) (CommitResult, error) {
 			err = fmt.Errorf("%w (the volume stays unmounted until the commit is retried: %v)", err, merr)
 		}
 	}
-	return res, err
+	if err != nil {
+		return CommitResult{}, err
+	}
+	return res, nil
 }
 
 // seal unmounts the volume and readies its upper directory to be a layer:
@@ -159,8 +162,10 @@ func (s *Store) land(t *txn, layer *LayerInfo) (CommitResult, error) {
 	res.Generation = h.Generation
 	res.NeedsSquash = len(h.Layers) > s.opts.MaxLayers
 	if err := t.save(); err != nil {
-		if !t.headSaved() {
-			t.Volume = r // nothing landed: the volume lives on
+		// The head on disk tells whether the layer landed (a failed
+		// fsync may follow a done rename); if not, the volume lives on.
+		if onDisk, herr := s.readHead(r.Cache); herr != nil || !r.landedIn(onDisk) {
+			t.Volume = r
 		}
 		return CommitResult{}, fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}

@@ -102,3 +102,30 @@ func TestCommitOverLimitDiscards(t *testing.T) {
 		t.Errorf("a negative limit was accepted")
 	}
 }
+
+// A commit interrupted after it moved the control directory out of the
+// upper layer (a crash) keeps the markers that decided it: the agent
+// still finds them after a restart, and they never land in the cache.
+func TestControlFilesSurviveAnInterruptedCommit(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{})
+	merged := mustMount(t, s, "v", "ns/c")
+	writeFile(t, filepath.Join(merged, "f"), "x")
+	writeFile(t, filepath.Join(merged, ControlDir, "commit"), "")
+	r, err := s.readVolume("v")
+	must(t, err)
+	_, err = s.seal(r) // where a crash could stop the commit
+	must(t, err)
+	if _, err := s.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"commit": true, "abort": false} {
+		if got, err := s.HasControlFile(ctx, "v", name); err != nil || got != want {
+			t.Errorf("HasControlFile(%s) after the interrupted commit = %v, %v; want %v", name, got, err, want)
+		}
+	}
+	mustCommit(t, s, "v")
+	if _, ok := view(t, s, "ns/c")[ControlDir]; ok {
+		t.Errorf("the control directory landed in the cache")
+	}
+}

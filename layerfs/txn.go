@@ -147,12 +147,6 @@ func (t *txn) save() error {
 	return nil
 }
 
-// headSaved tells whether the head on disk is the transaction's.
-func (t *txn) headSaved() bool {
-	h, err := encodeOrNil(t.Head)
-	return err == nil && bytes.Equal(h, t.savedHead)
-}
-
 func (t *txn) saveHead() error {
 	if t.Head == nil {
 		return t.s.removeCacheFiles(t.cache)
