@@ -41,6 +41,9 @@ func (s *Store) squash(ctx context.Context, cache CacheRef, maxLayers int) (res 
 		return res, err
 	}
 	defer storeLock.unlock()
+	if err := s.endLandedVolumes(ctx, cache); err != nil {
+		return res, fmt.Errorf("squash cache %s: %w", cache, err)
+	}
 	h, err := s.lockedHead(ctx, cache)
 	if err != nil {
 		return res, fmt.Errorf("squash cache %s: %w", cache, err)

@@ -250,3 +250,30 @@ func dataMap(t testing.TB, path string) []string {
 	}
 	return ranges
 }
+
+// A crash between a commit's head and the removal of its volume's record
+// leaves a record that names a layer of the head: the volume has ended.
+// A squash takes that layer out of the head, so it removes such records
+// first; the volume must not come back.
+func TestSquashEndsLandedVolumes(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{})
+	buildChain(t, s, "ns/c", layerSteps[:1])
+	writeFile(t, filepath.Join(mustMount(t, s, "v", "ns/c"), "f"), "x")
+	record, err := os.ReadFile(s.volumePath("v"))
+	must(t, err)
+	mustCommit(t, s, "v")
+	// The record as the crash left it.
+	must(t, os.MkdirAll(s.volumeDir("v"), 0o755))
+	must(t, os.WriteFile(s.volumePath("v"), record, 0o644))
+	if _, err := s.Volume(ctx, "v"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Volume of a landed record: %v, want ErrNotFound", err)
+	}
+	if _, err := s.Squash(ctx, mustRef(t, "ns/c"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Volume(ctx, "v"); !errors.Is(err, ErrNotFound) || exists(s.volumeDir("v")) {
+		t.Fatalf("after a squash the landed volume is back: %v (dir exists %v)", err, exists(s.volumeDir("v")))
+	}
+	assertNoOrphans(t, s)
+}

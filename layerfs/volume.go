@@ -89,6 +89,31 @@ func (s *Store) readVolume(id string) (*volumeRecord, error) {
 	return r, nil
 }
 
+// endLandedVolumes removes the records of cache's volumes whose commit
+// landed (a crash came between the head's write and the record's
+// removal) before a squash takes their layers out of the head: after
+// that, nothing would tell them from live volumes.
+func (s *Store) endLandedVolumes(ctx context.Context, cache CacheRef) error {
+	entries, err := os.ReadDir(s.volumesDir())
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		r, err := s.readVolumeRecord(e.Name())
+		if err != nil || r.Cache != cache {
+			continue // not a volume, or being created or removed
+		}
+		if h, err := s.readHead(cache); err != nil || !r.landedIn(h) {
+			continue
+		}
+		// The transaction sees the volume ended; its save removes it.
+		if err := s.transact(ctx, scope{volume: r.ID}, func(*txn) error { return nil }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // removeVolumeDir removes a volume's directory. The record goes first, so
 // a crash midway leaves no half volume that Volumes would report; Recover
 // removes the rest. Not fsynced: a removal that a crash undoes is replayed
