@@ -82,6 +82,10 @@ func (s *Store) sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 		return res, err
 	}
 	defer storeLock.unlock()
+	// A sync may take layers out of the head, as a squash does.
+	if err := s.endLandedVolumes(ctx, cache); err != nil {
+		return res, fmt.Errorf("sync cache %s: %w", cache, err)
+	}
 	fetched := map[int]LayerInfo{} // chain index -> layer fetched for it
 	var kept []string              // the new head's layers
 	defer func() {
