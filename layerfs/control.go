@@ -16,8 +16,10 @@ const ControlDir = ".layercache"
 
 // HasControlFile reports whether the build that used the volume wrote the
 // regular file ControlDir/name at the volume's root. Only the volume's own
-// upper layer counts: a control file can never come from the cache, as
-// commits strip the control directory. Ask after the volume's pods ended.
+// upper layer counts (or, once a commit started, the control directory it
+// moved aside): a control file can never come from the cache, as commits
+// take the control directory out of the layer. Ask after the volume's pods
+// ended.
 func (s *Store) HasControlFile(ctx context.Context, volumeID, name string) (bool, error) {
 	if err := ValidateName("volume", volumeID); err != nil {
 		return false, err
