@@ -1,0 +1,192 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/remote"
+)
+
+// sameChain checks a chain re-read for an update: it must still be the
+// one this node checked and pushes to, and keep the chain's shape, or the
+// node writes nothing to it.
+func sameChain(ref layerfs.CacheRef, reg *registryRef, pub *v1alpha1.PublishedChain) error {
+	switch {
+	case pub.Repository != reg.Repository:
+		return &untrustedError{Cache: ref, Field: "repository", Value: fmt.Sprintf("%q", pub.Repository),
+			Expected: fmt.Sprintf("%q, where this node checked the chain and pushed the layer (the chain changed under the push)", reg.Repository)}
+	case pub.Secret != reg.Secret:
+		return &untrustedError{Cache: ref, Field: "secret", Value: fmt.Sprintf("%q", pub.Secret),
+			Expected: fmt.Sprintf("%q, which this node checked and pushed with (the chain changed under the push)", reg.Secret)}
+	}
+	return checkShape(ref, pub)
+}
+
+// pushLayer pushes one layer and appends it to the chain, then records
+// its digest on the node. In that order: a layer whose digest the node
+// records is always in the chain, so a crash in between only makes the
+// next publish push the same blob again (exports are deterministic) and
+// find it already appended.
+//
+// The append also settles announcements in the same update (see
+// landed): the layer's own goes, and those of gone nodes.
+func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, layer layerfs.LayerInfo, gone []string) (*v1alpha1.PublishedChain, error) {
+	start := time.Now()
+	blob, err := target.PushLayer(ctx, s.tmpDir, func(w io.Writer) error {
+		return s.store.ExportLayer(ctx, ref, layer.ID, w)
+	})
+	if errors.Is(err, layerfs.ErrNotFound) {
+		return nil, nil // squashed away meanwhile; the squash is published instead
+	}
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := s.locks.lock(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	var refused error
+	cache, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+		if pub == nil {
+			return pub, false
+		}
+		if slices.ContainsFunc(pub.Layers, func(l v1alpha1.PublishedLayer) bool { return l.Digest == blob.Digest.String() }) {
+			return pub, false // appended before a crash, with its announcement
+		}
+		if refused = sameChain(ref, reg, pub); refused != nil {
+			return pub, false
+		}
+		pub.Announced = s.landed(ctx, pub.Announced, gone)
+		pub.Generation++
+		pub.Layers = slices.Insert(pub.Layers, 0, v1alpha1.PublishedLayer{
+			Digest: blob.Digest.String(), DiffID: blob.DiffID.String(), MediaType: string(blob.MediaType), Size: blob.Size,
+			Generation: pub.Generation, Node: s.node,
+		})
+		return pub, true
+	})
+	if err == nil {
+		err = refused
+	}
+	if err != nil || cache == nil || cache.Status.Published == nil {
+		return nil, err
+	}
+	if err := s.store.SetLayerDigest(ctx, ref, layer.ID, blob.Digest.String()); err != nil && !errors.Is(err, layerfs.ErrNotFound) {
+		return nil, fmt.Errorf("record digest %s of layer %s: %w", blob.Digest, layer.ID, err)
+	}
+	s.metrics.registryLayers.WithLabelValues("push").Inc()
+	s.metrics.registryBytes.WithLabelValues("push").Add(float64(blob.Size))
+	s.metrics.registrySeconds.WithLabelValues("push").Observe(time.Since(start).Seconds())
+	s.metrics.publishLag.Observe(time.Since(layer.Created).Seconds())
+	log.FromContext(ctx).Info("Published", "cache", ref.String(), "layer", layer.ID, "digest", blob.Digest.String(),
+		"generation", cache.Status.Published.Generation, "bytes", blob.Size, "tarBytes", blob.TarBytes, "seconds", time.Since(start).Seconds())
+	return cache.Status.Published, nil
+}
+
+// publishSquashes publishes the node's squashes of published layers, so
+// that the chain stays as short as the node's: a squash's blob replaces
+// the run of layers it covers, if the chain still has that run (another
+// node may have squashed it first, and its squash wins). Nodes that hold
+// the covered layers keep them (Sync matches a squash by what it
+// covers); new nodes fetch one blob instead of many. It returns the
+// chain as written, or nil if nothing was published.
+func (s *syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, info layerfs.CacheInfo, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
+	var out *v1alpha1.PublishedChain
+	for _, layer := range info.Layers {
+		if layer.Digest != "" || len(layer.Covers) < 2 || coveredRun(pub.Layers, layer.Covers) < 0 {
+			continue
+		}
+		blob, err := target.PushLayer(ctx, s.tmpDir, func(w io.Writer) error {
+			return s.store.ExportLayer(ctx, ref, layer.ID, w)
+		})
+		if errors.Is(err, layerfs.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		next, err := s.replaceRun(ctx, ref, reg, layer, blob)
+		if err != nil {
+			return nil, err
+		}
+		if next != nil {
+			out, pub = next, next
+		}
+	}
+	return out, nil
+}
+
+// replaceRun swaps the run of the chain that layer covers for blob, and
+// records blob's digest on the node.
+func (s *syncer) replaceRun(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, layer layerfs.LayerInfo, blob remote.Blob) (*v1alpha1.PublishedChain, error) {
+	unlock, err := s.locks.lock(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	replaced := false
+	var refused error
+	cache, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+		i := -1
+		if pub != nil {
+			if refused = sameChain(ref, reg, pub); refused != nil {
+				return pub, false
+			}
+			i = coveredRun(pub.Layers, layer.Covers)
+		}
+		if replaced = i >= 0; !replaced {
+			return pub, false
+		}
+		squash := v1alpha1.PublishedLayer{
+			Digest: blob.Digest.String(), DiffID: blob.DiffID.String(), MediaType: string(blob.MediaType), Size: blob.Size,
+			Generation: pub.Layers[i].Generation, Node: s.node, Covers: layer.Covers,
+		}
+		pub.Layers = slices.Replace(pub.Layers, i, i+len(layer.Covers), squash)
+		return pub, true
+	})
+	if err == nil {
+		err = refused
+	}
+	if err != nil || cache == nil || !replaced {
+		return nil, err
+	}
+	if err := s.store.SetLayerDigest(ctx, ref, layer.ID, blob.Digest.String()); err != nil && !errors.Is(err, layerfs.ErrNotFound) {
+		return nil, fmt.Errorf("record digest %s of squashed layer %s: %w", blob.Digest, layer.ID, err)
+	}
+	log.FromContext(ctx).Info("Published squash", "cache", ref.String(), "layer", layer.ID, "digest", blob.Digest.String(), "replaced", len(layer.Covers))
+	return cache.Status.Published, nil
+}
+
+// coveredRun returns where the digests covers (newest first) run in
+// layers, or -1.
+func coveredRun(layers []v1alpha1.PublishedLayer, covers []string) int {
+	for i := 0; i+len(covers) <= len(layers); i++ {
+		match := true
+		for j, d := range covers {
+			if layers[i+j].Digest != d {
+				match = false
+				break
+			}
+		}
+		if match {
+			return i
+		}
+	}
+	return -1
+}
+
+func blobsBaseFirst(pub *v1alpha1.PublishedChain) []remote.Blob {
+	var out []remote.Blob
+	for _, l := range slices.Backward(pub.Layers) {
+		out = append(out, remote.BlobOf(l.Digest, l.DiffID, l.MediaType, l.Size))
+	}
+	return out
+}

@@ -1,0 +1,202 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/remote"
+)
+
+// pull brings the node's copy of the cache up to its published chain
+// before a volume mounts it, within the class's sync timeout and the
+// claim's layer bound. It never fails the claim: past the timeout, or
+// when the registry fails, a layer is too large or the chain is not
+// trusted, the volume mounts what the node has, and an Event on the claim
+// says so.
+func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest) {
+	ref, reg := req.Cache, req.Registry
+	logger := log.FromContext(ctx).WithValues("cache", ref.String())
+	ctx, cancel := context.WithTimeout(ctx, reg.SyncTimeout)
+	defer cancel()
+	start := time.Now()
+	var res layerfs.SyncResult
+	var cache *v1alpha1.Cache
+	err := s.prepare(ctx, claim.Namespace, req)
+	if err == nil {
+		res, cache, err = s.syncTo(ctx, ref, reg)
+	}
+	if err == nil {
+		res, cache, err = s.catchUp(ctx, claim, req, cache, res)
+	}
+	if err != nil {
+		s.pullFailed(ctx, claim, req, cache, err)
+		return
+	}
+	if res.Fetched > 0 {
+		s.metrics.registryLayers.WithLabelValues("pull").Add(float64(res.Fetched))
+		s.metrics.registryBytes.WithLabelValues("pull").Add(float64(res.FetchedBytes))
+		s.metrics.registrySeconds.WithLabelValues("pull").Observe(time.Since(start).Seconds())
+		logger.Info("Pulled", "registry", cache.Status.Published.Repository, "layers", res.Fetched, "bytes", res.FetchedBytes,
+			"generation", res.Generation, "seconds", time.Since(start).Seconds())
+	}
+}
+
+// catchUp waits for the layers other nodes announced (see announce.go)
+// and takes them in, leaving part of the sync timeout for the pull of
+// what arrives. An announced layer that does not arrive in time is a
+// SyncIncomplete Event that names it; the volume mounts without it.
+func (s *syncer) catchUp(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest, cache *v1alpha1.Cache, res layerfs.SyncResult) (layerfs.SyncResult, *v1alpha1.Cache, error) {
+	waitCtx, cancel := context.WithTimeout(ctx, req.Registry.SyncTimeout*3/4)
+	latest, missing := s.awaitAnnounced(waitCtx, cache)
+	cancel()
+	if len(missing) > 0 {
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonSyncIncomplete, actionPull,
+			"node %s mounts cache %s without the announced %s; later builds get it once it is published (%s: %s)",
+			s.node, req.Cache, missing, paramSyncTimeout, req.Registry.SyncTimeout)
+		log.FromContext(ctx).Info("Announced layers did not arrive; mounting without them", "cache", req.Cache.String(), "missing", missing.String())
+	}
+	if latest == cache || latest.Status.Published.Generation == cache.Status.Published.Generation {
+		return res, cache, nil
+	}
+	more, latest, err := s.syncTo(ctx, req.Cache, req.Registry)
+	more.Changed = more.Changed || res.Changed
+	more.Fetched += res.Fetched
+	more.FetchedBytes += res.FetchedBytes
+	return more, latest, err
+}
+
+// pullFailed reports a pull that failed; the volume mounts what the node
+// has. cache is the Cache as the pull read it, if it did.
+func (s *syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest, cache *v1alpha1.Cache, err error) {
+	ref, reg := req.Cache, req.Registry
+	logger := log.FromContext(ctx).WithValues("cache", ref.String())
+	where := "the cache's registry"
+	if cache != nil && cache.Status.Published != nil {
+		where = cache.Status.Published.Repository
+	}
+	var untrusted *untrustedError
+	switch {
+	case errors.As(err, &untrusted):
+		s.metrics.fail(opPull, failureUntrusted)
+		msg := fmt.Sprintf("node %s fetched nothing for cache %s and the volume mounts what the node has: %v", s.node, ref, err)
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonUntrustedChain, actionPull, "%s", msg)
+		if cache != nil {
+			s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonUntrustedChain, actionPull,
+				"node %s refused to pull for claim %s/%s: %v; fix status.published or the StorageClasses", s.node, claim.Namespace, claim.Name, err)
+		}
+		logger.Info("Published chain refused; mounting what the node has", "err", err.Error())
+	case errors.Is(err, layerfs.ErrTooLarge):
+		s.metrics.fail(opPull, failureTooLarge)
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonLayerTooLarge, actionPull, "%s", tooLargeMessage(ref, s.node, reg, cache, err))
+		logger.Info("Layer too large; mounting what the node has", "err", err.Error())
+	case ctx.Err() != nil:
+		s.metrics.fail(opPull, "timeout")
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonSyncIncomplete, actionPull,
+			"the layers of cache %s that node %s lacks did not arrive from %s within the StorageClass's %s of %s, so the volume mounts what the node has (a colder cache); raise %s if builds wait for it gladly: %v",
+			ref, s.node, where, paramSyncTimeout, reg.SyncTimeout, paramSyncTimeout, err)
+		logger.Info("Pull incomplete; mounting what the node has", "err", err.Error())
+	default:
+		s.metrics.fail(opPull, failureReason(err))
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonRegistryFailed, actionPull,
+			"could not bring cache %s up to date from %s, so the volume mounts what node %s has: %v", ref, where, s.node, err)
+		logger.Error(err, "Pull failed; mounting what the node has")
+	}
+}
+
+// tooLargeMessage tells which layer passed which bound, and how to lift
+// it.
+func tooLargeMessage(ref layerfs.CacheRef, node string, bounds *registryRef, cache *v1alpha1.Cache, err error) string {
+	what := "a layer"
+	if cache != nil && cache.Status.Published != nil {
+		for _, l := range cache.Status.Published.Layers {
+			if bounds.MaxLayerBytes > 0 && l.Size > bounds.MaxLayerBytes {
+				what = fmt.Sprintf("layer %s (%s)", l.Digest, v1alpha1.FormatSize(l.Size))
+				break
+			}
+		}
+	}
+	fix := fmt.Sprintf("raise parameter %s of StorageClass %q", paramMaxLayerSize, bounds.Class)
+	if bounds.BoundFrom == boundFromClaim {
+		fix = fmt.Sprintf("raise the claim's storage request, or set parameter %s on StorageClass %q", paramMaxLayerSize, bounds.Class)
+	}
+	return fmt.Sprintf("%s of cache %s is larger than the bound of %s (%s), so node %s did not keep it and the volume mounts what the node has; %s: %v",
+		what, ref, v1alpha1.FormatSize(bounds.MaxLayerBytes), bounds.BoundFrom, node, fix, err)
+}
+
+// syncTo makes the node's head the Cache's published chain, under the
+// cache's lock, within the bounds of bounds. The chain is read under the
+// lock: one read before it could predate a layer this node appended
+// meanwhile, and a Sync to it would drop that layer from the head. It is
+// checked there too, so the chain checked is the chain used. It returns
+// the Cache it read; nothing is synced when it has no chain with layers.
+func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *registryRef) (layerfs.SyncResult, *v1alpha1.Cache, error) {
+	unlock, err := s.locks.lock(ctx, ref)
+	if err != nil {
+		return layerfs.SyncResult{}, nil, err
+	}
+	defer unlock()
+	cache, err := s.caches.live(ctx, ref)
+	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil || len(cache.Status.Published.Layers) == 0 {
+		return layerfs.SyncResult{}, cache, err
+	}
+	reg, err := s.checkChain(ctx, cache)
+	if err != nil {
+		return layerfs.SyncResult{}, cache, err
+	}
+	target, err := s.target(ctx, reg)
+	if err != nil {
+		return layerfs.SyncResult{}, cache, err
+	}
+	res, err := s.store.Sync(ctx, ref, chainOf(cache.Status.Published), fetchFrom(target), layerfs.SyncOptions{MaxLayerBytes: bounds.MaxLayerBytes})
+	if res.NeedsSquash {
+		s.squashes.Add(ref)
+	}
+	return res, cache, err
+}
+
+// checkChain checks the Cache's chain (see trust) and returns the
+// registry it may be used with.
+func (s *syncer) checkChain(ctx context.Context, cache *v1alpha1.Cache) (*registryRef, error) {
+	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
+	var applied int64
+	info, err := s.store.Inspect(ctx, ref)
+	switch {
+	case err == nil:
+		applied = info.Generation
+	case !errors.Is(err, layerfs.ErrNotFound):
+		return nil, fmt.Errorf("read cache %s on node %s to check its chain: %w", ref, s.node, err)
+	}
+	var age time.Duration
+	if !cache.CreationTimestamp.IsZero() {
+		age = time.Since(cache.CreationTimestamp.Time)
+	}
+	return s.trust.check(ref, cache.Status.Published, chainCheck{Applied: applied, Age: age})
+}
+
+func chainOf(pub *v1alpha1.PublishedChain) layerfs.Chain {
+	c := layerfs.Chain{Generation: pub.Generation}
+	for _, l := range pub.Layers {
+		format := layerfs.FormatTar
+		if remote.IsImage(l.MediaType) {
+			format = layerfs.FormatEROFS
+		}
+		c.Layers = append(c.Layers, layerfs.ChainLayer{Digest: l.Digest, Size: l.Size, Format: format, Covers: l.Covers})
+	}
+	return c
+}
+
+// fetchFrom fetches chain layers from target, no further than the size
+// the chain states.
+func fetchFrom(target *remote.Target) layerfs.Fetch {
+	return func(ctx context.Context, l layerfs.ChainLayer) (io.ReadCloser, error) {
+		return target.Fetch(ctx, l.Digest, l.Size)
+	}
+}
