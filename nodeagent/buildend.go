@@ -2,282 +2,225 @@ package nodeagent
 
 import (
 	"context"
-	"encoding/json"
-	"strconv"
-	"sync"
+	"errors"
+	"fmt"
+	"path"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
-	"github.com/layercache/layercache/podfacts"
+	"github.com/layercache/layercache/layerfs"
 )
 
-// indexClaim indexes pods by the claims they use, as NAMESPACE/NAME.
-const indexClaim = "claim"
+// What ended a build, for the ends metric.
+const (
+	triggerPod     = "pod"
+	triggerRelease = "release"
+)
 
-// buildEnds ends the volume of a claim owned by a pod as soon as that pod
-// has ended, on this node: the claim cannot outlive its pod, so the pod's
-// end is the build's end. Waiting for the claim to go away instead would
-// wait as long as users keep completed pods (hours), and deleting it early
-// would fight the controllers that own it (the ephemeral-volume controller
-// recreates the claim of a pod that still exists).
-//
-// Claims that outlive one pod (a workspace a PipelineRun owns, a standalone
-// claim reused by Job retries) are not touched here: they end when they are
-// released, through Provisioner.Delete.
-//
-// The queue holds claims (NAMESPACE/NAME). Pod events only queue them: the
-// claim and its PV are looked up by the workers, which start once every
-// informer has synced, so a pod seen before its claim or PV is not lost.
-type buildEnds struct {
-	prov   *Provisioner
-	kube   kubernetes.Interface
-	pods   cache.Indexer // this node's pods
-	claims corelisters.PersistentVolumeClaimLister
-	pvs    corelisters.PersistentVolumeLister // this node's PVs
-	queue  workqueue.TypedRateLimitingInterface[string]
-	// seen keeps the outcome of pods that ended and went away, by claim,
-	// until the claim's PV is deleted: Delete then ends the volume as the
-	// pod did.
-	seen *outcomes
+// ended is what end did to a volume.
+type ended struct {
+	// Result is v1alpha1.ResultCommitted, ResultDiscarded or ResultDropped;
+	// empty if the volume had already ended.
+	Result     string
+	Generation int64 // the cache's generation after a commit
+	Outcome    string
 }
 
-// outcomes is a small concurrent map of claim (NAMESPACE/NAME) to the
-// outcome of the pod that owned it.
-type outcomes struct {
-	mu sync.Mutex
-	m  map[string]string
+// endCause is what ended a build, as end needs it.
+type endCause struct {
+	// Outcome is what the agent saw of the pods; "" to take the one
+	// recorded on the PV.
+	Outcome string
+	Trigger string // triggerPod or triggerRelease
+	// Subject is the object the Event goes on: the claim while it exists.
+	Subject runtime.Object
 }
 
-func newOutcomes() *outcomes { return &outcomes{m: map[string]string{}} }
-
-func (o *outcomes) set(claim, outcome string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.m[claim] = outcome
-}
-
-// get returns the outcome seen for claim; "" if none, or on a nil map.
-func (o *outcomes) get(claim string) string {
-	if o == nil {
-		return ""
+// end commits or discards the volume of a build that ended, as its mode,
+// its commit policy and the build's outcome say. A volume that is no
+// longer in the store had already ended, and nothing is done.
+func (p *Provisioner) end(ctx context.Context, pv *corev1.PersistentVolume, cause endCause) (ended, error) {
+	logger := log.FromContext(ctx).WithValues("pv", pv.Name)
+	rec, err := parsePV(pv)
+	if err != nil {
+		p.events.Eventf(pv, nil, corev1.EventTypeWarning, reasonInvalidVolume, actionEnd, "%s", err.Error())
+		p.metrics.fail(opCommit, reasonInvalidVolume)
+		return ended{}, err
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.m[claim]
-}
-
-func (o *outcomes) forget(claim string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	delete(o.m, claim)
-}
-
-// claimKey is the key of the claim a PV is bound to, "" for none.
-func claimKey(pv *corev1.PersistentVolume) string {
-	if pv.Spec.ClaimRef == nil {
-		return ""
+	if cause.Outcome != "" {
+		rec.Outcome = cause.Outcome
 	}
-	return pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name
+	if rec.Marker, err = p.readMarker(ctx, pv.Name, rec); errors.Is(err, layerfs.ErrNotFound) {
+		return ended{}, nil
+	} else if err != nil {
+		return ended{}, err
+	}
+	logger = logger.WithValues("cache", rec.Cache.String(), "mode", rec.Mode, "commit", rec.Commit, "outcome", rec.Outcome)
+	var res ended
+	if rec.shouldCommit() {
+		res, err = p.commit(ctx, logger, pv.Name, rec, cause.Subject)
+	} else {
+		res, err = p.discard(ctx, logger, pv.Name, rec, cause.Subject)
+	}
+	if err != nil || res.Result == "" {
+		return res, err
+	}
+	res.Outcome = rec.Outcome
+	p.metrics.ends.WithLabelValues(res.Result, cause.Trigger).Inc()
+	p.reports.Add(rec.Cache)
+	return res, nil
 }
 
-// podOutcome is the outcome of a pod as the node agent records it: the
-// phase the pod ends in (podfacts.FinalPhase), "" while not known.
-func podOutcome(pod *corev1.Pod) string {
-	switch podfacts.FinalPhase(pod) {
-	case corev1.PodSucceeded:
-		return v1alpha1.OutcomeSucceeded
-	case corev1.PodFailed:
-		return v1alpha1.OutcomeFailed
+// readMarker reads the build's markers when the commit policy asks for
+// them. The pods have ended, so nothing changes them any more.
+func (p *Provisioner) readMarker(ctx context.Context, volume string, rec provisioned) (marker, error) {
+	if rec.Commit != v1alpha1.CommitOnMarker || rec.Mode != v1alpha1.ModeWrite {
+		return markerNone, nil
 	}
-	return ""
+	abort, err := p.store.HasControlFile(ctx, volume, v1alpha1.MarkerAbort)
+	if err != nil || abort {
+		return markerAbort, err
+	}
+	commit, err := p.store.HasControlFile(ctx, volume, v1alpha1.MarkerCommit)
+	if err != nil || !commit {
+		return markerNone, err
+	}
+	return markerCommit, nil
 }
 
-// podClaims lists the claims a pod uses as NAMESPACE/NAME.
-func podClaims(obj any) ([]string, error) {
-	pod, ok := obj.(*corev1.Pod)
-	if !ok {
-		return nil, nil
+func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume string, rec provisioned, subject runtime.Object) (ended, error) {
+	start := time.Now()
+	// Announced before the commit's sync, which takes seconds for a large
+	// delta, so that a build starting on another node now waits for it.
+	changed, err := p.store.HasChanges(ctx, volume)
+	announced := err == nil && changed
+	if announced {
+		p.sync.announce(ctx, rec.Cache, volume)
 	}
-	var keys []string
-	for _, c := range podfacts.Claims(pod) {
-		keys = append(keys, pod.Namespace+"/"+c.Name)
+	res, err := p.store.Commit(ctx, volume)
+	if announced && (err == nil || errors.Is(err, layerfs.ErrNotFound)) {
+		p.sync.committed(ctx, rec.Cache, volume, res.Layer != "")
 	}
-	return keys, nil
-}
-
-// handlers are the pod informer's event handlers: a pod that ended, or
-// went away, queues the claims it used.
-func (b *buildEnds) handlers() cache.ResourceEventHandler {
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if pod, ok := obj.(*corev1.Pod); ok && podfacts.Ended(pod) {
-				b.queueClaims(pod, false)
-			}
-		},
-		UpdateFunc: func(oldObj, obj any) {
-			old, ok1 := oldObj.(*corev1.Pod)
-			pod, ok2 := obj.(*corev1.Pod)
-			if ok1 && ok2 && podfacts.Ended(pod) && !podfacts.Ended(old) {
-				b.queueClaims(pod, false)
-			}
-		},
-		DeleteFunc: func(obj any) {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
-			}
-			if pod, ok := obj.(*corev1.Pod); ok {
-				b.queueClaims(pod, true)
-			}
-		},
+	if errors.Is(err, layerfs.ErrNotFound) {
+		logger.Info("Volume already gone; nothing to commit")
+		return ended{}, nil
 	}
-}
-
-// queueClaims queues the claims of a pod that ended, or went away (gone).
-// For a pod that went away after it ended it remembers the outcome of its
-// generic ephemeral volumes' claims, which are its own; a pod deleted
-// before it ended leaves the outcome unknown.
-func (b *buildEnds) queueClaims(pod *corev1.Pod, gone bool) {
-	for _, c := range podfacts.Claims(pod) {
-		key := pod.Namespace + "/" + c.Name
-		if gone && c.Owned && podfacts.Ended(pod) {
-			b.seen.set(key, podOutcome(pod))
+	if err != nil {
+		reason := "error"
+		if errors.Is(err, layerfs.ErrBusy) {
+			reason = "busy"
 		}
-		b.queue.Add(key)
+		p.metrics.fail(opCommit, reason)
+		// The store keeps the upper layer on any failure; the caller
+		// retries with backoff.
+		msg := fmt.Sprintf("commit of volume %s into cache %s failed and is retried; the volume's changes are kept: %v", volume, rec.Cache, err)
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonCommitFailed, actionCommit, "%s", msg)
+		return ended{}, fmt.Errorf("commit volume %s into cache %s: %w", volume, rec.Cache, err)
 	}
+	p.metrics.commitSeconds.Observe(time.Since(start).Seconds())
+	out := ended{Result: v1alpha1.ResultCommitted, Generation: res.Generation}
+	switch {
+	case res.Torn:
+		out = ended{Result: v1alpha1.ResultDiscarded}
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonCommitTorn, actionCommit,
+			"node %s went down while volume %s was mounted; its changes were written without syncs and may be torn, so they were discarded and cache %s stays at generation %d",
+			p.node, volume, rec.Cache, res.Generation)
+	case res.OverLimit:
+		out = ended{Result: v1alpha1.ResultDiscarded}
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonCommitOverLimit, actionCommit,
+			"volume %s's changes take %s, more than its claim's storage request, so they were discarded and cache %s stays at generation %d; request more storage in the claim",
+			volume, v1alpha1.FormatSize(res.Bytes), rec.Cache, res.Generation)
+	case res.Dropped:
+		out = ended{Result: v1alpha1.ResultDropped}
+		p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonCommitDropped, actionCommit,
+			"cache %s was deleted while volume %s used it, so the volume's changes were dropped", rec.Cache, volume)
+	case res.Layer == "":
+		p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonCommitted, actionCommit,
+			"volume %s had no changes; cache %s stays at generation %d", volume, rec.Cache, res.Generation)
+	default:
+		p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonCommitted, actionCommit,
+			"committed volume %s as generation %d of cache %s (%d bytes)", volume, res.Generation, rec.Cache, res.Bytes)
+	}
+	logger.Info("Committed", "generation", res.Generation, "layer", res.Layer, "bytes", res.Bytes, "dropped", res.Dropped, "torn", res.Torn, "overLimit", res.OverLimit)
+	if res.NeedsSquash {
+		p.squashes.Add(rec.Cache)
+	}
+	if res.Layer != "" {
+		// A cache without a registry costs the publisher one read.
+		p.sync.queuePublish(rec.Cache)
+	}
+	return out, nil
 }
 
-// run works the queue with workers goroutines until ctx ends.
-func (b *buildEnds) run(ctx context.Context, workers int) {
-	go func() {
-		<-ctx.Done()
-		b.queue.ShutDown()
-	}()
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for b.next(ctx) {
-			}
-		})
+func (p *Provisioner) discard(ctx context.Context, logger logr.Logger, volume string, rec provisioned, subject runtime.Object) (ended, error) {
+	err := p.store.Discard(ctx, volume)
+	if errors.Is(err, layerfs.ErrNotFound) {
+		logger.Info("Volume already gone; nothing to discard")
+		return ended{}, nil
 	}
-	wg.Wait()
+	if err != nil {
+		p.metrics.fail(opDiscard, "error")
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonDiscardFailed, actionDiscard, "discarding volume %s failed and is retried: %v", volume, err)
+		return ended{}, fmt.Errorf("discard volume %s of cache %s: %w", volume, rec.Cache, err)
+	}
+	why := rec.discardWhy()
+	p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonDiscarded, actionDiscard, "discarded volume %s: %s", volume, why)
+	logger.Info("Discarded", "why", why)
+	return ended{Result: v1alpha1.ResultDiscarded}, nil
 }
 
-func (b *buildEnds) next(ctx context.Context) bool {
-	name, shutdown := b.queue.Get()
-	if shutdown {
+// marker is what a build said through its volume's control directory.
+type marker int
+
+const (
+	markerNone   marker = iota // no v1alpha1.MarkerCommit
+	markerCommit               // v1alpha1.MarkerCommit and no MarkerAbort
+	markerAbort                // v1alpha1.MarkerAbort, whatever else
+)
+
+// markerPath is where a build writes a marker, from the volume's root.
+func markerPath(name string) string {
+	return path.Join(layerfs.ControlDir, name)
+}
+
+// shouldCommit decides the fate of a volume whose build ended: only
+// writable volumes are committed, and only when the policy accepts the
+// pods' outcome, or under on-marker the build's marker. An unknown outcome
+// is committed only under "always".
+func (p provisioned) shouldCommit() bool {
+	if p.Mode != v1alpha1.ModeWrite {
 		return false
 	}
-	defer b.queue.Done(name)
-	if err := b.end(ctx, name); err != nil {
-		log.FromContext(ctx).Error(err, "Ending the volume of an ended pod; retrying", "claim", name)
-		b.queue.AddRateLimited(name)
+	switch p.Commit {
+	case v1alpha1.CommitAlways:
 		return true
+	case v1alpha1.CommitOnSuccess:
+		return p.Outcome == v1alpha1.OutcomeSucceeded
+	case v1alpha1.CommitOnMarker:
+		return p.Marker == markerCommit
 	}
-	b.queue.Forget(name)
-	return true
+	return false
 }
 
-// end ends the volume of claim key if a pod owns the claim, and that pod
-// and every other pod of this node that uses the claim have ended (or
-// gone).
-func (b *buildEnds) end(ctx context.Context, key string) error {
-	namespace, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
-		return nil
+// discardWhy explains to a user why a volume's changes were not kept.
+func (p provisioned) discardWhy() string {
+	switch {
+	case p.Mode == v1alpha1.ModeRead:
+		return "it was a read-only view of cache " + p.Cache.String()
+	case p.Commit == v1alpha1.CommitNever:
+		return "its commit policy is never"
+	case p.Commit == v1alpha1.CommitOnMarker && p.Marker == markerAbort:
+		return "its build wrote " + markerPath(v1alpha1.MarkerAbort) + " and the commit policy is " + string(v1alpha1.CommitOnMarker)
+	case p.Commit == v1alpha1.CommitOnMarker:
+		return "its build did not write " + markerPath(v1alpha1.MarkerCommit) + " and the commit policy is " + string(v1alpha1.CommitOnMarker)
+	case p.Outcome == v1alpha1.OutcomeFailed:
+		return "its pod failed and the commit policy is " + string(p.Commit)
+	default:
+		return "its pod's outcome is unknown and the commit policy is " + string(p.Commit) + " (only always commits without a known outcome)"
 	}
-	claim, err := b.claims.PersistentVolumeClaims(namespace).Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil // the claim went away; its PV is released and Delete ends it
-	}
-	if err != nil {
-		return err
-	}
-	owner, ok := podfacts.OwningPod(claim)
-	if !ok || claim.Spec.VolumeName == "" {
-		return nil
-	}
-	pv, err := b.pvs.Get(claim.Spec.VolumeName)
-	if apierrors.IsNotFound(err) {
-		return nil // not a volume of this node
-	}
-	if err != nil {
-		return err
-	}
-	if pv.Annotations[v1alpha1.AnnotationResult] != "" || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.UID != claim.UID ||
-		pv.Status.Phase == corev1.VolumeReleased || pv.Status.Phase == corev1.VolumeFailed {
-		return nil // ended already, or released: Delete ends it
-	}
-	outcome, ok := b.outcome(claim, owner.UID)
-	if !ok {
-		return nil // a pod still uses it; its end queues the claim again
-	}
-	res, err := b.prov.end(ctx, pv, endCause{Outcome: outcome, Trigger: triggerPod, Subject: claim})
-	if err != nil || res.Result == "" {
-		return err
-	}
-	return b.record(ctx, pv.Name, res)
-}
-
-// outcome returns the outcome of the claim's owner and false while any pod
-// of this node that uses the claim has not ended. The store's own busy
-// check cannot see a build that still runs: containers reach the volume
-// through bind mounts in their own mount namespaces, which keep the overlay
-// alive after the agent unmounts its view. So only the kubelet's word that
-// every container stopped for good (podfacts.Ended) makes a commit safe.
-func (b *buildEnds) outcome(claim *corev1.PersistentVolumeClaim, owner types.UID) (string, bool) {
-	key := claim.Namespace + "/" + claim.Name
-	objs, _ := b.pods.ByIndex(indexClaim, key)
-	outcome := b.seen.get(key)
-	for _, obj := range objs {
-		pod := obj.(*corev1.Pod)
-		if !podfacts.Ended(pod) {
-			return "", false
-		}
-		if pod.UID == owner {
-			outcome = podOutcome(pod)
-		}
-	}
-	return outcome, true
-}
-
-// record writes what became of the volume on its PV, where an operator
-// looks (kubectl get pv -o yaml), and where the agent sees after a restart
-// that the volume already ended.
-func (b *buildEnds) record(ctx context.Context, pv string, res ended) error {
-	ann := map[string]string{v1alpha1.AnnotationResult: res.Result}
-	if res.Outcome != "" {
-		ann[v1alpha1.AnnotationPodOutcome] = res.Outcome
-	}
-	if res.Result == v1alpha1.ResultCommitted {
-		ann[v1alpha1.AnnotationCommittedGeneration] = strconv.FormatInt(res.Generation, 10)
-	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann}})
-	if err != nil {
-		return err
-	}
-	_, err = b.kube.CoreV1().PersistentVolumes().Patch(ctx, pv, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: Component})
-	if err != nil && !apierrors.IsNotFound(err) {
-		// The volume has ended; only the record is missing. Retrying the
-		// whole end would find the volume gone and record nothing, so log.
-		log.FromContext(ctx).Error(err, "Recording the end of a volume on its PV", "pv", pv, "result", res.Result)
-	}
-	return nil
-}
-
-// newBuildEndQueue retries a failed end (a commit that failed keeps the
-// volume's changes) from 1 s up to every 2 minutes, as long as it takes.
-func newBuildEndQueue() workqueue.TypedRateLimitingInterface[string] {
-	return workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 2*time.Minute),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "build-end"})
 }

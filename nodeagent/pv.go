@@ -2,7 +2,6 @@ package nodeagent
 
 import (
 	"fmt"
-	"path"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -90,20 +89,6 @@ type provisioned struct {
 	Marker  marker
 }
 
-// marker is what a build said through its volume's control directory.
-type marker int
-
-const (
-	markerNone   marker = iota // no v1alpha1.MarkerCommit
-	markerCommit               // v1alpha1.MarkerCommit and no MarkerAbort
-	markerAbort                // v1alpha1.MarkerAbort, whatever else
-)
-
-// markerPath is where a build writes a marker, from the volume's root.
-func markerPath(name string) string {
-	return path.Join(layerfs.ControlDir, name)
-}
-
 // parsePV reads back the annotations buildPV wrote. An error means someone
 // edited them; the message says which and how to repair it.
 func parsePV(pv *corev1.PersistentVolume) (provisioned, error) {
@@ -132,41 +117,4 @@ func parsePV(pv *corev1.PersistentVolume) (provisioned, error) {
 // buildPV wrote there.
 func editedError(pv *corev1.PersistentVolume, err error) error {
 	return fmt.Errorf("PV %s: %w; restore it to the value the volume was provisioned with", pv.Name, err)
-}
-
-// shouldCommit decides the fate of a volume whose build ended: only
-// writable volumes are committed, and only when the policy accepts the
-// pods' outcome, or under on-marker the build's marker. An unknown outcome
-// is committed only under "always".
-func (p provisioned) shouldCommit() bool {
-	if p.Mode != v1alpha1.ModeWrite {
-		return false
-	}
-	switch p.Commit {
-	case v1alpha1.CommitAlways:
-		return true
-	case v1alpha1.CommitOnSuccess:
-		return p.Outcome == v1alpha1.OutcomeSucceeded
-	case v1alpha1.CommitOnMarker:
-		return p.Marker == markerCommit
-	}
-	return false
-}
-
-// discardWhy explains to a user why a volume's changes were not kept.
-func (p provisioned) discardWhy() string {
-	switch {
-	case p.Mode == v1alpha1.ModeRead:
-		return "it was a read-only view of cache " + p.Cache.String()
-	case p.Commit == v1alpha1.CommitNever:
-		return "its commit policy is never"
-	case p.Commit == v1alpha1.CommitOnMarker && p.Marker == markerAbort:
-		return "its build wrote " + markerPath(v1alpha1.MarkerAbort) + " and the commit policy is " + string(v1alpha1.CommitOnMarker)
-	case p.Commit == v1alpha1.CommitOnMarker:
-		return "its build did not write " + markerPath(v1alpha1.MarkerCommit) + " and the commit policy is " + string(v1alpha1.CommitOnMarker)
-	case p.Outcome == v1alpha1.OutcomeFailed:
-		return "its pod failed and the commit policy is " + string(p.Commit)
-	default:
-		return "its pod's outcome is unknown and the commit policy is " + string(p.Commit) + " (only always commits without a known outcome)"
-	}
 }
