@@ -29,10 +29,6 @@ import (
 // announced when it started.
 
 const (
-	// reasonAnnouncementWithdrawn is the Event of a commit a node
-	// announced and will not publish.
-	reasonAnnouncementWithdrawn = "AnnouncementWithdrawn"
-
 	// maxAnnounced bounds the announcements a chain carries (the CRD's
 	// MaxItems); a node past it publishes without announcing.
 	maxAnnounced = 64

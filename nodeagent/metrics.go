@@ -40,6 +40,13 @@ const (
 	opPull      = "pull"
 )
 
+// Reasons of the failures metric that are not an Event reason.
+const (
+	failureTooLarge      = "too-large"
+	failureUnpublishable = "unpublishable"
+	failureUntrusted     = "untrusted-chain"
+)
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	cacheLabels := []string{"namespace", "cache"}
 	// Mounts and commits are renames and mounts: milliseconds, unless the

@@ -15,21 +15,6 @@ import (
 	"github.com/layercache/layercache/remote"
 )
 
-// Event reasons of registry sync.
-const (
-	reasonSyncIncomplete     = "SyncIncomplete"
-	reasonRegistryFailed     = "RegistryFailed"
-	reasonPublished          = "Published"
-	reasonLayerTooLarge      = "LayerTooLarge"
-	reasonLayerUnpublishable = "LayerUnpublishable"
-)
-
-// Reasons of the failures metric that are not an Event reason.
-const (
-	failureTooLarge      = "too-large"
-	failureUnpublishable = "unpublishable"
-)
-
 // Keys of a registry Secret: .dockerconfigjson as in image pull secrets,
 // and an optional CA bundle.
 const (

@@ -26,13 +26,6 @@ import (
 // has. A chain that fails is refused whole: nothing is fetched from or
 // pushed to its repository.
 
-// reasonUntrustedChain is the Event reason and, lower-cased, the failure
-// metric's reason of a refused chain.
-const (
-	reasonUntrustedChain = "UntrustedChain"
-	failureUntrusted     = "untrusted-chain"
-)
-
 // maxAppendsPerSecond bounds how fast a cache's chain can grow: each
 // append is a build's commit, pushed and recorded with a Cache update.
 // Ten a second for the Cache's whole life is far beyond any CI system's
