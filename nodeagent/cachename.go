@@ -1,6 +1,7 @@
 package nodeagent
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"text/template"
@@ -9,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/podfacts"
 )
 
@@ -16,6 +18,51 @@ import (
 // without the cache annotation, as a Go template: for CI systems whose
 // charts cannot annotate the claims they make (ARC, Jenkins, Concourse).
 const paramCache = "cache"
+
+// claimCache is the cache the claim names by annotation, or else the one
+// its class's template names for it. The annotation wins.
+func claimCache(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod) (layerfs.CacheRef, error) {
+	if raw, ok := claim.Annotations[v1alpha1.AnnotationCache]; ok {
+		return parseCacheAnnotation(claim.Namespace, raw)
+	}
+	if class.CacheTemplate == nil {
+		return layerfs.CacheRef{}, &claimError{Reason: reasonInvalidAnnotation,
+			Message: fmt.Sprintf("annotation %s is missing and StorageClass %q has no %s parameter: set the annotation to the name of the cache to use, for example %s: maven, or use a class whose %s parameter names it",
+				v1alpha1.AnnotationCache, class.Name, paramCache, v1alpha1.AnnotationCache, paramCache)}
+	}
+	raw, err := cacheFromTemplate(class.Name, class.CacheTemplate, templateData(claim, pod))
+	if err != nil {
+		return layerfs.CacheRef{}, err
+	}
+	ref, err := parseCacheAnnotation(claim.Namespace, raw)
+	if err != nil {
+		return ref, &claimError{Reason: reasonCacheTemplate,
+			Message: fmt.Sprintf("StorageClass %q: parameter %s %q named the cache %q for this claim, which is not valid: %v",
+				class.Name, paramCache, class.CacheTemplate.text, raw, err)}
+	}
+	return ref, nil
+}
+
+// parseCacheAnnotation reads NAME (a cache of the claim's namespace) or
+// NAMESPACE/NAME.
+func parseCacheAnnotation(claimNamespace, value string) (layerfs.CacheRef, error) {
+	fix := "use NAME for a cache of the claim's namespace or NAMESPACE/NAME for another namespace's cache, where both are DNS-1123 labels (lower-case letters, digits and '-', at most 63 characters)"
+	ref := layerfs.CacheRef{Namespace: claimNamespace, Name: value}
+	if ns, name, ok := strings.Cut(value, "/"); ok {
+		if strings.Contains(name, "/") {
+			return ref, annotationError(v1alpha1.AnnotationCache, value, "it has more than one '/'; "+fix)
+		}
+		ref = layerfs.CacheRef{Namespace: ns, Name: name}
+	}
+	if err := ref.Validate(); err != nil {
+		var invalid *layerfs.InvalidNameError
+		if errors.As(err, &invalid) {
+			return ref, annotationError(v1alpha1.AnnotationCache, value, fmt.Sprintf("the %s name %q is not valid (%s); %s", invalid.Kind, invalid.Value, invalid.Reason, fix))
+		}
+		return ref, annotationError(v1alpha1.AnnotationCache, value, fix)
+	}
+	return ref, nil
+}
 
 // cacheTemplateData is what a class's cache template sees.
 type cacheTemplateData struct {
