@@ -130,6 +130,9 @@ type agent struct {
 	store store
 	prov  *Provisioner
 	maint *maintainer
+	// queues is the work off the critical path; the agent runs it, the
+	// parts feed it.
+	queues workQueues
 
 	claimInformers, pvInformers, podInformers informers.SharedInformerFactory
 	pvs                                       corelisters.PersistentVolumeLister
@@ -144,22 +147,21 @@ func newAgent(opts Options, st store, c *caches, events events.EventRecorder, m 
 		node: opts.NodeName, store: st, caches: c, events: events, metrics: m,
 		gc: layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
 	}
-	maint.reports = newCacheQueue("report", maint.report)
 	sync := &syncer{
-		node: opts.NodeName, store: st, caches: c, events: events, metrics: m, reports: maint.reports,
+		node: opts.NodeName, store: st, caches: c, events: events, metrics: m,
 		tmpDir: filepath.Join(opts.Root, "tmp"), compression: remote.Compression(opts.RegistryCompression),
 		failing: map[layerfs.CacheRef]string{}, stuck: map[layerfs.CacheRef]string{}, inFlight: map[string]bool{},
 		trust: &trust{},
 	}
-	sync.publishes = newCacheQueue("publish", sync.publish)
-	sync.squashes = newCacheQueue("squash", maint.squash)
-	maint.publishes = sync.publishes
+	queues := newWorkQueues(maint, sync)
+	maint.reports, maint.publishes = queues.reports, queues.publishes
 	maint.publishError = sync.publishError
+	sync.reports, sync.squashes, sync.publishes = queues.reports, queues.squashes, queues.publishes
 	prov := &Provisioner{
 		node: opts.NodeName, hostname: opts.NodeName, store: st, caches: c, events: events, metrics: m,
-		reports: maint.reports, squashes: sync.squashes, seen: newOutcomes(), sync: sync,
+		reports: queues.reports, squashes: queues.squashes, seen: newOutcomes(), sync: sync,
 	}
-	return &agent{opts: opts, store: st, prov: prov, maint: maint}
+	return &agent{opts: opts, store: st, prov: prov, maint: maint, queues: queues}
 }
 
 // wire builds the provision controller and the build-end watcher on
@@ -290,9 +292,7 @@ func (a *agent) run(ctx context.Context) error {
 	n := remount(ctx, a.store, a.prov.events, a.prov.metrics, a.opts.NodeName, pvs)
 	logger.Info("Checked mounts of this node's PVs", "pvs", len(pvs), "remounted", n)
 
-	go a.maint.reports.Run(ctx)
-	go a.prov.squashes.Run(ctx)
-	go a.prov.sync.publishes.Run(ctx)
+	a.queues.run(ctx)
 	go a.periodic(ctx)
 	go a.ends.run(ctx, buildEndWorkers)
 	// On shutdown, let the operations in flight return before the process

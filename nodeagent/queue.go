@@ -67,3 +67,35 @@ func (q *cacheQueue) Run(ctx context.Context) {
 		q.queue.Done(ref)
 	}
 }
+
+// workQueues are the agent's three queues of work off the critical path.
+// The agent makes and runs them, and hands each part the queues it feeds;
+// the queues call the maintainer and the syncer, which do the work. One
+// owner keeps the wiring in one place: no part makes a queue another
+// part runs.
+type workQueues struct {
+	// reports applies a cache's status entry (maintainer.report); fed by
+	// provisioning, build ends, sync and maintenance.
+	reports *cacheQueue
+	// squashes merges a deep cache's layers (maintainer.squash); fed by
+	// commits and syncs that leave a cache deep.
+	squashes *cacheQueue
+	// publishes pushes a cache's new layers (syncer.publish); fed by
+	// commits and maintenance.
+	publishes *cacheQueue
+}
+
+func newWorkQueues(maint *maintainer, sync *syncer) workQueues {
+	return workQueues{
+		reports:   newCacheQueue("report", maint.report),
+		squashes:  newCacheQueue("squash", maint.squash),
+		publishes: newCacheQueue("publish", sync.publish),
+	}
+}
+
+// run works every queue, each on its own goroutine, until ctx ends.
+func (q workQueues) run(ctx context.Context) {
+	go q.reports.Run(ctx)
+	go q.squashes.Run(ctx)
+	go q.publishes.Run(ctx)
+}
