@@ -1,21 +1,29 @@
 // Package nodeagent is `layercache node`, the agent of one node (a
 // DaemonSet, no leader election). Its files show its parts:
 //
-//   - provisioning (provision.go, claim.go, template.go, pv.go): the
+//   - provisioning (provision.go, claim.go, cachename.go, pv.go): the
 //     external provisioner of the sig-storage library. It provisions the
 //     layercache claims the scheduler placed on its node as hostPath PVs
 //     backed by layerfs volumes (copy-on-write views of a named cache); a
 //     Qualifier takes only claims whose selected node is this node, and a
-//     DeletionGuard only PVs stamped with this node's name;
-//   - build ends (buildend.go): it watches its node's pods and commits or
-//     discards a pod's volume when the pod ends;
-//   - registry sync (registry.go, sync.go, trust.go): for classes that
-//     name a registry, it pushes committed layers and pulls the ones its
-//     node lacks, with the Cache's status.published as the cluster-wide
-//     chain, which only the owner's writing claims place and which the
-//     agent checks against the classes it serves before a byte moves;
+//     DeletionGuard only PVs stamped with this node's name. cachename.go
+//     names a claim's cache (its annotation, else its class's template);
+//   - build ends: a pod-owned claim's build ends when the pods of its node
+//     that use it have ended (podwatch.go watches them), any other claim's
+//     when its PV is released (Delete); either way buildend.go commits or
+//     discards the volume by its mode, its commit policy, the outcome and
+//     the build's markers;
+//   - registry sync (registry.go, sync.go, pull.go, publish.go, chain.go,
+//     announce.go, trust.go): for classes that name a registry, it pulls
+//     the layers its node lacks before a mount (pull.go), pushes committed
+//     layers (publish.go) and appends them to the Cache's status.published,
+//     the cluster-wide chain (chain.go), which only the owner's writing
+//     claims place and which the agent checks against the classes it
+//     serves before a byte moves (trust.go);
 //   - maintenance (maintain.go, caches.go, queue.go): status reports on
 //     the Cache resources, squashes, retention, GC and the cleanup of
 //     deleted caches, off the critical path;
-//   - the process (agent.go, options.go, metrics.go).
+//   - Events (events.go): every reason and action the parts' Events use;
+//   - the process (agent.go, options.go, metrics.go): the agent makes and
+//     runs the work queues (queue.go) and hands each part those it feeds.
 package nodeagent
