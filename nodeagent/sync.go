@@ -26,9 +26,9 @@ type secretGetter func(ctx context.Context, name string) (*corev1.Secret, error)
 
 // syncer keeps a node's caches in step with their registries. The Cache
 // resource's status.published is the cluster-wide chain; the registry
-// holds the layers. After a commit the node pushes its new layers and
-// appends them to the chain (publish); before a mount it fetches the
-// layers of the chain it lacks (pull).
+// holds the layers. After a commit the node pushes its new layers
+// (publish.go) and appends them to the chain (chain.go); before a mount it
+// fetches the layers of the chain it lacks (pull.go).
 type syncer struct {
 	node    string
 	store   store
