@@ -14,7 +14,7 @@ import (
 // The real store keeps the store contract.
 func TestStoreContract(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: the store makes real mounts")
+		t.Fatal("needs root: the store makes real overlay mounts; run `make test` as root")
 	}
 	storetest.Run(t, storetest.Harness{
 		New: func(t *testing.T) storetest.Store {

@@ -124,8 +124,11 @@ type fakeStore struct {
 	control map[string][]string
 	// torn volumes were mounted when the node went down.
 	torn map[string]bool
-	// written is how many bytes each volume's build wrote.
-	written map[string]int64
+	// written is how many bytes each volume's build wrote; a new volume
+	// starts with buildWrites: the agent's tests assume builds write
+	// unless they say otherwise, the store contract starts from nothing.
+	written     map[string]int64
+	buildWrites int64
 }
 
 func newFakeStore() *fakeStore {
@@ -137,6 +140,8 @@ func newFakeStore() *fakeStore {
 		control:   map[string][]string{},
 		torn:      map[string]bool{},
 		written:   map[string]int64{},
+		// buildWrites: the 100 bytes every fake commit reports.
+		buildWrites: 100,
 	}
 }
 
@@ -154,6 +159,9 @@ func (s *fakeStore) Mount(_ context.Context, id string, opts layerfs.MountOption
 	defer s.mu.Unlock()
 	s.mounts++
 	if v, ok := s.volumes[id]; ok {
+		if v.Cache != opts.Cache {
+			return nil, fmt.Errorf("volume %q belongs to cache %s, not %s", id, v.Cache, opts.Cache)
+		}
 		v.Mounted = true
 		c := *v
 		return &c, nil
@@ -166,6 +174,9 @@ func (s *fakeStore) Mount(_ context.Context, id string, opts layerfs.MountOption
 	}
 	s.volumes[id] = v
 	s.mountOpts[id] = opts
+	if _, ok := s.written[id]; !ok {
+		s.written[id] = s.buildWrites
+	}
 	c.Volumes = append(c.Volumes, id)
 	out := *v
 	return &out, nil
@@ -198,14 +209,17 @@ func (s *fakeStore) Commit(_ context.Context, id string) (layerfs.CommitResult, 
 	delete(s.volumes, id)
 	c, ok := s.caches[v.Cache]
 	if !ok {
-		return layerfs.CommitResult{Dropped: true}, nil
+		return layerfs.CommitResult{Cache: v.Cache, Dropped: true}, nil
+	}
+	c.Volumes = without(c.Volumes, id)
+	if s.written[id] == 0 {
+		return layerfs.CommitResult{Cache: v.Cache, Generation: c.Generation}, nil
 	}
 	c.Generation++
 	c.Layers = append([]layerfs.LayerInfo{{ID: fmt.Sprintf("l%d", c.Generation), Bytes: 100}}, c.Layers...)
 	c.Bytes += 100
 	c.LastWriter = v.Writer
-	c.Volumes = without(c.Volumes, id)
-	return layerfs.CommitResult{Generation: c.Generation, Layer: c.Layers[0].ID, Bytes: 100, NeedsSquash: len(c.Layers) > s.maxLayers}, nil
+	return layerfs.CommitResult{Cache: v.Cache, Generation: c.Generation, Layer: c.Layers[0].ID, Bytes: 100, NeedsSquash: len(c.Layers) > s.maxLayers}, nil
 }
 
 func without(ids []string, id string) []string {
@@ -253,11 +267,17 @@ func (s *fakeStore) HasControlFile(_ context.Context, id, name string) (bool, er
 	return slices.Contains(s.control[id], name), nil
 }
 
-func (s *fakeStore) Squash(_ context.Context, ref layerfs.CacheRef, _ int) (layerfs.SquashResult, error) {
+func (s *fakeStore) Squash(_ context.Context, ref layerfs.CacheRef, maxLayers int) (layerfs.SquashResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.squashed = append(s.squashed, ref)
-	return layerfs.SquashResult{Squashed: true}, nil
+	c, ok := s.caches[ref]
+	if !ok || len(c.Layers) <= maxLayers {
+		return layerfs.SquashResult{}, nil
+	}
+	res := layerfs.SquashResult{Squashed: true, Layer: c.Layers[0].ID + "-squashed", OldLayers: len(c.Layers)}
+	c.Layers = []layerfs.LayerInfo{{ID: res.Layer, Bytes: c.Bytes}}
+	return res, nil
 }
 
 func (s *fakeStore) GC(_ context.Context, _ layerfs.GCOptions) (layerfs.GCResult, error) {
@@ -369,4 +389,11 @@ func (s *fakeStore) Sync(context.Context, layerfs.CacheRef, layerfs.Chain, layer
 	return layerfs.SyncResult{}, errFakeStoreSync
 }
 
-func (s *fakeStore) HasChanges(context.Context, string) (bool, error) { return true, nil }
+func (s *fakeStore) HasChanges(_ context.Context, id string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.volumes[id]; !ok {
+		return false, fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
+	}
+	return s.written[id] > 0, nil
+}

@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -222,6 +223,10 @@ func TestPass(t *testing.T) {
 
 func TestSquashReports(t *testing.T) {
 	env := newTestEnv(t, nil)
+	deep := env.store.cache(maven) // deeper than any squash limit
+	for i := range 20 {
+		deep.Layers = append(deep.Layers, layerfs.LayerInfo{ID: fmt.Sprintf("l%d", i)})
+	}
 	if err := env.maint.squash(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}

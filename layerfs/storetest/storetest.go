@@ -11,6 +11,7 @@ import (
 	"errors"
 	"io"
 	"path"
+	"slices"
 	"testing"
 
 	"github.com/layercache/layercache/layerfs"
@@ -42,6 +43,11 @@ type Harness struct {
 	// Read returns the content at name in volume v, and whether it
 	// exists. Nil skips the checks of what a volume shows.
 	Read func(t *testing.T, v *layerfs.Volume, name string) (string, bool)
+	// NoSync says the store keeps no layer data and refuses Sync (a fake
+	// for tests of decisions): instead of the sync cases, Run checks that
+	// Sync fails, so a test that reaches it fails rather than passing on
+	// made-up layers.
+	NoSync bool
 }
 
 // commitMarker is a control file a build writes to ask for a commit.
@@ -51,7 +57,13 @@ var cacheC = layerfs.CacheRef{Namespace: "ns", Name: "c"}
 
 // Run runs every case of the contract against h.
 func Run(t *testing.T, h Harness) {
-	for _, tc := range cases {
+	all := slices.Clone(cases)
+	if h.NoSync {
+		all = append(all, testCase{"sync is refused", expectSyncRefused})
+	} else {
+		all = append(all, syncCases...)
+	}
+	for _, tc := range all {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(t, &run{h: h, s: h.New(t), ctx: context.Background()})
 		})
@@ -139,3 +151,12 @@ func discardFetch(context.Context, layerfs.ChainLayer) (io.ReadCloser, error) {
 }
 
 var controlCommit = path.Join(layerfs.ControlDir, commitMarker)
+
+// expectSyncRefused checks that a store without layer data refuses Sync.
+func expectSyncRefused(t *testing.T, r *run) {
+	t.Helper()
+	r.build(t, "a", map[string]string{"f": "1"})
+	if res, err := r.s.Sync(r.ctx, cacheC, layerfs.Chain{Generation: 1}, discardFetch, layerfs.SyncOptions{}); err == nil {
+		t.Errorf("Sync = %+v of a store that keeps no layer data; want an error", res)
+	}
+}
