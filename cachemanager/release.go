@@ -275,12 +275,14 @@ func (r *ReleaseReconciler) recordOutcome(ctx context.Context, pvc *corev1.Persi
 	if recorded == outcome {
 		return reconcile.Result{}, nil
 	}
-	if shrinkingView(pvc, recorded, outcome) {
-		log.FromContext(ctx).V(1).Info("claim is being deleted; keeping the failed outcome recorded while its pods were there", "volume", pv.Name)
+	attempt := startedAt(deciding[0])
+	if keepsFailure(pvc, &pv, outcome, attempt) {
+		log.FromContext(ctx).V(1).Info("keeping the failed outcome: no newer attempt succeeded, the failed one's pods only went away", "volume", pv.Name)
 		return reconcile.Result{}, nil
 	}
 	patch := client.MergeFrom(pv.DeepCopy())
 	metav1.SetMetaDataAnnotation(&pv.ObjectMeta, v1alpha1.AnnotationPodOutcome, outcome)
+	metav1.SetMetaDataAnnotation(&pv.ObjectMeta, annOutcomeAttempt, attempt.UTC().Format(time.RFC3339Nano))
 	if err := r.Client.Patch(ctx, &pv, patch); err != nil {
 		return reconcile.Result{}, fmt.Errorf("recording outcome %s on PersistentVolume %s: %w", outcome, pv.Name, err)
 	}
@@ -290,15 +292,27 @@ func (r *ReleaseReconciler) recordOutcome(ctx context.Context, pvc *corev1.Persi
 	return reconcile.Result{}, nil
 }
 
-// shrinkingView tells whether outcome would turn a recorded failure into a
-// success only because the claim's pods are going away. An owner that
-// deletes a claim (a Workflow or PipelineRun being deleted) deletes its
-// pods at the same moment, and the failed pod can leave the cache before
-// the succeeded ones: outcomeOf then sees only successes. No new pod can
-// start on a claim being deleted, so no newer success can come, and a
-// recorded failure stands.
-func shrinkingView(pvc *corev1.PersistentVolumeClaim, recorded, outcome string) bool {
-	return !pvc.DeletionTimestamp.IsZero() && recorded == v1alpha1.OutcomeFailed && outcome == v1alpha1.OutcomeSucceeded
+// annOutcomeAttempt on a PV is when the newest pod of the attempt that
+// decided the recorded outcome started.
+const annOutcomeAttempt = "layercache.dev/pod-outcome-attempt"
+
+// keepsFailure tells whether a failure recorded on pv stands against
+// outcome, a success of an attempt whose newest pod started at attempt.
+// Only a newer attempt (a Job's retry on the claim) turns a failure into a
+// success. The garbage collector deletes an owner's pods and its claims at
+// once (a Workflow or PipelineRun being deleted), and the failed pod can
+// leave the cache before the succeeded ones and before the claim is seen
+// going: what is left then is the same attempt seen shrinking, not a newer
+// one. A claim being deleted can get no newer attempt at all.
+func keepsFailure(pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, outcome string, attempt time.Time) bool {
+	if pv.Annotations[v1alpha1.AnnotationPodOutcome] != v1alpha1.OutcomeFailed || outcome != v1alpha1.OutcomeSucceeded {
+		return false
+	}
+	if !pvc.DeletionTimestamp.IsZero() {
+		return true
+	}
+	failed, err := time.Parse(time.RFC3339Nano, pv.Annotations[annOutcomeAttempt])
+	return err == nil && !attempt.After(failed)
 }
 
 func isOurVolume(pv *corev1.PersistentVolume) bool {

@@ -619,3 +619,36 @@ func testMetrics(t testing.TB) *Metrics {
 	}
 	return m
 }
+
+func TestKeepsFailure(t *testing.T) {
+	failedAt := *at(100)
+	recorded := func(outcome string, attempt *metav1.Time) *corev1.PersistentVolume {
+		pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{v1alpha1.AnnotationPodOutcome: outcome}}}
+		if attempt != nil {
+			pv.Annotations[annOutcomeAttempt] = attempt.UTC().Format(time.RFC3339Nano)
+		}
+		return pv
+	}
+	live, deleting := &corev1.PersistentVolumeClaim{}, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: at(200)}}
+	tests := []struct {
+		name    string
+		pvc     *corev1.PersistentVolumeClaim
+		pv      *corev1.PersistentVolume
+		outcome string
+		attempt metav1.Time
+		keep    bool
+	}{
+		{"the failed attempt's pods went away: an older success is left", live, recorded(v1alpha1.OutcomeFailed, &failedAt), v1alpha1.OutcomeSucceeded, *at(50), true},
+		{"the same attempt", live, recorded(v1alpha1.OutcomeFailed, &failedAt), v1alpha1.OutcomeSucceeded, failedAt, true},
+		{"a newer attempt succeeded (a Job's retry)", live, recorded(v1alpha1.OutcomeFailed, &failedAt), v1alpha1.OutcomeSucceeded, *at(150), false},
+		{"a claim being deleted gets no newer attempt", deleting, recorded(v1alpha1.OutcomeFailed, &failedAt), v1alpha1.OutcomeSucceeded, *at(150), true},
+		{"a failure recorded by an earlier version, claim live", live, recorded(v1alpha1.OutcomeFailed, nil), v1alpha1.OutcomeSucceeded, *at(50), false},
+		{"a failure recorded by an earlier version, claim being deleted", deleting, recorded(v1alpha1.OutcomeFailed, nil), v1alpha1.OutcomeSucceeded, *at(50), true},
+		{"a recorded success turns failed", live, recorded(v1alpha1.OutcomeSucceeded, &failedAt), v1alpha1.OutcomeFailed, *at(50), false},
+	}
+	for _, tt := range tests {
+		if got := keepsFailure(tt.pvc, tt.pv, tt.outcome, tt.attempt.Time); got != tt.keep {
+			t.Errorf("%s: keepsFailure = %v, want %v", tt.name, got, tt.keep)
+		}
+	}
+}
