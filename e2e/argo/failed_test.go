@@ -95,9 +95,9 @@ func TestFailedWorkflowCommitsNothing(t *testing.T) {
 	// The garbage collector deletes the Workflow's pods and its claim at
 	// once; the failed pod may leave the manager's cache before the
 	// succeeded one, and the manager once rewrote the PV to succeeded then
-	// (seen once in three runs). A claim being deleted keeps its recorded
-	// failure now, so a node agent that restarted and read the PV would
-	// discard too.
+	// (seen once in three runs). Only a newer attempt turns a recorded
+	// failure into a success now, so a node agent that restarted and read
+	// the PV would discard too.
 	if got := pvs.Last(pv.Name).Annotations[v1alpha1.AnnotationPodOutcome]; got != v1alpha1.OutcomeFailed {
 		t.Errorf("PV %s says %s=%q after the failed Workflow's deletion, want %q", pv.Name, v1alpha1.AnnotationPodOutcome, got, v1alpha1.OutcomeFailed)
 	}
