@@ -6,6 +6,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/layercache/layercache/api/v1alpha1"
 )
 
 // completedWatch is how long TestCompletedWorkflowIsQuiet watches a
@@ -35,4 +37,30 @@ func TestCompletedWorkflowIsQuiet(t *testing.T) {
 	}
 	e.waitClaimGone(ctx, claim)
 	e.ExpectQuiet(ctx, 2*time.Minute, completedWatch, workflowsGVR, workflowTaskResultsGVR)
+}
+
+// TestKeptFailedWorkflowIsQuiet: a failed Workflow stays, with its pods
+// and (Argo's default volumeClaimGC) its claim. The manager has recorded
+// the failure on the PV; nothing may rewrite it or anything else in the
+// namespace while the Workflow is kept, and nothing is committed.
+func TestKeptFailedWorkflowIsQuiet(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), completedWatch+10*time.Minute)
+	defer cancel()
+	pvs := e.WatchPVs(ctx)
+	const cache = "kept-failed"
+
+	w := e.run(ctx, e.writeWorkflow("kept-failed", 1, cacheClaimTemplate(cache)))
+	if w.Phase != "Failed" {
+		t.Fatalf("Workflow kept-failed is %s, want Failed: its check step exits 1", w.Phase)
+	}
+	pv := pvs.Wait(ctx, t, claimName("kept-failed", "cache"))
+	e.expectPodOutcome(pvs, pv.Name, v1alpha1.OutcomeFailed)
+	e.ExpectQuiet(ctx, 2*time.Minute, completedWatch, workflowsGVR, workflowTaskResultsGVR)
+	if got := pvs.Last(pv.Name).Annotations[v1alpha1.AnnotationPodOutcome]; got != v1alpha1.OutcomeFailed {
+		t.Errorf("PV %s says %s=%q while the failed Workflow is kept, want %q", pv.Name, v1alpha1.AnnotationPodOutcome, got, v1alpha1.OutcomeFailed)
+	}
+	if g := e.CacheGeneration(ctx, e.Node, cache); g != 0 {
+		t.Errorf("cache %s is at generation %d while the failed Workflow is kept, want 0", cache, g)
+	}
 }
