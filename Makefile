@@ -12,6 +12,9 @@ CLUSTER ?= local
 # (Argo Workflows), both built from source; WITH=registry (the registry of
 # e2e/multinode, always there with NODES=2); or several: WITH="tekton argo".
 WITH ?=
+# How make up deploys layercache: kpt (make deploy's path; e2e) or kubectl
+# (apply -k; make demo, which then need not build kpt).
+DEPLOY ?= kpt
 export GOFLAGS ?= -buildvcs=false
 
 .PHONY: help
@@ -82,8 +85,8 @@ bench: ## layerfs, registry-sync and cross-node handoff benchmarks (needs root):
 ##@ Cluster (e2e harness)
 
 .PHONY: up
-up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH="tekton argo registry"; NODES=2 has the registry) with layercache deployed
-	e2e/cluster/up.sh --nodes $(NODES) --backend $(CLUSTER) --with "$(WITH)"
+up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH="tekton argo registry", DEPLOY=kpt|kubectl; NODES=2 has the registry) with layercache deployed
+	e2e/cluster/up.sh --nodes $(NODES) --backend $(CLUSTER) --with "$(WITH)" --deploy $(DEPLOY)
 
 .PHONY: down
 down: ## stop the local cluster and remove everything it made
@@ -102,6 +105,7 @@ e2e-multinode: ## a fresh two-node cluster with the registry, and the scenarios 
 	e2e/cluster/run-e2e.sh --multinode
 
 .PHONY: demo
+demo: DEPLOY = kubectl
 demo: up ## quick start: a cache reused by a second build pod
 	e2e/cluster/demo.sh
 

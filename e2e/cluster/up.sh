@@ -2,6 +2,7 @@
 # Start the e2e cluster and deploy layercache into it.
 #
 #   up.sh [--nodes N] [--backend local|kind] [--with "tekton argo registry"]
+#         [--deploy kpt|kubectl]
 #
 # local (default, what CI runs): a real cluster on this machine, as root,
 # from source-built Kubernetes binaries, Debian's containerd and etcd, and
@@ -12,12 +13,16 @@
 # (e2e/cluster/tekton.sh), argo (e2e/cluster/argo.sh), registry
 # (e2e/cluster/registry.sh, with its Secrets and StorageClass; always there
 # with two nodes or more). All on the local backend only.
+# --deploy: kpt live apply (make deploy's path, the default, tested on every
+# e2e cluster) or kubectl apply -k, which spares the quick start building
+# kpt (about 3 minutes of a cold 2-core machine).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 NODES=1
 BACKEND=local
 WITH=
+DEPLOY=kpt
 while (($#)); do
 	case $1 in
 	--nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
@@ -26,10 +31,13 @@ while (($#)); do
 	--backend=*) BACKEND=${1#*=}; shift ;;
 	--with) WITH+=" ${2?--with needs a list of parts, e.g. tekton,registry}"; shift 2 ;;
 	--with=*) WITH+=" ${1#*=}"; shift ;;
-	-h | --help) sed -n '2,14p' "$0"; exit 0 ;;
-	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with \"tekton argo registry\"])" ;;
+	--deploy) DEPLOY=${2:?--deploy needs kpt or kubectl}; shift 2 ;;
+	--deploy=*) DEPLOY=${1#*=}; shift ;;
+	-h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with \"tekton argo registry\"] [--deploy kpt|kubectl])" ;;
 	esac
 done
+[[ $DEPLOY == kpt || $DEPLOY == kubectl ]] || die "--deploy $DEPLOY: want kpt or kubectl"
 [[ $NODES =~ ^[1-4]$ ]] || die "--nodes $NODES: want 1 to 4"
 [[ $BACKEND == local || $BACKEND == kind ]] || die "--backend $BACKEND: want local or kind"
 WITH_TEKTON=
@@ -86,19 +94,54 @@ build_kubernetes() {
 	"$CLUSTER_LIB/build-kubernetes.sh"
 }
 
-build_images() {
-	local work=$IMAGES_DIR/bin busybox
+# compile_images builds the binaries the images hold, and buildimage. One
+# go build, without cgo for all four, so their shared packages compile once.
+compile_images() {
+	local work=$IMAGES_DIR/bin
 	mkdir -p "$work"
+	log "building layercache's binaries"
+	(cd "$REPO_DIR" && CGO_ENABLED=0 go build -o "$work/" ./cmd/layercache ./cmd/layerfs \
+		./hack/imagebuild/cmd/pause ./hack/imagebuild/cmd/buildimage)
+}
+
+# assemble_images writes the image archives from compile_images' binaries
+# and busybox_binary's busybox.
+assemble_images() {
+	local work=$IMAGES_DIR/bin busybox
 	busybox=$(busybox_binary)
-	log "building images"
-	local cmds=(./cmd/layercache ./cmd/layerfs)
-	local files=(--file "$work/layercache:/layercache" --file "$work/layerfs:/layerfs")
-	(cd "$REPO_DIR" && CGO_ENABLED=0 go build -o "$work/" "${cmds[@]}" ./hack/imagebuild/cmd/pause)
-	(cd "$REPO_DIR" && go build -o "$work/buildimage" ./hack/imagebuild/cmd/buildimage)
-	"$work/buildimage" -o "$IMAGES_DIR/layercache.tar" --ref "$IMAGE_LAYERCACHE" "${files[@]}" --entrypoint /layercache >/dev/null
+	"$work/buildimage" -o "$IMAGES_DIR/layercache.tar" --ref "$IMAGE_LAYERCACHE" \
+		--file "$work/layercache:/layercache" --file "$work/layerfs:/layerfs" --entrypoint /layercache >/dev/null
 	"$work/buildimage" -o "$IMAGES_DIR/busybox.tar" --ref "$IMAGE_BUSYBOX" --busybox "$busybox" --tmpdir /tmp \
 		--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/sh >/dev/null
 	"$work/buildimage" -o "$IMAGES_DIR/pause.tar" --ref "$IMAGE_PAUSE" --file "$work/pause:/pause" --entrypoint /pause >/dev/null
+}
+
+build_images() {
+	compile_images
+	assemble_images
+}
+
+# host_packages installs the cluster's Debian packages and fetches busybox:
+# apt, one process at a time.
+host_packages() {
+	install_packages
+	busybox_binary >/dev/null
+}
+
+# side_by_side FUNCTION...: runs each function in the background and waits
+# for all; fails naming those that failed (their errors are above). The
+# downloads overlap the compiles, and on 2 cores each compile fills the
+# other's serial stretches (links, the largest packages).
+side_by_side() {
+	local f i pids=() failed=()
+	for f in "$@"; do
+		"$f" &
+		pids+=("$!")
+	done
+	for i in "${!pids[@]}"; do
+		wait "${pids[$i]}" || failed+=("${@:i+1:1}")
+	done
+	((${#failed[@]} == 0)) || die "failed: ${failed[*]} (errors above)"
 }
 
 # --- certificates and kubeconfigs -------------------------------------------
@@ -528,9 +571,8 @@ up_local() {
 	require_root
 	[[ -d /sys/fs/cgroup/pids || -d /sys/fs/cgroup/memory ]] ||
 		die "the local cluster needs cgroup v1 hierarchies (this host has cgroup v2 only); use --backend kind"
-	install_packages
-	build_kubernetes
-	build_images
+	side_by_side host_packages build_kubernetes compile_images
+	assemble_images
 
 	if running_cluster_ok; then
 		log "cluster already running; reloading images"
@@ -552,6 +594,21 @@ up_local() {
 	wait_nodes_ready
 }
 
+# apply_config OVERLAY applies config/OVERLAY as --deploy says. kpt, as make
+# deploy uses it, tests the deploy package's real path on every e2e cluster
+# (built once from hack/tools/kpt); a later kpt apply adopts what kubectl
+# applied.
+apply_config() {
+	local overlay=$1
+	if [[ $DEPLOY == kubectl ]]; then
+		kubectl apply --server-side --force-conflicts -k "$REPO_DIR/config/$overlay"
+		return
+	fi
+	make -s -C "$REPO_DIR" "$REPO_DIR/bin/kpt" >/dev/null
+	KPT=$REPO_DIR/bin/kpt KUBECTL=$KUBECTL KUBECONFIG=$KUBECONFIG_FILE DEPLOY_TIMEOUT=3m \
+		"$REPO_DIR/hack/deploy.sh" "$overlay"
+}
+
 # deploy applies the project's e2e overlay, and restarts its pods when the
 # image changed (same tag, new content).
 deploy() {
@@ -559,13 +616,9 @@ deploy() {
 	# agents cannot each bind the same probe and metrics ports.
 	local name=e2e
 	((NODES > 1)) && name=e2e-multinode
-	log "deploying config/$name with kpt live apply (hack/deploy.sh)"
+	log "deploying config/$name (--deploy $DEPLOY)"
 	mkdir -p "$STATE_DIR" "$LOG_DIR"
-	# kpt, as make deploy uses it: the deploy package's real path is tested
-	# on every cluster start. Built once from hack/tools/kpt.
-	make -s -C "$REPO_DIR" "$REPO_DIR/bin/kpt" >/dev/null
-	if ! KPT=$REPO_DIR/bin/kpt KUBECTL=$KUBECTL KUBECONFIG=$KUBECONFIG_FILE DEPLOY_TIMEOUT=3m \
-		"$REPO_DIR/hack/deploy.sh" "$name" >"$LOG_DIR/deploy.log" 2>&1; then
+	if ! apply_config "$name" >"$LOG_DIR/deploy.log" 2>&1; then
 		tail -30 "$LOG_DIR/deploy.log" >&2
 		die "deploying config/$name failed (above; whole log: $LOG_DIR/deploy.log)"
 	fi
