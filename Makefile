@@ -9,8 +9,9 @@ ROOT ?= /var/lib/layercache
 NODES ?= 1
 CLUSTER ?= local
 # Optional parts make up installs: WITH=tekton (Tekton Pipelines), WITH=argo
-# (Argo Workflows), both built from source; WITH=registry (the registry of
-# e2e/multinode, always there with NODES=2); or several: WITH="tekton argo".
+# (Argo Workflows), WITH=buildkit (BuildKit's image for e2e/imagebuild), all
+# built from source; WITH=registry (the registry of e2e/multinode, always
+# there with NODES=2); or several: WITH="tekton argo".
 WITH ?=
 # How make up deploys layercache: kpt (make deploy's path; e2e) or kubectl
 # (apply -k; make demo, which then need not build kpt).
@@ -85,7 +86,7 @@ bench: ## layerfs, registry-sync and cross-node handoff benchmarks (needs root):
 ##@ Cluster (e2e harness)
 
 .PHONY: up
-up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH="tekton argo registry", DEPLOY=kpt|kubectl; NODES=2 has the registry) with layercache deployed
+up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH="tekton argo buildkit registry", DEPLOY=kpt|kubectl; NODES=2 has the registry) with layercache deployed
 	e2e/cluster/up.sh --nodes $(NODES) --backend $(CLUSTER) --with "$(WITH)" --deploy $(DEPLOY)
 
 .PHONY: down
@@ -93,8 +94,8 @@ down: ## stop the local cluster and remove everything it made
 	e2e/cluster/down.sh
 
 .PHONY: e2e
-e2e: WITH += tekton argo
-e2e: up ## the e2e suite on a one-node cluster (with Tekton and Argo Workflows), then e2e-multinode
+e2e: WITH += tekton argo buildkit
+e2e: up ## the e2e suite on a one-node cluster (with Tekton, Argo Workflows and BuildKit), then e2e-multinode
 	e2e/cluster/run-e2e.sh
 	$(MAKE) e2e-multinode
 

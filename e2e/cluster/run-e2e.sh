@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # Run the e2e suite against the cluster that up.sh started.
-#   run-e2e.sh [--multinode] [go test arguments, e.g. -run TestClusterIsReal -v]
+#   run-e2e.sh [--multinode] [go test arguments, e.g. -run TestClusterIsReal -v] [./e2e/PACKAGE/...]
+# Packages given (arguments starting with ./) replace the default ./e2e/...
 # --multinode runs e2e/multinode (build tags e2e,multinode) instead, which
 # needs a cluster of two nodes with the registry (make up NODES=2).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-tags=e2e packages=./e2e/...
+tags=e2e packages=(./e2e/...)
 if [[ ${1:-} == --multinode ]]; then
-	tags=e2e,multinode packages=./e2e/multinode/
+	tags=e2e,multinode packages=(./e2e/multinode/)
 	shift
 fi
+for arg; do
+	[[ $arg != ./* ]] || packages=()
+done
 [[ -f $KUBECONFIG_FILE ]] || die "no cluster: $KUBECONFIG_FILE is missing; run make up first"
 export KUBECONFIG=$KUBECONFIG_FILE
 cd "$REPO_DIR"
-log "running e2e tests $packages (KUBECONFIG=$KUBECONFIG)"
+log "running e2e tests ${packages[*]:-(as given)} (KUBECONFIG=$KUBECONFIG)"
 # The scenarios mostly wait on the cluster, so more run at once than cores.
-go test -tags "$tags" -count=1 -parallel 8 -timeout 40m "$@" "$packages"
+go test -tags "$tags" -count=1 -parallel 8 -timeout 40m "$@" "${packages[@]}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start the e2e cluster and deploy layercache into it.
 #
-#   up.sh [--nodes N] [--backend local|kind] [--with "tekton argo registry"]
+#   up.sh [--nodes N] [--backend local|kind] [--with "tekton argo buildkit registry"]
 #         [--deploy kpt|kubectl]
 #
 # local (default, what CI runs): a real cluster on this machine, as root,
@@ -10,7 +10,8 @@
 # only rebuilds, reloads and redeploys the project. down.sh removes it all.
 # kind: the same images in a kind cluster, for machines with a Docker engine.
 # --with installs optional parts (space- or comma-separated): tekton
-# (e2e/cluster/tekton.sh), argo (e2e/cluster/argo.sh), registry
+# (e2e/cluster/tekton.sh), argo (e2e/cluster/argo.sh), buildkit (BuildKit's
+# image for e2e/imagebuild, e2e/cluster/buildkit.sh), registry
 # (e2e/cluster/registry.sh, with its Secrets and StorageClass; always there
 # with two nodes or more). All on the local backend only.
 # --deploy: kpt live apply (make deploy's path, the default, tested on every
@@ -33,8 +34,8 @@ while (($#)); do
 	--with=*) WITH+=" ${1#*=}"; shift ;;
 	--deploy) DEPLOY=${2:?--deploy needs kpt or kubectl}; shift 2 ;;
 	--deploy=*) DEPLOY=${1#*=}; shift ;;
-	-h | --help) sed -n '2,18p' "$0"; exit 0 ;;
-	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with \"tekton argo registry\"] [--deploy kpt|kubectl])" ;;
+	-h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with \"tekton argo buildkit registry\"] [--deploy kpt|kubectl])" ;;
 	esac
 done
 [[ $DEPLOY == kpt || $DEPLOY == kubectl ]] || die "--deploy $DEPLOY: want kpt or kubectl"
@@ -42,6 +43,7 @@ done
 [[ $BACKEND == local || $BACKEND == kind ]] || die "--backend $BACKEND: want local or kind"
 WITH_TEKTON=
 WITH_ARGO=
+WITH_BUILDKIT=
 # The multi-node scenarios (e2e/multinode) move caches between nodes through it.
 WITH_REGISTRY=
 ((NODES < 2)) || WITH_REGISTRY=1
@@ -49,13 +51,14 @@ for part in ${WITH//,/ }; do
 	case $part in
 	tekton) WITH_TEKTON=1 ;;
 	argo) WITH_ARGO=1 ;;
+	buildkit) WITH_BUILDKIT=1 ;;
 	registry) WITH_REGISTRY=1 ;;
-	*) die "--with $part: the optional parts are: tekton, argo, registry" ;;
+	*) die "--with $part: the optional parts are: tekton, argo, buildkit, registry" ;;
 	esac
 done
-if [[ -n $WITH_TEKTON$WITH_ARGO && $BACKEND != local ]]; then
-	log "warning: --with $WITH: Tekton and Argo Workflows are installed on the local backend only; the e2e/tekton and e2e/argo scenarios will fail"
-	WITH_TEKTON= WITH_ARGO=
+if [[ -n $WITH_TEKTON$WITH_ARGO$WITH_BUILDKIT && $BACKEND != local ]]; then
+	log "warning: --with $WITH: Tekton, Argo Workflows and BuildKit are installed on the local backend only; the e2e/tekton, e2e/argo and e2e/imagebuild scenarios will fail"
+	WITH_TEKTON= WITH_ARGO= WITH_BUILDKIT=
 fi
 if [[ -n $WITH_REGISTRY && $BACKEND != local ]]; then
 	# kind's nodes are containers: the host's 127.0.0.1 is not theirs.
@@ -648,6 +651,7 @@ local)
 	registry_objects
 	[[ -z $WITH_TEKTON ]] || "$CLUSTER_LIB/tekton.sh"
 	[[ -z $WITH_ARGO ]] || "$CLUSTER_LIB/argo.sh"
+	[[ -z $WITH_BUILDKIT ]] || "$CLUSTER_LIB/buildkit.sh"
 	;;
 kind)
 	build_images
