@@ -22,6 +22,11 @@ func (e *env) twoBuilds(ctx context.Context, class string) (first, second buildR
 	second = e.build(ctx, "build-2", class, cache)
 	e.t.Logf("BuildKit on StorageClass %s (snapshotter %s): first build %.2fs, second build %.2fs (%.1fx faster)",
 		class, first.Snapshotter, first.Seconds, second.Seconds, first.Seconds/second.Seconds)
+	for _, r := range []buildRun{first, second} {
+		for _, s := range r.Steps {
+			e.t.Logf("  %s: %s cached=%v done=%s", r.Pod, s.Name, s.Cached, s.Done)
+		}
+	}
 	return first, second
 }
 

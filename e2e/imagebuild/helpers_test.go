@@ -187,6 +187,9 @@ type buildRun struct {
 type step struct {
 	Name   string
 	Cached bool
+	// Done is the step's time as BuildKit reported it ("#N DONE 16.3s");
+	// empty for a cached step.
+	Done string
 }
 
 // build runs one build pod to its end on class with cache and returns
@@ -383,6 +386,9 @@ func parseSteps(progress string) []step {
 		if s, ok := steps[id]; ok {
 			if text == "CACHED" {
 				s.Cached = true
+			}
+			if d, ok := strings.CutPrefix(text, "DONE "); ok {
+				s.Done = d
 			}
 			continue
 		}

@@ -1,3 +1,11 @@
+// Pinned BuildKit for the image-builder scenarios (e2e/imagebuild,
+// e2e/cluster/buildkit.sh, make up WITH=buildkit): buildkitd and buildctl,
+// built static (CGO_ENABLED=0) with `go build` from this module, whose
+// go.sum pins and verifies them (-mod=readonly). The checksum database
+// knows github.com/moby/buildkit v0.34.2 and its dependencies, so go.sum
+// was written by a plain
+// `go get -tool github.com/moby/buildkit/cmd/{buildkitd,buildctl}@v0.34.2`
+// without GONOSUMDB.
 module github.com/layercache/layercache/e2e/tools/buildkit
 
 go 1.26.8
