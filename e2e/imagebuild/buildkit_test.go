@@ -20,8 +20,8 @@ func (e *env) twoBuilds(ctx context.Context, class string) (first, second buildR
 	first = e.build(ctx, "build-1", class, cache)
 	e.waitCommitted(ctx, first.Pod, cache, 1)
 	second = e.build(ctx, "build-2", class, cache)
-	e.t.Logf("BuildKit on StorageClass %s (snapshotter %s): first build %.2fs, second build %.2fs (%.1fx faster)",
-		class, first.Snapshotter, first.Seconds, second.Seconds, first.Seconds/second.Seconds)
+	e.t.Logf("BuildKit on StorageClass %s (a volume of type %s, snapshotter %s): first build %.2fs, second build %.2fs (%.1fx faster)",
+		class, first.Volume, first.Snapshotter, first.Seconds, second.Seconds, first.Seconds/second.Seconds)
 	for _, r := range []buildRun{first, second} {
 		for _, s := range r.Steps {
 			e.t.Logf("  %s: %s cached=%v done=%s", r.Pod, s.Name, s.Cached, s.Done)
@@ -70,6 +70,9 @@ func TestBuildKitCacheOnSnapshotVolume(t *testing.T) {
 
 	first, second := e.twoBuilds(ctx, snapshotClass)
 	for _, r := range []buildRun{first, second} {
+		if r.Volume != "btrfs" {
+			t.Errorf("the cache volume of %s is of type %q in the pod, want btrfs (a snapshot)", r.Pod, r.Volume)
+		}
 		if r.Snapshotter != "overlayfs" {
 			t.Errorf("buildkitd of %s chose the %q snapshotter on the snapshot volume, want overlayfs; its log:\n%s", r.Pod, r.Snapshotter, r.Daemon)
 		}
@@ -96,6 +99,9 @@ func TestBuildKitOnOverlayVolume(t *testing.T) {
 
 	first, second := e.twoBuilds(ctx, v1alpha1.StorageClassName)
 	for _, r := range []buildRun{first, second} {
+		if r.Volume != "overlay" {
+			t.Errorf("the cache volume of %s is of type %q in the pod, want overlay (the default layout)", r.Pod, r.Volume)
+		}
 		if r.Snapshotter != "native" {
 			t.Errorf("buildkitd of %s chose the %q snapshotter on an overlay volume, want native (the fallback); its log:\n%s", r.Pod, r.Snapshotter, r.Daemon)
 		}

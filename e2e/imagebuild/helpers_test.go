@@ -112,6 +112,7 @@ echo "=== result"
 echo "seconds $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')"
 echo "exit $rc"
 echo "image $(wc -c </tmp/image.tar 2>/dev/null || echo 0)"
+echo "volume $(awk '$2 == "` + mountPath + `" { print $3 }' /proc/mounts)"
 exit "$rc"
 `
 
@@ -181,6 +182,9 @@ type buildRun struct {
 	Daemon, Build string
 	Exit          int
 	ImageBytes    int64
+	// Volume is the filesystem type of the cache volume in the pod
+	// (/proc/mounts): overlay, or btrfs for the snapshot layout.
+	Volume string
 }
 
 // step is one vertex of the build's progress.
@@ -351,6 +355,8 @@ func parseRun(logs string) (buildRun, error) {
 			r.Exit, err = strconv.Atoi(value)
 		case "image":
 			r.ImageBytes, err = strconv.ParseInt(value, 10, 64)
+		case "volume":
+			r.Volume = value
 		}
 		if err != nil {
 			return r, fmt.Errorf("result line %q: %w", line, err)

@@ -34,6 +34,7 @@ time="2026-11-26T01:16:15Z" level=info msg="auto snapshotter: using native"
 seconds 0.32
 exit 0
 image 1163264
+volume overlay
 `
 
 // TestParseRun: the parser finds the Dockerfile's steps among BuildKit's
@@ -50,8 +51,8 @@ func TestParseRun(t *testing.T) {
 	if !slices.Equal(r.Steps, want) {
 		t.Errorf("steps = %+v, want %+v", r.Steps, want)
 	}
-	if r.Seconds != 0.32 || r.Exit != 0 || r.ImageBytes != 1163264 || r.Snapshotter != "native" {
-		t.Errorf("parsed %+v, want 0.32 s, exit 0, 1163264 bytes, snapshotter native", r)
+	if r.Seconds != 0.32 || r.Exit != 0 || r.ImageBytes != 1163264 || r.Snapshotter != "native" || r.Volume != "overlay" {
+		t.Errorf("parsed %+v, want 0.32 s, exit 0, 1163264 bytes, snapshotter native, volume overlay", r)
 	}
 	if !r.hasStep("RUN ") || !r.hasStep("COPY ") || len(r.uncached()) != 0 {
 		t.Errorf("hasStep/uncached disagree with steps %+v", r.Steps)
