@@ -87,10 +87,17 @@ runc_files() {
 	done < <(ldd "$runc" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
 }
 
-# build_image: the image, skipped when its inputs are unchanged.
+# build_image: the image, skipped when its inputs are unchanged: the
+# binaries, busybox.tar, runc and its libraries, this script and the two
+# Go commands that write the image.
 build_image() {
 	local stamp_file=$BUILDKIT_OUT/images/.stamp stamp
-	stamp=$( (cat "$BUILDKIT_BIN/.stamp" "$IMAGES_DIR/busybox.tar" "$(command -v runc)" "${BASH_SOURCE[0]}") | sha256sum | cut -d' ' -f1)
+	stamp=$({
+		runc_files | sed 's/^--file=//; s/:[^:]*$//' | xargs cat
+		cat "$BUILDKIT_BIN/.stamp" "$IMAGES_DIR/busybox.tar" "${BASH_SOURCE[0]}" \
+			"$REPO_DIR"/hack/imagebuild/*.go "$REPO_DIR"/hack/imagebuild/cmd/buildimage/*.go \
+			"$REPO_DIR"/e2e/imagebuild/cmd/oci-layout/*.go
+	} | sha256sum | cut -d' ' -f1)
 	if [[ -f $ARCHIVE && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]; then
 		return
 	fi
