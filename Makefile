@@ -33,17 +33,22 @@ VERSION ?= v0.1.0
 IMAGE ?= ghcr.io/layercache/layercache:$(VERSION)
 IMAGE_ARCHIVE := _output/image/layercache.tar
 
+# The image's content. mkfs.btrfs, which formats the snapshot layout's btrfs
+# image, comes from the host's btrfs-progs with its libraries.
+IMAGE_CONTENT := --file _output/image/bin/layercache:/layercache --file _output/image/bin/layerfs:/layerfs \
+	--env PATH=/usr/sbin:/usr/bin --entrypoint /layercache
+
 .PHONY: image
 image: ## build the release image $(IMAGE) into _output/image/layercache.tar (docker load / ctr import it)
 	@mkdir -p _output/image/bin
 	CGO_ENABLED=0 $(GO) build -o _output/image/bin/ ./cmd/layercache ./cmd/layerfs
-	$(GO) run ./hack/imagebuild/cmd/buildimage --ref $(IMAGE) -o $(IMAGE_ARCHIVE) \
-		--file _output/image/bin/layercache:/layercache --file _output/image/bin/layerfs:/layerfs --entrypoint /layercache
+	libs=$$(hack/imagebuild/with-libs.sh mkfs.btrfs); \
+	$(GO) run ./hack/imagebuild/cmd/buildimage --ref $(IMAGE) -o $(IMAGE_ARCHIVE) $(IMAGE_CONTENT) $$libs
 
 .PHONY: image-push
 image-push: image ## push $(IMAGE) with your docker login credentials, e.g. make image-push IMAGE=registry.example/layercache:v0.1.0
-	$(GO) run ./hack/imagebuild/cmd/buildimage --ref $(IMAGE) --push \
-		--file _output/image/bin/layercache:/layercache --file _output/image/bin/layerfs:/layerfs --entrypoint /layercache
+	libs=$$(hack/imagebuild/with-libs.sh mkfs.btrfs); \
+	$(GO) run ./hack/imagebuild/cmd/buildimage --ref $(IMAGE) --push $(IMAGE_CONTENT) $$libs
 
 .PHONY: lint
 lint: ## gofmt and go vet
