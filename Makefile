@@ -67,10 +67,12 @@ test-unit: test-deps ## unit tests and real-mount tests (needs root)
 	$(GO) test -count=1 ./...
 
 # fsck.erofs (Debian's erofs-utils) checks every image the EROFS writer's
-# tests make, as a second opinion beside the kernel's mount.
+# tests make, as a second opinion beside the kernel's mount. mkfs.btrfs
+# and the btrfs CLI (btrfs-progs) make and check the snapshot layout's
+# btrfs images; the store itself uses only ioctls.
 .PHONY: test-deps
-test-deps: ## install the host packages the tests need (erofs-utils)
-	@command -v fsck.erofs >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq erofs-utils >/dev/null; }
+test-deps: ## install the host packages the tests need (erofs-utils, btrfs-progs)
+	@command -v fsck.erofs >/dev/null && command -v mkfs.btrfs >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq erofs-utils btrfs-progs >/dev/null; }
 
 # The manager's controllers against a real kube-apiserver and etcd
 # (controller-runtime's envtest), which the tests start on free loopback
