@@ -34,17 +34,22 @@ VERSION ?= v0.1.0
 IMAGE ?= ghcr.io/layercache/layercache:$(VERSION)
 IMAGE_ARCHIVE := _output/image/layercache.tar
 
+# The image's content. mkfs.btrfs, which formats the snapshot layout's btrfs
+# image, comes from the host's btrfs-progs with its libraries.
+IMAGE_CONTENT := --file _output/image/bin/layercache:/layercache --file _output/image/bin/layerfs:/layerfs \
+	--env PATH=/usr/sbin:/usr/bin --entrypoint /layercache
+
 .PHONY: image
 image: ## build the release image $(IMAGE) into _output/image/layercache.tar (docker load / ctr import it)
 	@mkdir -p _output/image/bin
 	CGO_ENABLED=0 $(GO) build -o _output/image/bin/ ./cmd/layercache ./cmd/layerfs
-	$(GO) run ./hack/imagebuild/cmd/buildimage --ref $(IMAGE) -o $(IMAGE_ARCHIVE) \
-		--file _output/image/bin/layercache:/layercache --file _output/image/bin/layerfs:/layerfs --entrypoint /layercache
+	libs=$$(hack/imagebuild/with-libs.sh mkfs.btrfs); \
+	$(GO) run ./hack/imagebuild/cmd/buildimage --ref $(IMAGE) -o $(IMAGE_ARCHIVE) $(IMAGE_CONTENT) $$libs
 
 .PHONY: image-push
 image-push: image ## push $(IMAGE) with your docker login credentials, e.g. make image-push IMAGE=registry.example/layercache:v0.1.0
-	$(GO) run ./hack/imagebuild/cmd/buildimage --ref $(IMAGE) --push \
-		--file _output/image/bin/layercache:/layercache --file _output/image/bin/layerfs:/layerfs --entrypoint /layercache
+	libs=$$(hack/imagebuild/with-libs.sh mkfs.btrfs); \
+	$(GO) run ./hack/imagebuild/cmd/buildimage --ref $(IMAGE) --push $(IMAGE_CONTENT) $$libs
 
 .PHONY: lint
 lint: ## gofmt and go vet
@@ -63,10 +68,12 @@ test-unit: test-deps ## unit tests and real-mount tests (needs root)
 	$(GO) test -count=1 ./...
 
 # fsck.erofs (Debian's erofs-utils) checks every image the EROFS writer's
-# tests make, as a second opinion beside the kernel's mount.
+# tests make, as a second opinion beside the kernel's mount. mkfs.btrfs
+# and the btrfs CLI (btrfs-progs) make and check the snapshot layout's
+# btrfs images; the store itself uses only ioctls.
 .PHONY: test-deps
-test-deps: ## install the host packages the tests need (erofs-utils)
-	@command -v fsck.erofs >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq erofs-utils >/dev/null; }
+test-deps: ## install the host packages the tests need (erofs-utils, btrfs-progs)
+	@command -v fsck.erofs >/dev/null && command -v mkfs.btrfs >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq erofs-utils btrfs-progs >/dev/null; }
 
 # The manager's controllers against a real kube-apiserver and etcd
 # (controller-runtime's envtest), which the tests start on free loopback

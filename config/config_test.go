@@ -126,6 +126,10 @@ func TestDefault(t *testing.T) {
 		sc.ReclaimPolicy == nil || *sc.ReclaimPolicy != corev1.PersistentVolumeReclaimDelete {
 		t.Errorf("StorageClass = %+v, want provisioner %s, WaitForFirstConsumer, Delete", sc, v1alpha1.ProvisionerName)
 	}
+	snap := find[*storagev1.StorageClass](t, r, v1alpha1.SnapshotStorageClassName)
+	if snap.Provisioner != sc.Provisioner || *snap.VolumeBindingMode != *sc.VolumeBindingMode || snap.Parameters["layout"] != "snapshot" {
+		t.Errorf("StorageClass %s = %+v, want the same provisioner and binding as %s, and layout: snapshot", snap.Name, snap, sc.Name)
+	}
 
 	crd := find[*apiextensionsv1.CustomResourceDefinition](t, r, "caches.layercache.dev")
 	if crd.Spec.Scope != apiextensionsv1.NamespaceScoped || crd.Spec.Names.Kind != "Cache" {

@@ -20,6 +20,15 @@ type Options struct {
 	MaxLayers int
 	// Progress, if set, receives progress of long operations (squash, gc).
 	Progress func(Progress)
+	// SnapshotImageBytes is the size of the sparse btrfs image file
+	// (<root>/snapshot.img) made for snapshot caches when the root is not
+	// on btrfs; 0 means DefaultSnapshotImageBytes. Sparse: it takes only
+	// what the caches use, up to this size. Ignored once the image exists.
+	SnapshotImageBytes int64
+	// MkfsBtrfs is the mkfs.btrfs program that formats that image; ""
+	// means "mkfs.btrfs" looked up on PATH. Only the image's creation
+	// runs it; everything else is done with ioctls.
+	MkfsBtrfs string
 }
 
 // Progress reports how far a long operation has come.
@@ -51,8 +60,13 @@ type MountOptions struct {
 	// LimitBytes bounds the volume's changes (its upper layer, in allocated
 	// bytes); 0 means no bound. It is enforced at commit: a volume whose
 	// changes are larger is discarded (CommitResult.OverLimit). The store
-	// has no project quotas, so the build itself is not stopped.
+	// has no project quotas, so the build itself is not stopped. With
+	// LayoutSnapshot it is a live limit (a btrfs qgroup on the volume's
+	// exclusive bytes): a write past it fails with EDQUOT.
 	LimitBytes int64
+	// Layout of a new cache ("" means overlay). Mounting an existing
+	// cache with another layout fails with ErrLayoutMismatch.
+	Layout Layout
 }
 
 // Volume is a provisioned copy-on-write view of a cache.
@@ -74,7 +88,11 @@ type Volume struct {
 	// its upper layer was written without syncs (a volatile overlay) and
 	// may be torn, so it was emptied at remount and the volume will never
 	// be committed (Commit discards it and says so in CommitResult.Torn).
+	// A snapshot volume mounted when the node went down is torn too (one
+	// rule for both layouts): its build was cut short.
 	Torn bool `json:"torn,omitempty"`
+	// Layout of the volume's cache.
+	Layout Layout `json:"layout,omitempty"`
 }
 
 // CommitResult tells what a Commit did.
@@ -128,6 +146,9 @@ type CacheInfo struct {
 	LastUsed   time.Time   `json:"lastUsed"`
 	LastWriter string      `json:"lastWriter,omitempty"`
 	Volumes    []string    `json:"volumes,omitempty"` // volumes using the cache
+	// Layout of the cache; a snapshot cache reports its one generation
+	// as its one layer.
+	Layout Layout `json:"layout,omitempty"`
 }
 
 // SquashResult tells what a Squash did.

@@ -103,6 +103,9 @@ func (s *Store) SetLayerDigest(ctx context.Context, cache CacheRef, layerID, dig
 		if t.Head == nil {
 			return fmt.Errorf("cache %s: %w", cache, ErrNotFound)
 		}
+		if err := errIfSnapshot(t.Head, "publish"); err != nil {
+			return err
+		}
 		i := t.Head.layerIndex(layerID)
 		if i < 0 {
 			return fmt.Errorf("it is no longer in cache %s (squashed or synced away): %w", cache, ErrNotFound)

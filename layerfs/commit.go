@@ -20,6 +20,7 @@ func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, erro
 	}
 	var res CommitResult
 	var ended *volumeRecord
+	var oldHead string // a snapshot cache's generation before the commit
 	err := s.transact(ctx, scope{store: true, volume: volumeID}, func(t *txn) error {
 		r := t.Volume
 		switch {
@@ -31,12 +32,18 @@ func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, erro
 			return fmt.Errorf("volume %q has the store's old layout: run recover (layerfs recover, or restart the node agent) before committing it", volumeID)
 		}
 		ended = r
+		if t.Head != nil && len(t.Head.Layers) > 0 {
+			oldHead = t.Head.Layers[0].ID
+		}
 		var err error
 		res, err = s.commitLocked(t)
 		return err
 	})
 	if err != nil {
 		return res, err
+	}
+	if ended.Layout == LayoutSnapshot {
+		s.endSnapshotVolume(ended, oldHead)
 	}
 	if res.Layer == "" {
 		os.RemoveAll(s.layerDir(ended.Upper)) // named by nothing now; else the sweep removes it
@@ -54,7 +61,11 @@ func (s *Store) commitLocked(t *txn) (CommitResult, error) {
 	if r.Torn {
 		return res, s.discardInstead(t, &res)
 	}
-	layer, err := s.seal(r)
+	seal := s.seal
+	if r.Layout == LayoutSnapshot {
+		seal = s.sealSnapshot
+	}
+	layer, err := seal(r)
 	var over *overLimitError
 	if errors.As(err, &over) {
 		res.OverLimit, res.Bytes = true, over.bytes
@@ -157,6 +168,9 @@ func (s *Store) land(t *txn, layer *LayerInfo) (CommitResult, error) {
 	faultPoint() // the layer is sealed, the head not yet written
 	if layer != nil {
 		h.push(*layer, r)
+		if h.Layout == LayoutSnapshot {
+			h.Layers = h.Layers[:1] // one generation holds the whole cache
+		}
 		res.Layer, res.Bytes = layer.ID, layer.Bytes
 	}
 	res.Generation = h.Generation
@@ -222,7 +236,9 @@ func (s *Store) Discard(ctx context.Context, volumeID string) error {
 	if err != nil {
 		return err
 	}
-	if ended.Upper != "" {
+	if ended.Layout == LayoutSnapshot {
+		s.endSnapshotVolume(ended, "")
+	} else if ended.Upper != "" {
 		os.RemoveAll(s.layerDir(ended.Upper)) // named by nothing now; else the sweep removes it
 	}
 	s.sweepIfOrphaned(ended)

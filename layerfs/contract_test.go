@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/layerfs/storetest"
@@ -16,7 +19,12 @@ func TestStoreContract(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: the store makes real overlay mounts; run `make test` as root")
 	}
-	storetest.Run(t, storetest.Harness{
+	storetest.Run(t, contractHarness())
+}
+
+// contractHarness runs the suite on overlay stores in fresh temp roots.
+func contractHarness() storetest.Harness {
+	return storetest.Harness{
 		New: func(t *testing.T) storetest.Store {
 			s, err := layerfs.Open(context.Background(), layerfs.Options{Root: t.TempDir()})
 			if err != nil {
@@ -44,7 +52,39 @@ func TestStoreContract(t *testing.T) {
 			}
 			return string(b), true
 		},
-	})
+	}
+}
+
+// Snapshot stores keep the contract too, but for squash and sync, which
+// the layout does not have (see storetest.Harness.Layout).
+func TestStoreContractSnapshot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: the store makes real btrfs mounts; run `make test` as root")
+	}
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		t.Fatal("needs mkfs.btrfs: install btrfs-progs (make test-deps)")
+	}
+	h := contractHarness()
+	h.Layout = layerfs.LayoutSnapshot
+	h.New = func(t *testing.T) storetest.Store {
+		root := t.TempDir()
+		s, err := layerfs.Open(context.Background(), layerfs.Options{Root: root, SnapshotImageBytes: 1 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unmountUnder(t, root) })
+		t.Cleanup(func() { discardAll(t, s) })
+		return s
+	}
+	storetest.Run(t, h)
+}
+
+// unmountUnder unmounts the snapshot image a case's store mounted.
+func unmountUnder(t *testing.T, root string) {
+	err := unix.Unmount(filepath.Join(root, "snapshot"), 0)
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) { // never mounted
+		t.Error(err)
+	}
 }
 
 // discardAll unmounts what a case left, so that the temp dir can go.

@@ -86,6 +86,9 @@ func (s *Store) HasChanges(ctx context.Context, volumeID string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if r.Layout == LayoutSnapshot {
+		return s.snapshotChanged(r)
+	}
 	empty, err := upperIsEmpty(s.upperDir(r))
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil

@@ -150,7 +150,7 @@ func crashChild(opName string) int {
 	ctx := context.Background()
 	s, err := Open(ctx, Options{Root: os.Getenv(envCrashRoot)})
 	if err == nil {
-		for _, op := range crashOps {
+		for _, op := range append(crashOps, snapshotCrashOps...) {
 			if op.name == opName {
 				err = op.run(ctx, s)
 			}

@@ -18,6 +18,17 @@
 //	locks/                               flock files
 //	tmp/                                 squash views, pulls in progress, trash, probes
 //	probe.json, reserve                  last overlay probe; space kept for a full disk
+//	snapshot/{generations,volumes}/<id>  snapshot caches: btrfs subvolumes
+//	snapshot.img                         their btrfs image, if the root is not btrfs
+//
+// A cache has one layout for life (Layout, MountOptions.Layout). With
+// LayoutSnapshot a cache is one read-only btrfs subvolume (its head
+// generation), a volume is a writable snapshot of it bind-mounted at the
+// volume's merged path, and a commit is a read-only snapshot of the volume
+// that replaces the head (whole-volume last writer wins); size limits are
+// qgroup limits, enforced as the build writes. Subvolumes and qgroups are
+// made with ioctls (btrfs_linux.go, loop_linux.go); snapshot caches have
+// no registry sync (ErrSnapshotUnsupported) and nothing to squash.
 //
 // The directories are root-only (0700): layer roots may be world-writable
 // and their paths are public in /proc/*/mountinfo.

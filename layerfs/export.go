@@ -69,6 +69,9 @@ func (s *Store) checkInHead(ctx context.Context, cache CacheRef, layerID string)
 	if err != nil {
 		return fmt.Errorf("export layer %s: cache %s: %w", layerID, cache, err)
 	}
+	if err := errIfSnapshot(h, "export"); err != nil {
+		return err
+	}
 	if !h.hasLayer(layerID) {
 		return fmt.Errorf("export layer %s: it is not in cache %s (squashed or synced away): %w", layerID, cache, ErrNotFound)
 	}

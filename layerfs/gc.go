@@ -121,7 +121,10 @@ func (s *Store) sweepLayers(ctx context.Context) (sweepResult, error) {
 		res.FreedBytes += bytes
 		s.progress(Progress{Op: "gc", Done: int64(i + 1), Total: int64(len(trash))})
 	}
-	return res, nil
+	snaps, err := s.sweepSnapshots(ctx)
+	res.RemovedLayers += snaps.RemovedLayers
+	res.FreedBytes += snaps.FreedBytes
+	return res, err
 }
 
 func (s *Store) moveUnreferenced(ctx context.Context) ([]string, error) {

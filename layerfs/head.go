@@ -20,6 +20,11 @@ type head struct {
 	// ChainGeneration is the generation of the last chain Sync applied,
 	// so that a stale read of the chain cannot roll the cache back.
 	ChainGeneration int64 `json:"chainGeneration,omitempty"`
+	// Layout is the cache's layout for life; "" is overlay (heads made
+	// before layouts existed stay byte for byte as they were). A
+	// snapshot cache's Layers hold one entry: its head generation, a
+	// read-only subvolume at snapshot/generations/<id>.
+	Layout Layout `json:"layout,omitempty"`
 }
 
 func (h *head) layerIDs() []string {

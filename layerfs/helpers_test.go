@@ -102,7 +102,11 @@ func assertMissing(t testing.TB, path string) {
 func view(t testing.TB, s *Store, cache string) map[string]string {
 	t.Helper()
 	id := "view-" + randomID()
-	merged := mustMount(t, s, id, cache)
+	v, err := s.Mount(context.Background(), id, MountOptions{Cache: mustRef(t, cache), Layout: cacheLayout(s, cache)})
+	if err != nil {
+		t.Fatalf("Mount(%s, %s): %v", id, cache, err)
+	}
+	merged := v.MergedPath
 	snap := snapshot(t, merged)
 	if err := s.Discard(context.Background(), id); err != nil {
 		t.Fatal(err)

@@ -29,6 +29,9 @@ func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (
 	}
 	var vol Volume
 	err := s.transact(ctx, scope{store: true, volume: volumeID, cache: opts.Cache}, func(t *txn) error {
+		if err := s.checkMountLayout(t, opts); err != nil {
+			return err
+		}
 		if t.Volume == nil {
 			if err := s.newVolume(t, volumeID, opts); err != nil {
 				return err
@@ -99,6 +102,9 @@ func (s *Store) ensureMounted(t *txn) error {
 		r.Mounted = true
 		return nil
 	}
+	if r.Layout == LayoutSnapshot {
+		return s.ensureSnapshotMounted(t)
+	}
 	if err := s.checkTorn(t); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
@@ -158,6 +164,9 @@ var bootID = sync.OnceValue(func() string {
 // home as a layer, records the volume, then mounts it; on any failure
 // nothing of it remains (a crash leaves what Recover and the sweep remove).
 func (s *Store) newVolume(t *txn, id string, opts MountOptions) (err error) {
+	if opts.Layout.orDefault() == LayoutSnapshot {
+		return s.newSnapshotVolume(t, id, opts)
+	}
 	t.touchHead()
 	h := t.Head
 	r := &volumeRecord{

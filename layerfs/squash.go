@@ -48,7 +48,8 @@ func (s *Store) squash(ctx context.Context, cache CacheRef, maxLayers int) (res 
 	if err != nil {
 		return res, fmt.Errorf("squash cache %s: %w", cache, err)
 	}
-	if len(h.Layers) <= maxLayers {
+	// A snapshot cache has one generation: nothing to squash.
+	if len(h.Layers) <= maxLayers || h.Layout == LayoutSnapshot {
 		return res, nil
 	}
 	old := h.Layers[len(h.Layers)-squashRun(h.Layers):]

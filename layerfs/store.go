@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -15,6 +16,8 @@ import (
 type Store struct {
 	root string
 	opts Options
+	// snapReady caches that the snapshot area was prepared (snapshot_area.go).
+	snapReady atomic.Bool
 }
 
 // Open prepares the store's directories under opts.Root and proves with a
@@ -35,6 +38,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.MaxLayers <= 0 {
 		opts.MaxLayers = DefaultMaxLayers
 	}
+	if opts.SnapshotImageBytes < 0 {
+		return nil, fmt.Errorf("snapshot image size %d is negative: use a number of bytes, or 0 for the default %d", opts.SnapshotImageBytes, int64(DefaultSnapshotImageBytes))
+	}
 	if opts.MaxLayers >= maxOverlayDepth {
 		return nil, fmt.Errorf("max layers %d is too deep: overlayfs stacks at most %d layers; use a value below that", opts.MaxLayers, maxOverlayDepth)
 	}
@@ -45,6 +51,13 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	if err := s.probe(ctx); err != nil {
 		return nil, fmt.Errorf("store root %s cannot host overlay volumes: %w", root, err)
+	}
+	// After a reboot the snapshot area's image is no longer mounted;
+	// snapshot caches must be there before Recover or a mount needs them.
+	if s.hasSnapshotArea() {
+		if err := s.ensureSnapshotArea(ctx); err != nil {
+			return nil, err
+		}
 	}
 	s.refillReserve()
 	return s, nil

@@ -310,6 +310,7 @@ func assertNoOrphans(t *testing.T, s *Store) {
 	if left := s.atomicWriteLeftovers(); len(left) > 0 {
 		t.Errorf("leftover temp files: %v", left)
 	}
+	assertNoSnapshotOrphans(t, s)
 }
 
 func TestBadInputChangesNothing(t *testing.T) {

@@ -45,6 +45,11 @@ func (s *Store) Sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 	if opts.Parallel == 0 {
 		opts.Parallel = defaultSyncParallel
 	}
+	if h, err := s.readHead(cache); err == nil {
+		if err := errIfSnapshot(h, "sync"); err != nil {
+			return SyncResult{}, err
+		}
+	}
 	res, err := s.sync(ctx, cache, chain, fetch, opts)
 	if err != nil || !res.Changed {
 		return res, err

@@ -29,6 +29,7 @@ type scope struct {
 // nil removes the volume or the cache.
 type txn struct {
 	s      *Store
+	ctx    context.Context
 	Volume *volumeRecord
 	Head   *head
 	volID  string
@@ -39,7 +40,7 @@ type txn struct {
 
 // transact runs fn in a transaction over sc and saves what it changed.
 func (s *Store) transact(ctx context.Context, sc scope, fn func(t *txn) error) error {
-	t := &txn{s: s, volID: sc.volume, cache: sc.cache}
+	t := &txn{s: s, ctx: ctx, volID: sc.volume, cache: sc.cache}
 	release, err := t.lockAndRead(ctx, sc)
 	defer release()
 	if err != nil {

@@ -28,6 +28,9 @@ type volumeRecord struct {
 	// BootID is the kernel boot the volume was last mounted in; a volatile
 	// mount marker found after another boot means a possibly torn upper.
 	BootID string `json:"bootID,omitempty"`
+	// RootDigest is what a snapshot volume's root listed when it was
+	// made (snapshot_changes.go), to tell a build's changes from none.
+	RootDigest string `json:"rootDigest,omitempty"`
 	legacyCommit
 }
 
@@ -43,6 +46,9 @@ func (s *Store) controlAside(id string) string { return filepath.Join(s.volumeDi
 
 // upperDir is the volume's upper directory.
 func (s *Store) upperDir(r *volumeRecord) string {
+	if r.Layout == LayoutSnapshot {
+		return s.snapVolumePath(r.ID)
+	}
 	if r.Upper == "" {
 		return s.legacyUpperDir(r.ID)
 	}
@@ -73,6 +79,7 @@ func (s *Store) readVolumeRecord(id string) (*volumeRecord, error) {
 	}
 	r.MergedPath = s.mergedDir(id)
 	r.Mounted = isMountPoint(r.MergedPath)
+	r.Layout = r.Layout.orDefault()
 	return &r, nil
 }
 
@@ -187,6 +194,9 @@ func (s *Store) MountCommand(ctx context.Context, volumeID string) (string, erro
 	r, err := s.readVolume(volumeID)
 	if err != nil {
 		return "", err
+	}
+	if r.Layout == LayoutSnapshot {
+		return bindCommand(s.upperDir(r), r), nil
 	}
 	return s.volumeSpec(r).command(r.MergedPath), nil
 }

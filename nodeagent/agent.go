@@ -71,7 +71,8 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	st, err := layerfs.Open(ctx, layerfs.Options{Root: opts.Root, MaxLayers: opts.MaxLayers, Progress: progressLogger(logger)})
+	st, err := layerfs.Open(ctx, layerfs.Options{Root: opts.Root, MaxLayers: opts.MaxLayers, Progress: progressLogger(logger),
+		SnapshotImageBytes: opts.SnapshotImageBytes, MkfsBtrfs: opts.MkfsBtrfs})
 	if err != nil {
 		return fmt.Errorf("open layer store: %w", err)
 	}

@@ -26,6 +26,10 @@ const (
 	// cluster admin's, so builds cannot ask for it themselves.
 	paramAllowSetuid  = "allowSetuid"
 	paramAllowDevices = "allowDevices"
+	// paramLayout chooses how the class's volumes are made: "overlay" (the
+	// default) or "snapshot" (btrfs subvolumes, for image builders' stores
+	// and a size limit that holds during the build).
+	paramLayout = "layout"
 )
 
 // volumeRequest is what a claim and its class ask for, validated.
@@ -46,6 +50,8 @@ type volumeRequest struct {
 	// Registry is where the cache syncs across nodes; nil for a
 	// node-local cache.
 	Registry *registryRef
+	// Layout is the class's volume layout.
+	Layout layerfs.Layout
 }
 
 func (r volumeRequest) mountOptions() layerfs.MountOptions {
@@ -53,6 +59,7 @@ func (r volumeRequest) mountOptions() layerfs.MountOptions {
 		Cache: r.Cache, ReadOnly: r.Mode == v1alpha1.ModeRead,
 		UID: r.UID, GID: r.GID, Mode: r.Perm, Writer: r.Writer,
 		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices, LimitBytes: r.LimitBytes,
+		Layout: r.Layout,
 	}
 }
 
@@ -70,6 +77,7 @@ type classParams struct {
 	// Registry syncs the class's caches across nodes; nil for node-local
 	// caches.
 	Registry *registryParams
+	Layout   layerfs.Layout
 }
 
 // needsPod tells whether parseClaim needs the claim's owning pod.
@@ -94,16 +102,19 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	}
 	var unknown []string
 	for k := range class.Parameters {
-		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout, paramMaxLayerSize}, k) {
+		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout, paramMaxLayerSize, paramLayout}, k) {
 			unknown = append(unknown, k)
 		}
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid, mode, allowSetuid, allowDevices, registry, registrySecret, syncTimeout and maxLayerSize", unknown)
+		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid, mode, allowSetuid, allowDevices, layout, registry, registrySecret, syncTimeout and maxLayerSize", unknown)
 	}
 	var err error
 	if p.Registry, err = parseRegistry(class); err != nil {
+		return p, err
+	}
+	if p.Layout, err = parseLayout(class.Name, class.Parameters[paramLayout], p.Registry != nil); err != nil {
 		return p, err
 	}
 	if text, ok := class.Parameters[paramCache]; ok {
@@ -145,6 +156,24 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	return p, nil
 }
 
+// parseLayout validates the layout parameter. The snapshot layout has no
+// registry sync yet, so a class asking for both is refused rather than
+// silently keeping its caches on one node.
+func parseLayout(class, value string, registry bool) (layerfs.Layout, error) {
+	if value == "" {
+		return "", nil // the store's default, overlay
+	}
+	layout, err := layerfs.ParseLayout(value)
+	if err != nil {
+		return "", classError(class, "parameter %s has value %q: use %q (the default) or %q", paramLayout, value, layerfs.LayoutOverlay, layerfs.LayoutSnapshot)
+	}
+	if layout == layerfs.LayoutSnapshot && registry {
+		return "", classError(class, "parameter %s is %q and %s is set, but snapshot caches do not sync through a registry yet; remove %s and %s, or use %s: %s",
+			paramLayout, layout, paramRegistry, paramRegistry, paramRegistrySecret, paramLayout, layerfs.LayoutOverlay)
+	}
+	return layout, nil
+}
+
 func parseBool(class, key, value string) (bool, error) {
 	switch value {
 	case "", "false":
@@ -173,7 +202,7 @@ func parseID(class, key, value string) (int, error) {
 func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod) (volumeRequest, error) {
 	req := volumeRequest{
 		UID: class.UID, GID: class.GID, Perm: class.Perm, Writer: writerOf(claim),
-		AllowSetuid: class.AllowSetuid, AllowDevices: class.AllowDevices,
+		AllowSetuid: class.AllowSetuid, AllowDevices: class.AllowDevices, Layout: class.Layout,
 	}
 	if q, ok := claim.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
 		req.LimitBytes = q.Value()

@@ -55,6 +55,11 @@ func TestParseClass(t *testing.T) {
 		{name: "mode too big", params: map[string]string{"mode": "17777"}, wantErr: `parameter mode has value "17777"`},
 		{name: "mode zero", params: map[string]string{"mode": "0000"}, wantErr: "lets nobody use the volume"},
 		{name: "setuid", params: map[string]string{"mode": "4755"}, wantErr: "setuid"},
+		{name: "snapshot layout", params: map[string]string{"layout": "snapshot"}, want: classParams{Layout: layerfs.LayoutSnapshot}},
+		{name: "overlay layout", params: map[string]string{"layout": "overlay"}, want: classParams{Layout: layerfs.LayoutOverlay}},
+		{name: "unknown layout", params: map[string]string{"layout": "zfs"}, wantErr: `parameter layout has value "zfs": use "overlay" (the default) or "snapshot"`},
+		{name: "snapshot with a registry", params: map[string]string{"layout": "snapshot", "registry": "registry.example/caches"},
+			wantErr: "snapshot caches do not sync through a registry yet; remove registry and registrySecret, or use layout: overlay"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -62,6 +62,12 @@ type Options struct {
 	// RegistryCompression compresses the layers the agent pushes: zstd or
 	// gzip.
 	RegistryCompression string
+	// SnapshotImageBytes sizes the btrfs image file that holds the
+	// snapshot layout's volumes when the root is not on btrfs (sparse:
+	// it takes disk only as volumes fill it).
+	SnapshotImageBytes int64
+	// MkfsBtrfs formats that image; the agent's image carries it.
+	MkfsBtrfs string
 }
 
 // DefaultOptions returns the defaults, taking root and node name from the
@@ -86,7 +92,9 @@ func DefaultOptions() Options {
 		ResyncInterval:         time.Minute,
 		// The kubelet evicts pods when the node's filesystem has less than
 		// 10% free (its default); caches go first, before builds do.
-		GCMinFreePercent: 15,
+		GCMinFreePercent:   15,
+		SnapshotImageBytes: layerfs.DefaultSnapshotImageBytes,
+		MkfsBtrfs:          "mkfs.btrfs",
 	}
 }
 
@@ -104,6 +112,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.GCMinFreePercent, "gc-min-free-percent", o.GCMinFreePercent, "evict least recently used caches while the store's filesystem has less than this percentage free; keep it above the kubelet's eviction threshold (10% by default); 0 disables")
 	fs.DurationVar(&o.ResyncInterval, "resync-interval", o.ResyncInterval, "how often to report cache status, apply retention and run GC")
 	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "the agent's own namespace, where StorageClasses' registry Secrets are read (env "+EnvNamespace+")")
+	fs.Var(&bytesFlag{&o.SnapshotImageBytes}, "snapshot-image-size", "size of the sparse btrfs image that holds layout: snapshot volumes when --root is not on btrfs (e.g. 100Gi); it takes disk only as it fills")
+	fs.StringVar(&o.MkfsBtrfs, "mkfs-btrfs", o.MkfsBtrfs, "mkfs.btrfs program that formats that image (a name on PATH or a path)")
 	fs.StringVar(&o.RegistryCompression, "registry-compression", o.RegistryCompression, "compression of the layers pushed to registries: zstd or gzip (for registries that refuse zstd blobs)")
 }
 
@@ -132,6 +142,9 @@ func (o *Options) Validate() error {
 	}
 	if o.GCMaxAge < 0 {
 		errs = append(errs, fmt.Errorf("--gc-max-age %s is negative: use a duration such as 168h, or 0 to keep caches regardless of age", o.GCMaxAge))
+	}
+	if o.SnapshotImageBytes < 1<<30 {
+		errs = append(errs, fmt.Errorf("--snapshot-image-size %d is too small: use at least 1Gi (default %d)", o.SnapshotImageBytes, layerfs.DefaultSnapshotImageBytes))
 	}
 	if o.GCMaxBytes < 0 {
 		errs = append(errs, fmt.Errorf("--gc-max-size %d is negative: use a size such as 100Gi, or 0 for no bound", o.GCMaxBytes))

@@ -69,6 +69,7 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "free space", change: func(o *Options) { o.GCMinFreeBytes, o.GCMinFreePercent = -1, 100 }, want: []string{"--gc-min-free -1", "--gc-min-free-percent 100"}},
 		{name: "free space off", change: func(o *Options) { o.GCMinFreeBytes, o.GCMinFreePercent = 0, 0 }},
 		{name: "resync", change: func(o *Options) { o.ResyncInterval = time.Millisecond }, want: []string{"--resync-interval"}},
+		{name: "snapshot image too small", change: func(o *Options) { o.SnapshotImageBytes = 512 << 20 }, want: []string{"--snapshot-image-size 536870912 is too small"}},
 		{name: "all problems at once", change: func(o *Options) { o.NodeName, o.Root = "", "" }, want: []string{"--root", "--node-name"}},
 	}
 	for _, tt := range tests {

@@ -9,6 +9,10 @@ const (
 	// StorageClassName is the StorageClass of the default install.
 	StorageClassName = "layercache"
 
+	// SnapshotStorageClassName is the default install's class of the
+	// snapshot layout (README, "Volume layouts").
+	SnapshotStorageClassName = "layercache-snapshot"
+
 	// AnnotationCache on a PVC names its cache: NAME (same namespace) or
 	// NAMESPACE/NAME. On a PV it always holds NAMESPACE/NAME.
 	AnnotationCache = "layercache.dev/cache"

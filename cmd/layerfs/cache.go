@@ -102,10 +102,22 @@ func writeCaches(w io.Writer, format string, caches []layerfs.CacheInfo, now tim
 		return nil
 	}
 	t := newTable(w)
-	fmt.Fprintln(t, "CACHE\tGENERATION\tLAYERS\tSIZE\tLAST USED\tVOLUMES")
+	// The LAYOUT column shows once a store holds a cache of another
+	// layout than overlay, so the table of an overlay-only node (and what
+	// reads it) stays as it was.
+	layouts := slices.ContainsFunc(caches, func(c layerfs.CacheInfo) bool { return layoutName(c.Layout) != string(layerfs.LayoutOverlay) })
+	header := "CACHE\tGENERATION\tLAYERS\tSIZE\tLAST USED\tVOLUMES"
+	if layouts {
+		header += "\tLAYOUT"
+	}
+	fmt.Fprintln(t, header)
 	for _, c := range caches {
-		fmt.Fprintf(t, "%s\t%d\t%d\t%s\t%s\t%d\n",
+		fmt.Fprintf(t, "%s\t%d\t%d\t%s\t%s\t%d",
 			c.Cache, c.Generation, len(c.Layers), v1alpha1.FormatSize(c.Bytes), formatAge(c.LastUsed, now), len(c.Volumes))
+		if layouts {
+			fmt.Fprintf(t, "\t%s", layoutName(c.Layout))
+		}
+		fmt.Fprintln(t)
 	}
 	return t.Flush()
 }
@@ -337,4 +349,13 @@ func runRemove(ctx context.Context, w io.Writer, store *layerfs.Store, cache lay
 	}
 	_, err := fmt.Fprintln(w, cache)
 	return err
+}
+
+// layoutName is a cache's layout for the table; caches made before
+// layouts existed report none and are overlay caches.
+func layoutName(l layerfs.Layout) string {
+	if l == "" {
+		return string(layerfs.LayoutOverlay)
+	}
+	return string(l)
 }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/layercache/layercache/layerfs"
 )
 
 // runCLI runs the CLI in-process and returns its exit status and output.
@@ -260,5 +262,20 @@ func TestFlagsReachTheStore(t *testing.T) {
 	}
 	if got := gc.Flags().Lookup("max-bytes").DefValue; got != "50Gi" {
 		t.Errorf("--max-bytes default %s, want 50Gi", got)
+	}
+}
+
+// --layout reaches the store; a bad value is refused before any work.
+func TestMountLayoutFlag(t *testing.T) {
+	for _, tt := range []struct {
+		layout  string
+		want    layerfs.Layout
+		wantErr bool
+	}{{"", "", false}, {"overlay", layerfs.LayoutOverlay, false}, {"snapshot", layerfs.LayoutSnapshot, false}, {"zfs", "", true}} {
+		o := &mountOptions{cache: "ci/maven", mode: "0777", layout: tt.layout}
+		_, opts, err := o.validate([]string{"build-1"})
+		if (err != nil) != tt.wantErr || opts.Layout != tt.want {
+			t.Errorf("--layout %q: %q, %v; want %q (error %v)", tt.layout, opts.Layout, err, tt.want, tt.wantErr)
+		}
 	}
 }

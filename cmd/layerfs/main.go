@@ -91,6 +91,10 @@ func usage(cmd *cobra.Command, err error) error {
 type globalOptions struct {
 	root   string
 	getenv func(string) string
+	// Where snapshot caches live on a root that is not btrfs: the size of
+	// the sparse image layerfs makes, and the mkfs.btrfs that formats it.
+	snapshotImageSize quantityValue
+	mkfsBtrfs         string
 }
 
 // resolveRoot applies the precedence --root, then $LAYERFS_ROOT, then the
@@ -117,7 +121,10 @@ func (g *globalOptions) resolveRoot(flagSet bool) error {
 // open opens the store; progress, if not nil, receives progress of long
 // operations.
 func (g *globalOptions) open(ctx context.Context, progress func(layerfs.Progress)) (*layerfs.Store, error) {
-	return layerfs.Open(ctx, layerfs.Options{Root: g.root, Progress: progress})
+	return layerfs.Open(ctx, layerfs.Options{
+		Root: g.root, Progress: progress,
+		SnapshotImageBytes: g.snapshotImageSize.bytes, MkfsBtrfs: g.mkfsBtrfs,
+	})
 }
 
 func newRootCommand(getenv func(string) string) *cobra.Command {
@@ -158,6 +165,9 @@ else ` + layerfs.DefaultRoot + `.` + exitStatusHelp,
 		},
 	}
 	root.PersistentFlags().StringVar(&g.root, "root", layerfs.DefaultRoot, "store root directory (env "+rootEnv+")")
+	g.snapshotImageSize.text = "0"
+	root.PersistentFlags().Var(&g.snapshotImageSize, "snapshot-image-size", "size of the sparse btrfs image made for snapshot caches when the root is not on btrfs (0: 20Gi)")
+	root.PersistentFlags().StringVar(&g.mkfsBtrfs, "mkfs-btrfs", "mkfs.btrfs", "mkfs.btrfs program that formats that image")
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usage(cmd, err) })
 	root.AddCommand(
 		newMountCommand(g),

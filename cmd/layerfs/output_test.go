@@ -409,3 +409,22 @@ func TestCheckOutput(t *testing.T) {
 		t.Errorf("checkOutput(wide) = %v", err)
 	}
 }
+
+// A store with a snapshot cache shows every cache's layout.
+func TestWriteCachesLayoutColumn(t *testing.T) {
+	caches := []layerfs.CacheInfo{
+		{Cache: maven, Generation: 2, Layout: layerfs.LayoutOverlay},
+		{Cache: layerfs.CacheRef{Namespace: "ci", Name: "buildkit"}, Generation: 1, Layout: layerfs.LayoutSnapshot},
+	}
+	var b bytes.Buffer
+	if err := writeCaches(&b, outputTable, caches, now); err != nil {
+		t.Fatal(err)
+	}
+	want := `CACHE         GENERATION   LAYERS   SIZE   LAST USED   VOLUMES   LAYOUT
+ci/buildkit   1            0        0B     never       0         snapshot
+ci/maven      2            0        0B     never       0         overlay
+`
+	if b.String() != want {
+		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+}

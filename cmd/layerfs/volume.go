@@ -20,6 +20,7 @@ type mountOptions struct {
 	mode                      string
 	writer                    string
 	allowSetuid, allowDevices bool
+	layout                    string
 }
 
 func newMountCommand(g *globalOptions) *cobra.Command {
@@ -55,6 +56,7 @@ Mounting an existing volume again prints its path and changes nothing.` + exitSt
 	f.StringVar(&o.writer, "writer", "", "who uses the volume (for example NAMESPACE/POD), recorded as the cache's last writer")
 	f.BoolVar(&o.allowSetuid, "allow-setuid", false, "mount without nosuid, for a cache that must hold working set-id programs")
 	f.BoolVar(&o.allowDevices, "allow-devices", false, "mount without nodev, for a cache that must hold usable device nodes")
+	f.StringVar(&o.layout, "layout", "", "layout of a new cache: overlay (default) or snapshot (btrfs subvolumes); an existing cache keeps its own")
 	return cmd
 }
 
@@ -89,6 +91,11 @@ func (o *mountOptions) validate(args []string) (string, layerfs.MountOptions, er
 
 		AllowSetuid:  o.allowSetuid,
 		AllowDevices: o.allowDevices,
+	}
+	if o.layout != "" {
+		if opts.Layout, err = layerfs.ParseLayout(o.layout); err != nil {
+			return "", layerfs.MountOptions{}, fmt.Errorf("--layout: %w", err)
+		}
 	}
 	// The store's own check, so that what it refuses is a usage error here.
 	if err := opts.Validate(); err != nil {

@@ -3,7 +3,8 @@
 #   - processes: the registry (registry.sh), then everything in the
 #     cluster's cgroup (daemons, shims, pods);
 #   - mounts: the store bind mounts, volumes below them, and anything mounted
-#     from or into _output/cluster (node namespaces die with their processes);
+#     from or into _output/cluster (node namespaces die with their processes),
+#     and the loop devices of the snapshot layout's btrfs images;
 #   - host changes: /etc/hosts lines, kubelet sysctls, bridges, cgroups;
 #   - files: _output/cluster, with the registry's blobs. Build caches
 #     (_output/bin, _output/images) stay.
@@ -93,6 +94,21 @@ if ((${#mps[@]})); then
 	echo "error: mounts left: ${mps[*]}" >&2
 	problems=1
 fi
+
+# Loop devices of the snapshot layout's btrfs images: layerfs attaches them
+# with autoclear, so the unmounts above free them; a lazy unmount may not.
+for file in /sys/block/loop*/loop/backing_file; do
+	[[ -f $file ]] || continue
+	backing=$(<"$file")
+	for prefix in "${prefixes[@]}"; do
+		[[ $backing == "$prefix"/* ]] || continue
+		dev=/dev/$(basename "$(dirname "$(dirname "$file")")")
+		if ! losetup -d "$dev" 2>/dev/null; then
+			echo "error: loop device $dev still holds $backing" >&2
+			problems=1
+		fi
+	done
+done
 
 # --- host changes -----------------------------------------------------------
 

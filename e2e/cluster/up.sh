@@ -76,6 +76,8 @@ install_packages() {
 	command -v runc >/dev/null || missing+=(runc)
 	[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
 	command -v etcd >/dev/null || missing+=(etcd-server)
+	# mkfs.btrfs goes into the layercache image (hack/imagebuild/with-libs.sh).
+	command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs)
 	apt_install "${missing[@]}"
 }
 
@@ -112,8 +114,12 @@ compile_images() {
 assemble_images() {
 	local work=$IMAGES_DIR/bin busybox
 	busybox=$(busybox_binary)
+	local libs mkfs
+	libs=$("$REPO_DIR/hack/imagebuild/with-libs.sh" mkfs.btrfs)
+	mapfile -t mkfs <<<"$libs"
 	"$work/buildimage" -o "$IMAGES_DIR/layercache.tar" --ref "$IMAGE_LAYERCACHE" \
-		--file "$work/layercache:/layercache" --file "$work/layerfs:/layerfs" --entrypoint /layercache >/dev/null
+		--file "$work/layercache:/layercache" --file "$work/layerfs:/layerfs" "${mkfs[@]}" \
+		--env PATH=/usr/sbin:/usr/bin --entrypoint /layercache >/dev/null
 	"$work/buildimage" -o "$IMAGES_DIR/busybox.tar" --ref "$IMAGE_BUSYBOX" --busybox "$busybox" --tmpdir /tmp \
 		--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/sh >/dev/null
 	"$work/buildimage" -o "$IMAGES_DIR/pause.tar" --ref "$IMAGE_PAUSE" --file "$work/pause:/pause" --entrypoint /pause >/dev/null

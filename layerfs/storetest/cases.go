@@ -99,7 +99,7 @@ var cases = []testCase{
 		_, err = r.s.HasChanges(r.ctx, "nope")
 		expectNotFound(t, "HasChanges", err)
 	}},
-	{"squash keeps what the cache shows", func(t *testing.T, r *run) {
+	{squashCase, func(t *testing.T, r *run) {
 		r.build(t, "a", map[string]string{"f": "1", "g": "1"})
 		r.build(t, "b", map[string]string{"f": "2"})
 		r.build(t, "c", map[string]string{"h": "3"})
@@ -135,6 +135,9 @@ var cases = []testCase{
 		}
 	}},
 }
+
+// squashCase is the name of the case that needs a layered store.
+const squashCase = "squash keeps what the cache shows"
 
 // syncCases need a store that keeps layer data (see Harness.NoSync).
 var syncCases = []testCase{

@@ -48,6 +48,11 @@ type Harness struct {
 	// Sync fails, so a test that reaches it fails rather than passing on
 	// made-up layers.
 	NoSync bool
+	// Layout is the layout every mount of the suite asks for. The
+	// snapshot layout keeps one generation per cache and no registry
+	// sync: Run skips the squash case (a squash is a no-op there) and
+	// checks that Sync is refused instead of the sync cases.
+	Layout layerfs.Layout
 }
 
 // commitMarker is a control file a build writes to ask for a commit.
@@ -58,7 +63,10 @@ var cacheC = layerfs.CacheRef{Namespace: "ns", Name: "c"}
 // Run runs every case of the contract against h.
 func Run(t *testing.T, h Harness) {
 	all := slices.Clone(cases)
-	if h.NoSync {
+	if h.Layout == layerfs.LayoutSnapshot {
+		all = slices.DeleteFunc(all, func(c testCase) bool { return c.name == squashCase })
+	}
+	if h.NoSync || h.Layout == layerfs.LayoutSnapshot {
 		all = append(all, testCase{"sync is refused", expectSyncRefused})
 	} else {
 		all = append(all, syncCases...)
@@ -81,6 +89,9 @@ func (r *run) mount(t *testing.T, id string, opts layerfs.MountOptions) *layerfs
 	t.Helper()
 	if opts.Cache == (layerfs.CacheRef{}) {
 		opts.Cache = cacheC
+	}
+	if opts.Layout == "" {
+		opts.Layout = r.h.Layout
 	}
 	v, err := r.s.Mount(r.ctx, id, opts)
 	if err != nil {
