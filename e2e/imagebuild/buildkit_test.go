@@ -58,15 +58,14 @@ func checkWarm(t *testing.T, first, second buildRun) {
 // buildkitd's state on a volume of the snapshot layout, where it can use
 // its overlayfs snapshotter as on a host directory. The second pod's build
 // takes every step from the cache the first pod's left.
-//
-// It fails until the node agent has the snapshot layout: today it refuses
-// the class's layout parameter, which the failure names.
+// A node agent without the snapshot layout refuses the class's layout
+// parameter, which the failure names.
 func TestBuildKitCacheOnSnapshotVolume(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
 	defer cancel()
-	e.ensureSnapshotClass(ctx)
+	e.requireSnapshotClass(ctx)
 
 	first, second := e.twoBuilds(ctx, snapshotClass)
 	for _, r := range []buildRun{first, second} {

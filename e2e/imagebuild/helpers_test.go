@@ -24,7 +24,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,10 +50,10 @@ const (
 	volumeName = "cache"
 	mountPath  = "/cache"
 
-	// snapshotClass is the StorageClass of the snapshot layout (design.md,
-	// "Layouts and modes"), which the scenarios make themselves: btrfs
-	// subvolumes instead of overlay layers, so that BuildKit can stack its
-	// own overlay mounts on the volume.
+	// snapshotClass is config/'s StorageClass of the snapshot layout
+	// (README, "Volume layouts"): btrfs snapshots instead of overlay
+	// mounts, so that BuildKit can stack its own overlay mounts on the
+	// volume.
 	snapshotClass = "layercache-snapshot"
 	// speedup is how much faster the second build must be: every step of
 	// it comes from the cache the first left, so what remains is BuildKit's
@@ -257,8 +256,8 @@ func (e *env) waitStarted(ctx context.Context, pod, class string) {
 	if refusal != nil {
 		if class == snapshotClass {
 			e.t.Fatalf("the node agent refuses the claim %s of StorageClass %s (parameters layout: snapshot): %s: %s; "+
-				"the snapshot layout (design.md, \"Layouts and modes\") is missing from the node agent: "+
-				"this scenario passes once it provisions such claims as btrfs snapshots",
+				"a node agent without the snapshot layout refuses its layout parameter (deploy one with it: make up), "+
+				"one with it must provision the claim as a btrfs snapshot",
 				claim, class, refusal.Reason, refusal.Message)
 		}
 		e.t.Fatalf("the node agent refuses the claim %s of StorageClass %s: %s: %s", claim, class, refusal.Reason, refusal.Message)
@@ -283,42 +282,20 @@ func (e *env) waitCommitted(ctx context.Context, pod, cache string, gen int) {
 	}
 }
 
-// ensureSnapshotClass creates the snapshot layout's StorageClass unless it
-// exists (a class's parameters cannot change, so an existing one must
-// match), and removes it after the test if it made it.
-func (e *env) ensureSnapshotClass(ctx context.Context) {
+// requireSnapshotClass checks that the snapshot layout's StorageClass,
+// which config/ installs beside layercache, is there as the recipe has it.
+func (e *env) requireSnapshotClass(ctx context.Context) {
 	e.t.Helper()
-	firstConsumer := storagev1.VolumeBindingWaitForFirstConsumer
-	reclaim := corev1.PersistentVolumeReclaimDelete
-	want := &storagev1.StorageClass{
-		ObjectMeta:        metav1.ObjectMeta{Name: snapshotClass, Labels: map[string]string{framework.E2ELabel: "true"}},
-		Provisioner:       v1alpha1.ProvisionerName,
-		Parameters:        map[string]string{"layout": "snapshot"},
-		VolumeBindingMode: &firstConsumer,
-		ReclaimPolicy:     &reclaim,
+	class, err := e.Client.StorageV1().StorageClasses().Get(ctx, snapshotClass, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		e.t.Fatalf("StorageClass %s (layout: snapshot) is missing: config/ installs it; deploy again with make up (or make deploy)", snapshotClass)
 	}
-	classes := e.Client.StorageV1().StorageClasses()
-	_, err := classes.Create(ctx, want, metav1.CreateOptions{})
-	switch {
-	case err == nil:
-		e.t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if err := classes.Delete(ctx, snapshotClass, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				e.t.Errorf("deleting StorageClass %s: %v", snapshotClass, err)
-			}
-		})
-	case apierrors.IsAlreadyExists(err):
-		got, err := classes.Get(ctx, snapshotClass, metav1.GetOptions{})
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		if got.Provisioner != want.Provisioner || got.Parameters["layout"] != "snapshot" {
-			e.t.Fatalf("StorageClass %s exists with provisioner %s and parameters %v, want %s and layout: snapshot; delete it (kubectl delete storageclass %s) and run again",
-				snapshotClass, got.Provisioner, got.Parameters, want.Provisioner, snapshotClass)
-		}
-	default:
-		e.t.Fatalf("creating StorageClass %s: %v", snapshotClass, err)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if class.Provisioner != v1alpha1.ProvisionerName || class.Parameters["layout"] != "snapshot" {
+		e.t.Fatalf("StorageClass %s has provisioner %s and parameters %v, want %s and layout: snapshot (config/'s); deploy config/ again",
+			snapshotClass, class.Provisioner, class.Parameters, v1alpha1.ProvisionerName)
 	}
 }
 
