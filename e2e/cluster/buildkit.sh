@@ -75,17 +75,10 @@ build_binaries() {
 	echo "$stamp" >"$stamp_file"
 }
 
-# runc_files prints buildimage --file arguments for the host's runc and
-# every shared library it loads (the dynamic loader included), each at
-# the path the binary asks for.
-runc_files() {
-	local runc lib
-	runc=$(command -v runc)
-	echo "--file=$(readlink -f "$runc"):/usr/sbin/runc"
-	while read -r lib; do
-		echo "--file=$(readlink -f "$lib"):$lib"
-	done < <(ldd "$runc" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
-}
+# runc_files prints buildimage --file arguments (two lines each) for the
+# host's runc and every shared library it loads, the dynamic loader
+# included, each at the path the binary asks for.
+runc_files() { "$REPO_DIR/hack/imagebuild/with-libs.sh" runc; }
 
 # build_image: the image, skipped when its inputs are unchanged: the
 # binaries, busybox.tar, runc and its libraries, this script and the two
@@ -93,10 +86,10 @@ runc_files() {
 build_image() {
 	local stamp_file=$BUILDKIT_OUT/images/.stamp stamp
 	stamp=$({
-		runc_files | sed 's/^--file=//; s/:[^:]*$//' | xargs cat
+		runc_files | grep -vx -- --file | sed 's/:[^:]*$//' | xargs cat
 		cat "$BUILDKIT_BIN/.stamp" "$IMAGES_DIR/busybox.tar" "${BASH_SOURCE[0]}" \
 			"$REPO_DIR"/hack/imagebuild/*.go "$REPO_DIR"/hack/imagebuild/cmd/buildimage/*.go \
-			"$REPO_DIR"/e2e/imagebuild/cmd/oci-layout/*.go
+			"$REPO_DIR"/e2e/imagebuild/cmd/oci-layout/*.go "$REPO_DIR/hack/imagebuild/with-libs.sh"
 	} | sha256sum | cut -d' ' -f1)
 	if [[ -f $ARCHIVE && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]; then
 		return
