@@ -58,6 +58,7 @@ func checkWarm(t *testing.T, first, second buildRun) {
 // buildkitd's state on a volume of the snapshot layout, where it can use
 // its overlayfs snapshotter as on a host directory. The second pod's build
 // takes every step from the cache the first pod's left.
+//
 // A node agent without the snapshot layout refuses the class's layout
 // parameter, which the failure names.
 func TestBuildKitCacheOnSnapshotVolume(t *testing.T) {
