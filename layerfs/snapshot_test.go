@@ -316,3 +316,20 @@ func TestSnapshotTornAfterReboot(t *testing.T) {
 	}
 	assertNoOrphans(t, s)
 }
+
+// Without mkfs.btrfs a snapshot mount on a root that is not btrfs fails
+// saying what was tried and what to install; overlay caches still work.
+func TestSnapshotWithoutMkfs(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{MkfsBtrfs: "/nonexistent/mkfs.btrfs", SnapshotImageBytes: testImageBytes})
+	_, err := s.Mount(ctx, "v", MountOptions{Cache: mustRef(t, "ns/c"), Layout: LayoutSnapshot})
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/mkfs.btrfs") || !strings.Contains(err.Error(), "btrfs-progs") {
+		t.Fatalf("Mount without mkfs.btrfs: %v; want an error naming the program and the package", err)
+	}
+	if _, err := s.Inspect(ctx, mustRef(t, "ns/c")); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a failed snapshot mount left cache ns/c: %v", err)
+	}
+	assertMissing(t, s.snapshotImage())
+	mustMount(t, s, "o", "ns/o")
+	assertNoOrphans(t, s)
+}
