@@ -29,14 +29,17 @@ const (
 
 	btrfsSubvolRdonly       = 1 << 1 // BTRFS_SUBVOL_RDONLY
 	btrfsQuotaCtlEnable     = 1      // BTRFS_QUOTA_CTL_ENABLE
+	btrfsQuotaCtlSimple     = 4      // BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA (Linux 6.7+)
 	btrfsQgroupLimitMaxExcl = 1 << 1 // BTRFS_QGROUP_LIMIT_MAX_EXCL
 
-	btrfsFirstFreeObjectID = 256 // BTRFS_FIRST_FREE_OBJECTID: a subvolume's root inode
-	btrfsRootTreeID        = 1   // BTRFS_ROOT_TREE_OBJECTID
-	btrfsQuotaTreeID       = 8   // BTRFS_QUOTA_TREE_OBJECTID
-	btrfsRootItemKey       = 132 // BTRFS_ROOT_ITEM_KEY
-	btrfsInodeItemKey      = 1   // BTRFS_INODE_ITEM_KEY
-	btrfsQgroupInfoKey     = 242 // BTRFS_QGROUP_INFO_KEY
+	btrfsFirstFreeObjectID = 256    // BTRFS_FIRST_FREE_OBJECTID: a subvolume's root inode
+	btrfsRootTreeID        = 1      // BTRFS_ROOT_TREE_OBJECTID
+	btrfsQuotaTreeID       = 8      // BTRFS_QUOTA_TREE_OBJECTID
+	btrfsRootItemKey       = 132    // BTRFS_ROOT_ITEM_KEY
+	btrfsInodeItemKey      = 1      // BTRFS_INODE_ITEM_KEY
+	btrfsQgroupInfoKey     = 242    // BTRFS_QGROUP_INFO_KEY
+	btrfsQgroupStatusKey   = 240    // BTRFS_QGROUP_STATUS_KEY
+	btrfsQgroupSimpleMode  = 1 << 3 // BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE
 )
 
 // btrfsVolArgs is struct btrfs_ioctl_vol_args (4096 bytes).
@@ -230,13 +233,24 @@ func subvolumeInfo(path string) (btrfsSubvolInfo, error) {
 	return info, nil
 }
 
-// enableQuotas turns qgroups on for the filesystem at dir and waits for
-// the initial rescan, so that the sizes read later are exact. Enabling
-// quotas that are on already is cheap (no rescan).
+// enableQuotas turns qgroups on for the filesystem at dir: simple quotas
+// where the kernel has them (Linux 6.7+), full qgroups elsewhere, and
+// waits for a full mode's initial rescan so that later sizes are exact.
+// Quotas already on stay in their mode. Simple quotas charge each extent
+// to the subvolume that wrote it, which is what a volume's limit bounds
+// (what its build adds), and cost nothing per shared tree block; full
+// qgroups walk the back references of every block a write to a snapshot
+// unshares, which made a build on a 50,000-file cache 6x slower than on
+// an empty one (BenchmarkSnapshotBuildLargeVsEmpty).
 func enableQuotas(dir string) error {
-	args := btrfsQuotaCtlArgs{Cmd: btrfsQuotaCtlEnable}
 	return withDir(dir, func(fd int) error {
-		if err := btrfsIoctl(fd, btrfsIocQuotaCtl, unsafe.Pointer(&args)); err != nil {
+		args := btrfsQuotaCtlArgs{Cmd: btrfsQuotaCtlSimple}
+		err := btrfsIoctl(fd, btrfsIocQuotaCtl, unsafe.Pointer(&args))
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP) {
+			args = btrfsQuotaCtlArgs{Cmd: btrfsQuotaCtlEnable}
+			err = btrfsIoctl(fd, btrfsIocQuotaCtl, unsafe.Pointer(&args))
+		}
+		if err != nil {
 			return fmt.Errorf("enable btrfs quotas on %s: %w", dir, err)
 		}
 		if err := btrfsIoctl(fd, btrfsIocQuotaRescanWait, nil); err != nil && !errors.Is(err, unix.EINVAL) {
@@ -244,6 +258,24 @@ func enableQuotas(dir string) error {
 		}
 		return nil
 	})
+}
+
+// simpleQuotas tells whether the filesystem at dir keeps simple quotas
+// (its quota status item's flags).
+func simpleQuotas(dir string) (bool, error) {
+	simple := false
+	err := searchTree(dir, btrfsSearchKey{
+		TreeID: btrfsQuotaTreeID, MinType: btrfsQgroupStatusKey, MaxType: btrfsQgroupStatusKey,
+		MaxTransid: ^uint64(0),
+	}, func(h searchHeader, item []byte) {
+		if h.Type == btrfsQgroupStatusKey && len(item) >= 24 {
+			simple = binary.LittleEndian.Uint64(item[16:])&btrfsQgroupSimpleMode != 0
+		}
+	})
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	return simple, err
 }
 
 // limitExclusive bounds what subvolume id (qgroup 0/id) may hold on its
@@ -295,6 +327,9 @@ func qgroups(dir string) ([]qgroupUsage, error) {
 			Excl:       int64(binary.LittleEndian.Uint64(item[24:])),
 		})
 	})
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil // quotas are off: no quota tree
+	}
 	return out, err
 }
 

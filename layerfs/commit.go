@@ -170,6 +170,7 @@ func (s *Store) land(t *txn, layer *LayerInfo) (CommitResult, error) {
 		h.push(*layer, r)
 		if h.Layout == LayoutSnapshot {
 			h.Layers = h.Layers[:1] // one generation holds the whole cache
+			h.Qgroups = s.lineage(h, r)
 		}
 		res.Layer, res.Bytes = layer.ID, layer.Bytes
 	}

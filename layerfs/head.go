@@ -25,6 +25,10 @@ type head struct {
 	// snapshot cache's Layers hold one entry: its head generation, a
 	// read-only subvolume at snapshot/generations/<id>.
 	Layout Layout `json:"layout,omitempty"`
+	// Qgroups are the subvolume ids of the volumes whose commits made a
+	// snapshot cache (with simple quotas, the data is charged to them for
+	// as long as a generation holds it): the cache's size is their sum.
+	Qgroups []uint64 `json:"qgroups,omitempty"`
 }
 
 func (h *head) layerIDs() []string {

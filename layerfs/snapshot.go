@@ -111,11 +111,12 @@ func (s *Store) makeVolumeSubvolume(r *volumeRecord, h *head) error {
 	} else if err := s.makeEmptySubvolume(path, r); err != nil {
 		return err
 	}
+	id, err := subvolumeID(path)
+	if err != nil {
+		return err
+	}
+	r.SubvolID = id
 	if r.LimitBytes > 0 {
-		id, err := subvolumeID(path)
-		if err != nil {
-			return err
-		}
 		if err := limitExclusive(s.snapshotDir(), id, r.LimitBytes); err != nil {
 			return err
 		}

@@ -54,9 +54,63 @@ func (s *Store) sealSnapshot(r *volumeRecord) (*LayerInfo, error) {
 	if err := snapshotSubvolume(path, gen, true); err != nil {
 		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
-	// Bytes: the qgroup's referenced bytes, all the generation holds
-	// (shared or not), as the last transaction counted them.
-	return &LayerInfo{ID: r.Upper, Bytes: usage.Referenced, Created: time.Now().UTC()}, nil
+	bytes, err := s.generationBytes(r, usage)
+	if err != nil {
+		return nil, fmt.Errorf("commit volume %q: measure it: %w", r.ID, err)
+	}
+	return &LayerInfo{ID: r.Upper, Bytes: bytes, Created: time.Now().UTC()}, nil
+}
+
+// generationBytes is the size of the generation a volume is about to
+// become, from qgroup numbers as the last transaction left them. Full
+// qgroups: the volume's referenced bytes, all it holds, shared or not.
+// Simple quotas charge each extent to the subvolume that wrote it: the
+// sum over the cache's lineage (head.Qgroups and this volume). It still
+// counts what this volume deleted until the kernel has freed the old
+// generation in the background (within a commit interval, 30 s): an
+// upper bound, exact at the next commit after that.
+func (s *Store) generationBytes(r *volumeRecord, usage qgroupUsage) (int64, error) {
+	simple, err := simpleQuotas(s.snapshotDir())
+	if err != nil || !simple {
+		return usage.Referenced, err
+	}
+	all, err := qgroups(s.snapshotDir())
+	if err != nil {
+		return 0, err
+	}
+	ids := map[uint64]bool{r.SubvolID: true}
+	if h, err := s.readHead(r.Cache); err == nil && h.UID == r.CacheUID {
+		for _, id := range h.Qgroups {
+			ids[id] = true
+		}
+	}
+	var sum int64
+	for _, q := range all {
+		if ids[q.ID] {
+			sum += q.Referenced
+		}
+	}
+	return sum, nil
+}
+
+// lineage is h.Qgroups with r's subvolume added and the qgroups that are
+// gone or empty (their data freed) left out.
+func (s *Store) lineage(h *head, r *volumeRecord) []uint64 {
+	all, err := qgroups(s.snapshotDir())
+	if err != nil {
+		return append(h.Qgroups, r.SubvolID) // pruned at the next commit
+	}
+	used := map[uint64]bool{}
+	for _, q := range all {
+		used[q.ID] = q.Referenced > 0
+	}
+	var ids []uint64
+	for _, id := range h.Qgroups {
+		if used[id] && id != r.SubvolID {
+			ids = append(ids, id)
+		}
+	}
+	return append(ids, r.SubvolID)
 }
 
 // moveSnapshotControlAside copies the control directory next to the

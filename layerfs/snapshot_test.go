@@ -333,3 +333,29 @@ func TestSnapshotWithoutMkfs(t *testing.T) {
 	mustMount(t, s, "o", "ns/o")
 	assertNoOrphans(t, s)
 }
+
+// A snapshot cache's size follows what its generation holds: it grows
+// with a build's writes and shrinks once a later build deleted them.
+func TestSnapshotBytes(t *testing.T) {
+	s := newSnapshotStore(t, "image")
+	v := mountSnapshot(t, s, "a", "ns/c", MountOptions{})
+	must(t, writeBytes(filepath.Join(v.MergedPath, "big"), 8<<20))
+	grown := mustCommit(t, s, "a").Bytes
+	if grown < 8<<20 || grown > 10<<20 {
+		t.Fatalf("cache with an 8 MiB file takes %d bytes", grown)
+	}
+	w := mountSnapshot(t, s, "b", "ns/c", MountOptions{})
+	must(t, os.Remove(filepath.Join(w.MergedPath, "big")))
+	writeFile(t, filepath.Join(w.MergedPath, "small"), "x")
+	mustCommit(t, s, "b")
+	// The kernel frees the replaced generation in the background; the
+	// next commit counts what is left.
+	run(t, "btrfs", "filesystem", "sync", s.snapshotDir())
+	run(t, "btrfs", "subvolume", "sync", s.snapshotDir())
+	buildSnapshot(t, s, "c", "ns/c", map[string]string{"other": "y"})
+	info, err := s.Inspect(context.Background(), mustRef(t, "ns/c"))
+	must(t, err)
+	if info.Bytes >= 1<<20 {
+		t.Errorf("cache without the 8 MiB file still takes %d bytes", info.Bytes)
+	}
+}

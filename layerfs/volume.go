@@ -31,6 +31,8 @@ type volumeRecord struct {
 	// RootDigest is what a snapshot volume's root listed when it was
 	// made (snapshot_changes.go), to tell a build's changes from none.
 	RootDigest string `json:"rootDigest,omitempty"`
+	// SubvolID is a snapshot volume's subvolume (and qgroup) id.
+	SubvolID uint64 `json:"subvolID,omitempty"`
 	legacyCommit
 }
 

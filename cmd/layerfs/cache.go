@@ -237,6 +237,9 @@ func writeCacheInfo(w io.Writer, format string, info layerfs.CacheInfo, now time
 	t := newTable(w)
 	fmt.Fprintf(t, "Cache:\t%s\n", info.Cache)
 	fmt.Fprintf(t, "Generation:\t%d\n", info.Generation)
+	if l := layoutName(info.Layout); l != string(layerfs.LayoutOverlay) {
+		fmt.Fprintf(t, "Layout:\t%s\n", l) // overlay, the default, goes unsaid
+	}
 	fmt.Fprintf(t, "Layers:\t%d\n", len(info.Layers))
 	fmt.Fprintf(t, "Size:\t%s (%d bytes)\n", v1alpha1.FormatSize(info.Bytes), info.Bytes)
 	fmt.Fprintf(t, "Last used:\t%s\n", formatTime(info.LastUsed, now))
