@@ -108,15 +108,17 @@ func (s *Store) deleteUnnamed(dir string, refs map[string]bool, usage map[uint64
 	return n, freed, nil
 }
 
-// sweepQgroups removes the level-0 qgroups whose subvolume is gone (a
-// crash between a subvolume's deletion and its qgroup's, or a qgroup the
-// kernel still held busy then). A qgroup of a live subvolume (this
-// store's or the host's, on a btrfs root) is never touched: its
-// subvolume's root item still exists.
+// sweepQgroups removes the empty level-0 qgroups whose subvolume is
+// gone (a crash between a subvolume's deletion and its qgroup's, or a
+// qgroup the kernel still held busy then). A qgroup of a live subvolume
+// (this store's or the host's, on a btrfs root) is never touched: its
+// subvolume's root item still exists. Nor is one that still counts
+// bytes: with simple quotas, a committed volume's qgroup carries the data
+// it wrote for as long as a generation holds it (head.Qgroups).
 func (s *Store) sweepQgroups(usage map[uint64]qgroupUsage) {
-	for id := range usage {
-		if id < btrfsFirstFreeObjectID || id>>48 != 0 {
-			continue // not a subvolume's qgroup
+	for id, q := range usage {
+		if id < btrfsFirstFreeObjectID || id>>48 != 0 || q.Referenced != 0 || q.Excl != 0 {
+			continue // not a subvolume's qgroup, or still in use
 		}
 		if live, err := subvolumeExists(s.snapshotDir(), id); err != nil || live {
 			continue
