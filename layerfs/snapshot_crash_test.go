@@ -60,42 +60,48 @@ var snapshotCrashOps = []crashOp{
 
 func TestSnapshotCrashAtEveryStep(t *testing.T) {
 	requireBtrfs(t)
-	ctx := context.Background()
 	for _, op := range snapshotCrashOps {
-		t.Run(op.name, func(t *testing.T) {
-			ref := newSnapshotStore(t, "image")
-			op.setup(t, ref)
-			before := observe(t, ref)
-			must(t, op.run(ctx, ref))
-			after := observe(t, ref)
-			crashes := 0
-			for at := 1; at < 200; at++ {
-				s := newSnapshotStore(t, "image")
-				op.setup(t, s)
-				killed := runCrashChild(t, op.name, s.Root(), at)
-				if got := observe(t, s); !got.matches(before) && !got.matches(after) {
-					t.Fatalf("crash at step %d: cache is neither old (%+v) nor new (%+v): %+v", at, before, after, got)
-				}
-				if _, err := s.Recover(ctx); err != nil {
-					t.Fatalf("crash at step %d: Recover: %v", at, err)
-				}
-				if got := observe(t, s); !got.matches(before) && !got.matches(after) {
-					t.Fatalf("crash at step %d: after Recover the cache is neither old nor new: %+v", at, got)
-				}
-				finishPending(t, s)
-				if got := observe(t, s); op.name == "snapshot-commit" && !got.matches(after) {
-					t.Fatalf("crash at step %d: the retried commit did not land: %+v", at, got)
-				}
-				assertNoOrphans(t, s)
-				if !killed {
-					break
-				}
-				crashes++
-			}
-			if crashes < 2 {
-				t.Fatalf("only %d crash points exercised", crashes)
-			}
-			t.Logf("%s: recovered from a crash at each of %d steps", op.name, crashes)
-		})
+		for _, kind := range snapshotRoots {
+			t.Run(op.name+"/"+kind, func(t *testing.T) { crashSnapshotOp(t, op, kind) })
+		}
 	}
+}
+
+// crashSnapshotOp kills op at each of its steps in turn on a store of
+// the given kind of root, and checks what Recover makes of it.
+func crashSnapshotOp(t *testing.T, op crashOp, kind string) {
+	ctx := context.Background()
+	ref := newSnapshotStore(t, kind)
+	op.setup(t, ref)
+	before := observe(t, ref)
+	must(t, op.run(ctx, ref))
+	after := observe(t, ref)
+	crashes := 0
+	for at := 1; at < 200; at++ {
+		s := newSnapshotStore(t, kind)
+		op.setup(t, s)
+		killed := runCrashChild(t, op.name, s.Root(), at)
+		if got := observe(t, s); !got.matches(before) && !got.matches(after) {
+			t.Fatalf("crash at step %d: cache is neither old (%+v) nor new (%+v): %+v", at, before, after, got)
+		}
+		if _, err := s.Recover(ctx); err != nil {
+			t.Fatalf("crash at step %d: Recover: %v", at, err)
+		}
+		if got := observe(t, s); !got.matches(before) && !got.matches(after) {
+			t.Fatalf("crash at step %d: after Recover the cache is neither old nor new: %+v", at, got)
+		}
+		finishPending(t, s)
+		if got := observe(t, s); op.name == "snapshot-commit" && !got.matches(after) {
+			t.Fatalf("crash at step %d: the retried commit did not land: %+v", at, got)
+		}
+		assertNoOrphans(t, s)
+		if !killed {
+			break
+		}
+		crashes++
+	}
+	if crashes < 2 {
+		t.Fatalf("only %d crash points exercised", crashes)
+	}
+	t.Logf("%s (%s root): recovered from a crash at each of %d steps", op.name, kind, crashes)
 }
