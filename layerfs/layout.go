@@ -16,7 +16,10 @@ const (
 	// LayoutSnapshot keeps a cache as a read-only btrfs subvolume; a
 	// volume is a writable snapshot of it, so overlay-based storage
 	// (BuildKit, podman, Docker) can live in it, and a size limit is
-	// enforced live (a qgroup).
+	// enforced live (a qgroup). Its subvolumes live in <root>/snapshot
+	// (snapshot_area.go). On a btrfs root, the first snapshot mount turns
+	// quotas on for that whole filesystem (simple quotas where the kernel
+	// has them, see enableQuotas); quotas already on keep their mode.
 	LayoutSnapshot Layout = "snapshot"
 )
 

@@ -97,8 +97,10 @@ func (s *Store) makeSnapshotVolumeDirs(r *volumeRecord) error {
 }
 
 // makeVolumeSubvolume makes the volume's writable subvolume from h's
-// generation (empty for a cache without one, with the root's owner and
-// mode from the record), sets its size limit and records its root.
+// generation (empty for a cache without one), gives its root the owner
+// and mode the record asks for (as an overlay volume's root shows its
+// upper directory's, whatever the cache's root was), sets its size limit
+// and records its root.
 func (s *Store) makeVolumeSubvolume(r *volumeRecord, h *head) error {
 	path := s.snapVolumePath(r.ID)
 	if err := deleteSubvolume(path); err != nil { // a crashed attempt's
@@ -108,7 +110,13 @@ func (s *Store) makeVolumeSubvolume(r *volumeRecord, h *head) error {
 		if err := snapshotSubvolume(s.generationPath(h.Layers[0].ID), path, false); err != nil {
 			return err
 		}
-	} else if err := s.makeEmptySubvolume(path, r); err != nil {
+	} else if err := makeEmptySubvolume(path); err != nil {
+		return err
+	}
+	if err := os.Chown(path, r.RootUID, r.RootGID); err != nil {
+		return err
+	}
+	if err := os.Chmod(path, r.RootMode); err != nil {
 		return err
 	}
 	id, err := subvolumeID(path)
@@ -129,14 +137,8 @@ func (s *Store) makeVolumeSubvolume(r *volumeRecord, h *head) error {
 	return nil
 }
 
-func (s *Store) makeEmptySubvolume(path string, r *volumeRecord) error {
+func makeEmptySubvolume(path string) error {
 	if err := createSubvolume(path); err != nil {
-		return err
-	}
-	if err := os.Chown(path, r.RootUID, r.RootGID); err != nil {
-		return err
-	}
-	if err := os.Chmod(path, r.RootMode); err != nil {
 		return err
 	}
 	// Unlike a snapshot, a new subvolume does not commit a transaction:

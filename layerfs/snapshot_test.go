@@ -47,9 +47,16 @@ func TestSnapshotMountCommitRemount(t *testing.T) {
 			if info.Layout != LayoutSnapshot || len(info.Layers) != 1 || info.Bytes != res.Bytes {
 				t.Errorf("Inspect = %+v, want the snapshot layout, one generation of %d bytes", info, res.Bytes)
 			}
-			w := mountSnapshot(t, s, "b", "ns/c", MountOptions{})
+			w := mountSnapshot(t, s, "b", "ns/c", MountOptions{UID: 3000, GID: 3000, Mode: 0o770})
 			if got := readFile(t, filepath.Join(w.MergedPath, "dir", "f")); got != "1" {
 				t.Errorf("remount shows %q, want 1", got)
+			}
+			must(t, unix.Stat(w.MergedPath, &st))
+			if st.Uid != 3000 || st.Gid != 3000 || st.Mode&0o7777 != 0o770 {
+				t.Errorf("a volume of an existing cache has root %o %d:%d, want 0770 3000:3000 as asked", st.Mode, st.Uid, st.Gid)
+			}
+			if changed, err := s.HasChanges(ctx, "b"); err != nil || changed {
+				t.Errorf("HasChanges of a volume only mounted = %v, %v; want false", changed, err)
 			}
 			gens, vols := subvolumes(t, s)
 			if len(gens) != 1 || len(vols) != 1 {
