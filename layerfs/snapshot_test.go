@@ -366,3 +366,34 @@ func TestSnapshotBytes(t *testing.T) {
 		t.Errorf("cache without the 8 MiB file still takes %d bytes", info.Bytes)
 	}
 }
+
+// After the image's mount is gone (a reboot, or the node agent's
+// container restarted without it), Open mounts the image again and
+// Recover remounts the volumes; a second Open changes nothing.
+func TestSnapshotImageRemountedAtOpen(t *testing.T) {
+	ctx := context.Background()
+	s := newSnapshotStore(t, "image")
+	buildSnapshot(t, s, "base", "ns/c", map[string]string{"f": "1"})
+	v := mountSnapshot(t, s, "v", "ns/c", MountOptions{})
+	writeFile(t, filepath.Join(v.MergedPath, "g"), "2")
+	must(t, unmountAll(s.Root()))
+	if isBtrfs(s.snapshotDir()) {
+		t.Fatal("the image is still mounted")
+	}
+	for range 2 {
+		again, err := Open(ctx, Options{Root: s.Root()})
+		must(t, err)
+		if _, err := again.Recover(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := readFile(t, filepath.Join(v.MergedPath, "g")); got != "2" {
+			t.Errorf("remounted volume shows g = %q, want 2", got)
+		}
+		s = again
+	}
+	mustCommit(t, s, "v")
+	if got := view(t, s, "ns/c"); len(got) != 3 {
+		t.Errorf("cache shows %v, want f and g", got)
+	}
+	assertNoOrphans(t, s)
+}
