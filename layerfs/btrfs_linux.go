@@ -205,8 +205,24 @@ func deleteSubvolume(path string) error {
 	if err != nil {
 		return fmt.Errorf("delete btrfs subvolume %s: %w", path, err)
 	}
-	destroyQgroup(filepath.Dir(path), id) // best effort; see sweepQgroups
+	destroyEmptyQgroup(filepath.Dir(path), id) // best effort; see sweepQgroups
 	return nil
+}
+
+// destroyEmptyQgroup removes qgroup 0/id if it counts no bytes. With
+// simple quotas a deleted volume's qgroup keeps counting the data a
+// generation still holds (a cache's size is the sum of those), and a
+// kernel that would let it go then must not be asked to.
+func destroyEmptyQgroup(dir string, id uint64) {
+	all, err := qgroups(dir)
+	if err != nil {
+		return
+	}
+	for _, q := range all {
+		if q.ID == id && q.Referenced == 0 && q.Excl == 0 {
+			destroyQgroup(dir, id)
+		}
+	}
 }
 
 // subvolumeID is the tree id of the subvolume whose root is path.
