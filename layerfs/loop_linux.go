@@ -12,6 +12,9 @@ import (
 // Loop devices through ioctls, so that the node agent's image needs no
 // losetup or mount(8).
 
+// loopMajor is the loop driver's block device major number.
+const loopMajor = 7
+
 // loopAttachAttempts bounds the retries when another process takes the
 // free loop device between LOOP_CTL_GET_FREE and LOOP_CONFIGURE.
 const loopAttachAttempts = 20
@@ -37,6 +40,9 @@ func attachLoop(image string) (dev string, f *os.File, err error) {
 			return "", nil, fmt.Errorf("find a free loop device: %w", err)
 		}
 		dev = fmt.Sprintf("/dev/loop%d", n)
+		if err := ensureBlockNode(dev, loopMajor, uint32(n)); err != nil {
+			return "", nil, err
+		}
 		f, err = configureLoop(dev, img)
 		if errors.Is(err, unix.EBUSY) {
 			time.Sleep(10 * time.Millisecond) // taken meanwhile; ask again
@@ -78,6 +84,29 @@ func setLoopFd(f, img *os.File, info unix.LoopInfo64) error {
 	if err := unix.IoctlLoopSetStatus64(int(f.Fd()), &info); err != nil {
 		unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0)
 		return err
+	}
+	return nil
+}
+
+// ensureBlockNode makes the block device node path (major:minor) if it is
+// missing. A container's /dev is a copy made when the container started:
+// LOOP_CTL_GET_FREE may hand out a loop device created later (when the
+// host's first ones are taken), which the agent's container has no node
+// for.
+func ensureBlockNode(path string, major, minor uint32) error {
+	var st unix.Stat_t
+	err := unix.Stat(path, &st)
+	switch {
+	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK && st.Rdev == unix.Mkdev(major, minor):
+		return nil
+	case err == nil:
+		return fmt.Errorf("%s is not block device %d:%d (mode %o, device %d:%d): remove it, or give the agent the host's /dev",
+			path, major, minor, st.Mode, unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	case !errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("stat %s: %w", path, err)
+	}
+	if err := unix.Mknod(path, unix.S_IFBLK|0o660, int(unix.Mkdev(major, minor))); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("create the node of loop device %s (%d:%d): %w (run the agent privileged)", path, major, minor, err)
 	}
 	return nil
 }

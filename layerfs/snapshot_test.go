@@ -397,3 +397,30 @@ func TestSnapshotImageRemountedAtOpen(t *testing.T) {
 	}
 	assertNoOrphans(t, s)
 }
+
+// TestDamagedSnapshotImageSparesOverlay: a snapshot image that cannot be
+// mounted again does not take the store down. Open succeeds and overlay
+// caches work; a snapshot mount fails naming the image.
+func TestDamagedSnapshotImageSparesOverlay(t *testing.T) {
+	ctx := context.Background()
+	s := newSnapshotStore(t, "image")
+	buildSnapshot(t, s, "base", "ns/snap", map[string]string{"f": "1"})
+	must(t, unmountAll(s.Root()))
+	// Zero the superblock (64 KiB in): the kernel no longer sees btrfs.
+	f, err := os.OpenFile(s.snapshotImage(), os.O_WRONLY, 0)
+	must(t, err)
+	_, err = f.WriteAt(make([]byte, 4096), 64<<10)
+	must(t, errors.Join(err, f.Close()))
+
+	again, err := Open(ctx, Options{Root: s.Root()})
+	if err != nil {
+		t.Fatalf("Open with a damaged snapshot image: %v; want the store open for overlay caches", err)
+	}
+	merged := mustMount(t, again, "overlay", "ns/plain")
+	writeFile(t, filepath.Join(merged, "f"), "ok")
+	mustCommit(t, again, "overlay")
+	_, err = again.Mount(ctx, "snap", MountOptions{Cache: CacheRef{"ns", "snap"}, Layout: LayoutSnapshot})
+	if err == nil || !strings.Contains(err.Error(), s.snapshotImage()) {
+		t.Errorf("snapshot mount on a damaged image: %v, want an error naming %s", err, s.snapshotImage())
+	}
+}

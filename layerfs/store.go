@@ -54,10 +54,11 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	// After a reboot the snapshot area's image is no longer mounted;
 	// snapshot caches must be there before Recover or a mount needs them.
+	// A failure here does not fail Open: overlay caches must not go down
+	// with a damaged btrfs image. Every use of a snapshot cache (mount,
+	// commit, Recover, the sweep) tries again and reports the error.
 	if s.hasSnapshotArea() {
-		if err := s.ensureSnapshotArea(ctx); err != nil {
-			return nil, err
-		}
+		_ = s.ensureSnapshotArea(ctx)
 	}
 	s.refillReserve()
 	return s, nil
