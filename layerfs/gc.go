@@ -13,8 +13,9 @@ import (
 
 // GC removes caches unused for longer than opts.MaxAge, then the least
 // recently used caches while the store holds more than opts.MaxBytes or
-// its filesystem has less free space than opts.MinFreeBytes or
-// opts.MinFreePercent, then every layer no cache or volume references.
+// the filesystem they live on (spaceOf) has less free space than
+// opts.MinFreeBytes or opts.MinFreePercent, then every layer no cache or
+// volume references.
 // Caches a writable volume uses are kept; that is decided under each
 // cache's lock.
 func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
@@ -35,7 +36,7 @@ func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 	for i, c := range infos {
 		expired := opts.MaxAge > 0 && now.Sub(c.LastUsed) > opts.MaxAge
 		over := opts.MaxBytes > 0 && total > opts.MaxBytes
-		low, err := s.lowOnSpace(opts)
+		low, err := s.lowOnSpace(opts, s.spaceOf(c.Layout))
 		if err != nil {
 			return res, err
 		}
@@ -81,15 +82,26 @@ func (o GCOptions) validate() error {
 	return nil
 }
 
-// lowOnSpace tells whether the store's filesystem has less free space (for
+// spaceOf is where caches of layout take their space: the store root's
+// filesystem, or for snapshot caches the btrfs area, which is the image's
+// own filesystem when the root is not btrfs. An image runs short on its
+// own, however much the host has free, and only its caches can help.
+func (s *Store) spaceOf(layout Layout) string {
+	if layout.orDefault() == LayoutSnapshot {
+		return s.snapshotDir()
+	}
+	return s.root
+}
+
+// lowOnSpace tells whether the filesystem of path has less free space (for
 // root: statfs f_bavail) than opts ask for.
-func (s *Store) lowOnSpace(opts GCOptions) (bool, error) {
+func (s *Store) lowOnSpace(opts GCOptions, path string) (bool, error) {
 	if opts.MinFreeBytes == 0 && opts.MinFreePercent == 0 {
 		return false, nil
 	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(s.root, &st); err != nil {
-		return false, fmt.Errorf("measure free space of %s: %w", s.root, err)
+	if err := unix.Statfs(path, &st); err != nil {
+		return false, fmt.Errorf("measure free space of %s: %w", path, err)
 	}
 	free := float64(st.Bavail) * float64(st.Bsize)
 	size := float64(st.Blocks) * float64(st.Bsize)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -423,4 +424,42 @@ func TestDamagedSnapshotImageSparesOverlay(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), s.snapshotImage()) {
 		t.Errorf("snapshot mount on a damaged image: %v, want an error naming %s", err, s.snapshotImage())
 	}
+}
+
+// TestSnapshotImageShortOfSpace: free-space eviction measures the btrfs
+// image for snapshot caches, not the host's filesystem: a full image loses
+// its least recently used snapshot cache while overlay caches, on a host
+// with room, stay.
+func TestSnapshotImageShortOfSpace(t *testing.T) {
+	ctx := context.Background()
+	s := newSnapshotStore(t, "image")
+	buildSnapshot(t, s, "old", "ns/old", map[string]string{"f": "1"})
+	v := mountSnapshot(t, s, "big", "ns/big", MountOptions{})
+	must(t, writeBytes(filepath.Join(v.MergedPath, "blob"), 400<<20))
+	mustCommit(t, s, "big")
+	merged := mustMount(t, s, "overlay", "ns/plain")
+	writeFile(t, filepath.Join(merged, "f"), "1")
+	mustCommit(t, s, "overlay")
+
+	var image, host unix.Statfs_t
+	must(t, unix.Statfs(s.snapshotDir(), &image))
+	must(t, unix.Statfs(s.Root(), &host))
+	imageFree, hostFree := int64(image.Bavail)*image.Bsize, int64(host.Bavail)*host.Bsize
+	if imageFree >= hostFree || imageFree > testImageBytes-(400<<20) {
+		t.Fatalf("the image has %d bytes free and the host %d: the test needs a fuller image than host", imageFree, hostFree)
+	}
+	// More free than the image has, far less than the host has.
+	res, err := s.GC(ctx, GCOptions{MinFreeBytes: imageFree + 300<<20})
+	must(t, err)
+	if len(res.RemovedCaches) == 0 || res.RemovedCaches[0] != mustRef(t, "ns/old") {
+		t.Errorf("GC removed %v, want the least recently used snapshot cache ns/old first", res.RemovedCaches)
+	}
+	if slices.Contains(res.RemovedCaches, mustRef(t, "ns/plain")) {
+		t.Errorf("GC removed the overlay cache ns/plain though the host has %d bytes free", hostFree)
+	}
+	if got := view(t, s, "ns/plain"); got["f"] == "" {
+		t.Errorf("overlay cache shows %v after GC, want its file f", got)
+	}
+	t.Logf("GC on an image with %d MiB free (want %d MiB): removed %v", imageFree>>20, (imageFree+300<<20)>>20, res.RemovedCaches)
+	assertNoOrphans(t, s)
 }
