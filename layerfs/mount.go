@@ -209,16 +209,7 @@ func (s *Store) newVolume(t *txn, id string, opts MountOptions) (err error) {
 // upper directory, which takes the volume root's owner and mode (the
 // merged root shows the upper root's).
 func (s *Store) makeVolumeDirs(r *volumeRecord) error {
-	// What a crash left of an earlier volume of this name goes first.
-	if exists(s.volumeDir(r.ID)) {
-		if err := unmountAll(s.volumeDir(r.ID)); err != nil {
-			return err
-		}
-		if err := os.RemoveAll(s.volumeDir(r.ID)); err != nil {
-			return err
-		}
-	}
-	if err := os.Mkdir(s.volumeDir(r.ID), 0o755); err != nil {
+	if err := s.freshVolumeDir(r.ID); err != nil {
 		return err
 	}
 	upper := s.upperDir(r)
@@ -247,4 +238,18 @@ func (t *txn) touchHead() {
 		return // recent enough for GC; spare the hot path two fsyncs
 	}
 	t.Head.LastUsed = now
+}
+
+// freshVolumeDir creates volumes/<id>, after removing what a crash left of
+// an earlier volume of this name.
+func (s *Store) freshVolumeDir(id string) error {
+	if exists(s.volumeDir(id)) {
+		if err := unmountAll(s.volumeDir(id)); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(s.volumeDir(id)); err != nil {
+			return err
+		}
+	}
+	return os.Mkdir(s.volumeDir(id), 0o755)
 }

@@ -82,15 +82,7 @@ func (s *Store) newSnapshotVolume(t *txn, id string, opts MountOptions) (err err
 // makeSnapshotVolumeDirs creates volumes/<id>/merged, after removing
 // what a crash left of an earlier volume of this name.
 func (s *Store) makeSnapshotVolumeDirs(r *volumeRecord) error {
-	if exists(s.volumeDir(r.ID)) {
-		if err := unmountAll(s.volumeDir(r.ID)); err != nil {
-			return err
-		}
-		if err := os.RemoveAll(s.volumeDir(r.ID)); err != nil {
-			return err
-		}
-	}
-	if err := os.Mkdir(s.volumeDir(r.ID), 0o755); err != nil {
+	if err := s.freshVolumeDir(r.ID); err != nil {
 		return err
 	}
 	return os.Mkdir(r.MergedPath, 0o755)

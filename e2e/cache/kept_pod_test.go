@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/layercache/layercache/api/v1alpha1"
 )
 
 // keptPodWatch is how long TestKeptJobPodIsQuiet watches a namespace
@@ -23,9 +25,19 @@ const keptPodWatch = 10 * time.Minute
 // The build runs as a non-root user, as CI builds do. The Job is left as a
 // user leaves it; for keptPodWatch the namespace's claims, PVs and Events
 // must stay exactly as they were once the volume ended: the same objects,
-// untouched (same resourceVersion), and no new Event.
+// untouched (same resourceVersion), and no new Event. Both layouts, side
+// by side.
 func TestKeptJobPodIsQuiet(t *testing.T) {
 	t.Parallel()
+	for _, class := range []string{v1alpha1.StorageClassName, v1alpha1.SnapshotStorageClassName} {
+		t.Run(class, func(t *testing.T) {
+			t.Parallel()
+			keptJobPodIsQuiet(t, class)
+		})
+	}
+}
+
+func keptJobPodIsQuiet(t *testing.T, class string) {
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(t.Context(), keptPodWatch+2*time.Minute+scenarioTimeout)
 	defer cancel()
@@ -33,6 +45,7 @@ func TestKeptJobPodIsQuiet(t *testing.T) {
 
 	job := e.cacheJob("kept", cacheAnnotations(cacheName), "id -u > /cache/uid && echo built > /cache/out")
 	job.Spec.Template.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: new(int64(1000)), RunAsGroup: new(int64(1000)), RunAsNonRoot: new(true)}
+	useClass(&job.Spec.Template.Spec, class, "1Gi")
 	pod := e.runJob(ctx, job)
 	e.expectVolumeEnd(ctx, pod.Name, "Committed")
 	e.waitGeneration(ctx, cacheName, 1)
@@ -41,7 +54,9 @@ func TestKeptJobPodIsQuiet(t *testing.T) {
 	// its pod asynchronously; let those land first.
 	e.ExpectQuiet(ctx, 2*time.Minute, keptPodWatch)
 
-	check := e.runPod(ctx, e.cachePod("check", cacheAnnotations(cacheName), "cat /cache/uid /cache/out"), corev1.PodSucceeded)
+	check := e.cachePod("check", cacheAnnotations(cacheName), "cat /cache/uid /cache/out")
+	useClass(&check.Spec, class, "1Gi")
+	check = e.runPod(ctx, check, corev1.PodSucceeded)
 	if got, want := e.logs(ctx, check.Name), "1000\nbuilt\n"; got != want {
 		t.Errorf("the next pod reads %q from the cache, want %q", got, want)
 	}
