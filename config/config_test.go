@@ -246,6 +246,9 @@ func TestE2EOverlay(t *testing.T) {
 	if !hasNodeName {
 		t.Errorf("the e2e overlay dropped NODE_NAME")
 	}
+	if args := ds.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--gc-min-free-percent=1") {
+		t.Errorf("node agent args %q: want --gc-min-free-percent=1, so that a shared disk's low free space does not evict the scenarios' caches", args)
+	}
 }
 
 // With several nodes on one host network the node agents must not bind
