@@ -67,6 +67,13 @@ type MountOptions struct {
 	// Layout of a new cache ("" means overlay). Mounting an existing
 	// cache with another layout fails with ErrLayoutMismatch.
 	Layout Layout
+	// Fallbacks are caches to start from, tried in order, while Cache has
+	// no generation on this node: the volume's lower layers are the first
+	// fallback's layers at its current generation (shared, never copied),
+	// and its commit creates Cache with its layer on top of exactly those
+	// (seed.go). Once Cache has a generation they are ignored. A fallback
+	// equal to Cache is skipped. At most MaxFallbacks; overlay layout only.
+	Fallbacks []CacheRef
 }
 
 // Volume is a provisioned copy-on-write view of a cache.
@@ -93,6 +100,9 @@ type Volume struct {
 	Torn bool `json:"torn,omitempty"`
 	// Layout of the volume's cache.
 	Layout Layout `json:"layout,omitempty"`
+	// SeededFrom is the fallback the volume started from, when its cache
+	// had no generation; nil if it started from its own cache (or empty).
+	SeededFrom *Seed `json:"seededFrom,omitempty"`
 }
 
 // CommitResult tells what a Commit did.
@@ -115,6 +125,9 @@ type CommitResult struct {
 	// its LimitBytes: the volume was discarded instead of committed, and
 	// the cache is unchanged.
 	OverLimit bool `json:"overLimit,omitempty"`
+	// SeededFrom is set when this commit created the cache on top of a
+	// fallback's layers (see MountOptions.Fallbacks); nil otherwise.
+	SeededFrom *Seed `json:"seededFrom,omitempty"`
 }
 
 // LayerInfo describes one committed layer.
@@ -142,13 +155,18 @@ type CacheInfo struct {
 	Cache      CacheRef    `json:"cache"`
 	Generation int64       `json:"generation"`
 	Layers     []LayerInfo `json:"layers"` // newest first
-	Bytes      int64       `json:"bytes"`
-	LastUsed   time.Time   `json:"lastUsed"`
-	LastWriter string      `json:"lastWriter,omitempty"`
-	Volumes    []string    `json:"volumes,omitempty"` // volumes using the cache
+	// Bytes is the sum of the cache's layers, including layers it shares
+	// with other caches (a seeded cache and its fallback): summing Bytes
+	// over caches counts a shared layer more than once. GC counts it once.
+	Bytes      int64     `json:"bytes"`
+	LastUsed   time.Time `json:"lastUsed"`
+	LastWriter string    `json:"lastWriter,omitempty"`
+	Volumes    []string  `json:"volumes,omitempty"` // volumes using the cache
 	// Layout of the cache; a snapshot cache reports its one generation
 	// as its one layer.
 	Layout Layout `json:"layout,omitempty"`
+	// SeededFrom is the fallback the cache was created on top of, if any.
+	SeededFrom *Seed `json:"seededFrom,omitempty"`
 }
 
 // SquashResult tells what a Squash did.

@@ -168,7 +168,7 @@ func cacheInfo(h *head, volumes []string) CacheInfo {
 	return CacheInfo{
 		Cache: h.Cache, Generation: h.Generation, Layers: h.Layers, Bytes: h.bytes(),
 		LastUsed: h.LastUsed, LastWriter: h.LastWriter, Volumes: volumes,
-		Layout: h.Layout.orDefault(),
+		Layout: h.Layout.orDefault(), SeededFrom: h.SeededFrom,
 	}
 }
 

@@ -156,10 +156,17 @@ func (s *Store) moveControlAside(id, upper string) error {
 // land appends the sealed layer to the head and removes the volume, in one
 // save: the head's write is the commit's one point of no return.
 func (s *Store) land(t *txn, layer *LayerInfo) (CommitResult, error) {
-	r, h := t.Volume, t.Head
+	r := t.Volume
 	res := CommitResult{Cache: r.Cache}
 	t.Volume = nil
-	if h == nil || h.UID != r.CacheUID {
+	if r.SeededFrom != nil && layer != nil && t.landSeeded(r) {
+		res.SeededFrom = r.SeededFrom
+	}
+	h := t.Head
+	if h == nil && r.SeededFrom != nil {
+		return res, t.save() // no changes: a seeded volume creates nothing
+	}
+	if h == nil || (h.UID != r.CacheUID && r.SeededFrom == nil) {
 		// The cache was removed while the volume was in use: the removal
 		// asked for its contents to go, so this volume's changes go too.
 		res.Dropped = true
@@ -252,7 +259,7 @@ func (s *Store) Discard(ctx context.Context, volumeID string) error {
 func (s *Store) sweepIfOrphaned(r *volumeRecord) {
 	h, err := s.readHead(r.Cache)
 	for _, id := range r.Layers {
-		if err != nil || !h.hasLayer(id) {
+		if (err != nil || !h.hasLayer(id)) && !s.seedNames(r, id) {
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel() // one attempt at the lock, no waiting
 			s.sweepLayers(ctx)

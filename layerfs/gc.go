@@ -28,14 +28,11 @@ func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 		return res, err
 	}
 	sort.Slice(infos, func(i, j int) bool { return infos[i].LastUsed.Before(infos[j].LastUsed) })
-	var total int64
-	for _, c := range infos {
-		total += c.Bytes
-	}
+	size := newStoreSize(infos)
 	now := time.Now()
 	for i, c := range infos {
 		expired := opts.MaxAge > 0 && now.Sub(c.LastUsed) > opts.MaxAge
-		over := opts.MaxBytes > 0 && total > opts.MaxBytes
+		over := opts.MaxBytes > 0 && size.total > opts.MaxBytes
 		low, err := s.lowOnSpace(opts, s.spaceOf(c.Layout))
 		if err != nil {
 			return res, err
@@ -51,7 +48,7 @@ func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 		if !removed {
 			continue
 		}
-		total -= c.Bytes
+		size.remove(c)
 		res.RemovedCaches = append(res.RemovedCaches, c.Cache)
 		s.progress(Progress{Op: "gc", Cache: c.Cache.String(), Done: int64(i + 1), Total: int64(len(infos))})
 		if low {
@@ -70,6 +67,35 @@ func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 	res.FreedBytes += swept.FreedBytes
 	s.refillReserve()
 	return res, err
+}
+
+// storeSize is what the caches take together, counting a layer that
+// several caches share (a seeded cache and its fallback) once: removing
+// one of them frees only the layers no other cache names.
+type storeSize struct {
+	total int64
+	users map[string]int // layer id -> caches naming it
+}
+
+func newStoreSize(infos []CacheInfo) *storeSize {
+	s := &storeSize{users: map[string]int{}}
+	for _, c := range infos {
+		for _, l := range c.Layers {
+			if s.users[l.ID]++; s.users[l.ID] == 1 {
+				s.total += l.Bytes
+			}
+		}
+	}
+	return s
+}
+
+// remove takes a removed cache's layers out of the count.
+func (s *storeSize) remove(c CacheInfo) {
+	for _, l := range c.Layers {
+		if s.users[l.ID]--; s.users[l.ID] == 0 {
+			s.total -= l.Bytes
+		}
+	}
 }
 
 func (o GCOptions) validate() error {

@@ -29,6 +29,9 @@ type head struct {
 	// snapshot cache (with simple quotas, the data is charged to them for
 	// as long as a generation holds it): the cache's size is their sum.
 	Qgroups []uint64 `json:"qgroups,omitempty"`
+	// SeededFrom is the fallback whose layers the cache was created on
+	// (seed.go); they stay at the bottom of Layers until a squash.
+	SeededFrom *Seed `json:"seededFrom,omitempty"`
 }
 
 func (h *head) layerIDs() []string {

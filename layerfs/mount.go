@@ -76,6 +76,9 @@ func (o MountOptions) Validate() error {
 	if o.LimitBytes < 0 {
 		return fmt.Errorf("volume size limit %d is negative: use a number of bytes, or 0 for no limit", o.LimitBytes)
 	}
+	if err := o.validateFallbacks(); err != nil {
+		return err
+	}
 	if o.Mode&^rootModeBits != 0 {
 		return fmt.Errorf("volume root mode 0%o is not allowed: use permission bits, optionally with setgid or sticky, like 0777, 0755, 02775 or 01777 (setuid means nothing on a directory)", unixMode(o.Mode))
 	}
@@ -167,17 +170,24 @@ func (s *Store) newVolume(t *txn, id string, opts MountOptions) (err error) {
 	if opts.Layout.orDefault() == LayoutSnapshot {
 		return s.newSnapshotVolume(t, id, opts)
 	}
-	t.touchHead()
-	h := t.Head
+	seed, seedLayers, err := s.seedFor(t, opts)
+	if err != nil {
+		return fmt.Errorf("create volume %q: %w", id, err)
+	}
 	r := &volumeRecord{
 		Volume: Volume{
 			ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
-			BaseGeneration: h.Generation, Layers: h.layerIDs(), Created: time.Now().UTC(),
-			LimitBytes: opts.LimitBytes, MergedPath: s.mergedDir(id),
+			Created: time.Now().UTC(), LimitBytes: opts.LimitBytes, MergedPath: s.mergedDir(id),
 		},
-		CacheUID: h.UID, Upper: randomID(), BootID: bootID(),
+		Upper: randomID(), BootID: bootID(),
 		RootMode: opts.Mode, RootUID: opts.UID, RootGID: opts.GID,
 		AllowSetuid: opts.AllowSetuid, AllowDevices: opts.AllowDevices,
+	}
+	if seed != nil {
+		t.seedVolume(r, seed, seedLayers)
+	} else {
+		t.touchHead()
+		r.BaseGeneration, r.Layers, r.CacheUID = t.Head.Generation, t.Head.layerIDs(), t.Head.UID
 	}
 	defer func() {
 		if err != nil {

@@ -33,6 +33,11 @@ type volumeRecord struct {
 	RootDigest string `json:"rootDigest,omitempty"`
 	// SubvolID is a snapshot volume's subvolume (and qgroup) id.
 	SubvolID uint64 `json:"subvolID,omitempty"`
+	// SeedLayers are the fallback's layers (as Layers, with their sizes)
+	// that a seeded volume's commit puts under its layer when it creates
+	// the cache: the fallback may be squashed or removed meanwhile, and
+	// the record naming them is what keeps them (see seed.go).
+	SeedLayers []LayerInfo `json:"seedLayers,omitempty"`
 	legacyCommit
 }
 
@@ -66,8 +71,10 @@ func (s *Store) volumeSpec(r *volumeRecord) mountSpec {
 
 // landedIn tells whether the volume's upper directory is a layer of h: the
 // volume was committed, and only its record remains.
+// A seeded volume may land on a head made after it was mounted, whose
+// UID it cannot know (see land); its upper layer's random id alone tells.
 func (r *volumeRecord) landedIn(h *head) bool {
-	return h != nil && r.Upper != "" && h.UID == r.CacheUID && h.hasLayer(r.Upper)
+	return h != nil && r.Upper != "" && (h.UID == r.CacheUID || r.SeededFrom != nil) && h.hasLayer(r.Upper)
 }
 
 // readVolumeRecord reads a volume's record as it is on disk.

@@ -1,0 +1,184 @@
+package layerfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Seeding: a cache with no generation on this node may start from a
+// fallback's layers (MountOptions.Fallbacks), the restore-keys rule of CI
+// caches. Layers are immutable once a head names them, so the volume
+// mounts the fallback's layer directories as they are, and its commit
+// creates the cache with its own layer on top of the same ids: nothing is
+// copied. Sharing needs no reference counts: a layer exists iff a head or
+// a volume record names it (referencedLayers), so a layer both heads name
+// outlives the removal or squash of either, and the seeded volume's record
+// (Layers and SeedLayers) keeps the seed alive until its commit's head
+// names it. The record, with the seed, is written atomically before the
+// volume mounts (newVolume), as every record is.
+
+// MaxFallbacks is how many fallbacks a volume may name.
+const MaxFallbacks = 5
+
+// fallbackLockWait bounds the wait for a fallback's lock. A mount holds its
+// own cache's lock while it reads a fallback's head, so two mounts whose
+// caches fall back to each other could otherwise wait on each other for
+// ever; past the bound the unlocked read stands (heads are replaced whole
+// by rename, so it is one whole generation).
+const fallbackLockWait = 2 * time.Second
+
+// Seed is what a volume or cache started from: a fallback cache at one of
+// its generations.
+type Seed struct {
+	Cache      CacheRef `json:"cache"`
+	Generation int64    `json:"generation"`
+}
+
+// String is NAMESPACE/NAME@GENERATION.
+func (s Seed) String() string { return fmt.Sprintf("%s@%d", s.Cache, s.Generation) }
+
+// hasGeneration tells whether h holds a commit. Mount records an empty
+// head (generation 0) for a new cache, which counts as none.
+func hasGeneration(h *head) bool {
+	return h != nil && (h.Generation > 0 || len(h.Layers) > 0)
+}
+
+// validateFallbacks checks the fallbacks as Validate does.
+func (o MountOptions) validateFallbacks() error {
+	if len(o.Fallbacks) == 0 {
+		return nil
+	}
+	if len(o.Fallbacks) > MaxFallbacks {
+		return fmt.Errorf("volume of cache %s names %d fallbacks: use at most %d", o.Cache, len(o.Fallbacks), MaxFallbacks)
+	}
+	if o.Layout.orDefault() == LayoutSnapshot {
+		return fmt.Errorf("volume of cache %s names fallbacks %v, but the %s layout cannot start from a fallback yet: remove the fallbacks or use the %s layout",
+			o.Cache, o.Fallbacks, LayoutSnapshot, LayoutOverlay)
+	}
+	for _, f := range o.Fallbacks {
+		if err := f.Validate(); err != nil {
+			return fmt.Errorf("fallback %q: %w", f, err)
+		}
+	}
+	return nil
+}
+
+// seedFor is the seed of a new volume of t's cache: the first fallback
+// with a generation, and its layers. nil when the cache has a generation
+// or no fallback has one.
+func (s *Store) seedFor(t *txn, opts MountOptions) (*Seed, []LayerInfo, error) {
+	if hasGeneration(t.Head) {
+		return nil, nil, nil // the restore-keys rule: an existing cache ignores its fallbacks
+	}
+	for _, f := range opts.Fallbacks {
+		if f == opts.Cache {
+			continue // a class's fallback template may name the cache itself
+		}
+		h, err := s.fallbackHead(t.ctx, f)
+		if err != nil {
+			return nil, nil, fmt.Errorf("read fallback %s of cache %s: %w", f, opts.Cache, err)
+		}
+		if !hasGeneration(h) {
+			continue
+		}
+		if h.Layout.orDefault() != LayoutOverlay {
+			return nil, nil, fmt.Errorf("fallback %s of cache %s has the %s layout, and an %s cache cannot start from it: remove it from the fallbacks: %w",
+				f, opts.Cache, h.Layout.orDefault(), LayoutOverlay, ErrLayoutMismatch)
+		}
+		return &Seed{Cache: f, Generation: h.Generation}, seedLayers(h.Layers), nil
+	}
+	return nil, nil, nil
+}
+
+// seedLayers are a fallback's layers as the seeded cache holds them. The
+// digests go: they name blobs of the fallback's registry repository, not
+// the seeded cache's, so to the seeded cache the layers are unpublished.
+func seedLayers(layers []LayerInfo) []LayerInfo {
+	out := slices.Clone(layers)
+	for i := range out {
+		out[i].Digest, out[i].Covers = "", nil
+	}
+	return out
+}
+
+// fallbackHead reads a fallback's head, holding its lock only for the
+// read; nil if it does not exist. A fallback without a generation is
+// skipped on an unlocked read, which also keeps two new caches that fall
+// back to each other from taking each other's lock.
+func (s *Store) fallbackHead(ctx context.Context, f CacheRef) (*head, error) {
+	peek, err := s.readHead(f)
+	if errors.Is(err, ErrNotFound) || (err == nil && !hasGeneration(peek)) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	wait, cancel := context.WithTimeout(ctx, fallbackLockWait)
+	defer cancel()
+	l, err := s.lockCache(wait, f)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return peek, nil // see fallbackLockWait
+	}
+	h, err := s.readHead(f)
+	unlockUnless(l, exists(s.headPath(f)))
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	return h, err
+}
+
+// seedVolume makes r a volume seeded from seed: its lower layers are the
+// seed's. The cache's head is not touched, so a volume that is discarded
+// or never commits creates nothing; r takes the UID the cache has (an
+// empty head a plain mount made) or will have if its commit creates it.
+func (t *txn) seedVolume(r *volumeRecord, seed *Seed, layers []LayerInfo) {
+	r.SeededFrom, r.SeedLayers = seed, layers
+	r.BaseGeneration = 0
+	r.Layers = make([]string, len(layers))
+	for i, l := range layers {
+		r.Layers[i] = l.ID
+	}
+	r.CacheUID = randomID()
+	if t.Head != nil {
+		r.CacheUID = t.Head.UID
+	}
+}
+
+// landSeeded prepares the head a seeded volume's layer lands on. If the
+// cache still has no generation, the head (made now, with the UID the
+// volume recorded, or the empty one a plain mount made) starts as the
+// seed's layers and remembers the seed. If another build created the cache
+// meanwhile, the layer lands on the current head as any concurrent
+// writer's does (per-file last writer wins), not on the seed: the head's
+// history is never rewritten. A removal of the cache meanwhile drops
+// nothing: it removed nothing this volume saw. seeded tells whether the
+// head was seeded.
+func (t *txn) landSeeded(r *volumeRecord) (seeded bool) {
+	if hasGeneration(t.Head) {
+		return false
+	}
+	if t.Head == nil {
+		now := time.Now().UTC()
+		t.Head = &head{Cache: r.Cache, UID: r.CacheUID, Created: now, LastUsed: now}
+	}
+	t.Head.Layers = slices.Clone(r.SeedLayers)
+	t.Head.SeededFrom = r.SeededFrom
+	return true
+}
+
+// seedNames tells whether the head of the seed's cache still names id
+// (for sweepIfOrphaned: a discarded seeded volume's layers are the
+// fallback's, not its own cache's).
+func (s *Store) seedNames(r *volumeRecord, id string) bool {
+	if r.SeededFrom == nil {
+		return false
+	}
+	h, err := s.readHead(r.SeededFrom.Cache)
+	return err == nil && h.hasLayer(id)
+}
