@@ -40,6 +40,13 @@ type crashOp struct {
 	// redo: after a crash and Recover, running the operation again must
 	// reach its new state (a retried Sync completes).
 	redo bool
+	// lands: the volume "pending" is committed, and once retried after a
+	// crash it must have landed.
+	lands bool
+	// check, if set, is an invariant of the crashed store s (ref is the
+	// store the operation completed in), checked after each crash and
+	// after Recover.
+	check func(t *testing.T, s, ref *Store)
 }
 
 var crashOps = []crashOp{
@@ -57,6 +64,19 @@ var crashOps = []crashOp{
 			_, err := s.Commit(ctx, "pending")
 			return err
 		},
+		lands: true,
+	},
+	{
+		// The first commit of a cache seeded from a fallback creates it
+		// on the fallback's layers (seed_test.go has the invariant).
+		name:  "seeded-commit",
+		setup: setupSeededCommit,
+		run: func(ctx context.Context, s *Store) error {
+			_, err := s.Commit(ctx, "pending")
+			return err
+		},
+		lands: true,
+		check: checkSeededCrash,
 	},
 	{
 		// A commit that failed after sealing its upper directory, short of
@@ -219,6 +239,9 @@ func TestCrashAtEveryStep(t *testing.T) {
 				if got := observe(t, s); !got.matches(before) && !got.matches(after) {
 					t.Fatalf("crash at step %d: cache is neither old (%+v) nor new (%+v): %+v", at, before, after, got)
 				}
+				if op.check != nil {
+					op.check(t, s, ref)
+				}
 				if _, err := s.Recover(ctx); err != nil {
 					t.Fatalf("crash at step %d: Recover: %v", at, err)
 				}
@@ -226,8 +249,11 @@ func TestCrashAtEveryStep(t *testing.T) {
 				if !got.matches(before) && !got.matches(after) {
 					t.Fatalf("crash at step %d: after Recover the cache is neither old nor new: %+v", at, got)
 				}
+				if op.check != nil {
+					op.check(t, s, ref)
+				}
 				finishPending(t, s)
-				if got := observe(t, s); op.name == "commit" && !got.matches(after) {
+				if got := observe(t, s); op.lands && !got.matches(after) {
 					t.Fatalf("crash at step %d: the retried commit did not land: %+v", at, got)
 				}
 				if op.redo {

@@ -389,3 +389,39 @@ func TestMountRefusesBadFallbacks(t *testing.T) {
 	}
 	assertNoCache(t, s, "ns/pr")
 }
+
+// setupSeededCommit makes ns/main of two layers and a pending volume of
+// ns/c seeded from it, with changes and a commit marker.
+func setupSeededCommit(t testing.TB, s *Store) {
+	buildChain(t, s, "ns/main", layerSteps[:2])
+	merged := mountSeeded(t, s, "pending", "ns/c", "ns/main").MergedPath
+	layerSteps[2](t, merged)
+	writeFile(t, filepath.Join(merged, ControlDir, "commit"), "")
+	fixTimes(t, merged)
+}
+
+// checkSeededCrash: after a crash in a seeded commit, ns/c is absent or
+// exactly ns/main's layers plus one, seeded from ns/main@2, and ns/main is
+// as the completed run (ref) left it: untouched.
+func checkSeededCrash(t *testing.T, s, ref *Store) {
+	t.Helper()
+	ctx := context.Background()
+	main := mustInspect(t, s, "ns/main")
+	if want := mustInspect(t, ref, "ns/main"); main.Generation != want.Generation || len(main.Layers) != len(want.Layers) || main.SeededFrom != nil {
+		t.Fatalf("ns/main changed: %+v, want generation %d with %d layers", main, want.Generation, len(want.Layers))
+	}
+	if d := diffSnapshots(view(t, ref, "ns/main"), view(t, s, "ns/main")); d != "" {
+		t.Fatalf("ns/main's view changed: %s", d)
+	}
+	c, err := s.Inspect(ctx, CacheRef{"ns", "c"})
+	if errors.Is(err, ErrNotFound) {
+		return
+	}
+	must(t, err)
+	if len(c.Layers) != len(main.Layers)+1 || !slices.Equal(layerIDs(c.Layers[1:]), layerIDs(main.Layers)) {
+		t.Fatalf("ns/c has layers %v, want one layer on ns/main's %v", layerIDs(c.Layers), layerIDs(main.Layers))
+	}
+	if want := (Seed{Cache: CacheRef{"ns", "main"}, Generation: main.Generation}); c.SeededFrom == nil || *c.SeededFrom != want {
+		t.Fatalf("ns/c seeded from %v, want %v", c.SeededFrom, want)
+	}
+}
