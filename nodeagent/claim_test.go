@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"errors"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -170,7 +171,7 @@ func TestMountOptions(t *testing.T) {
 	req := volumeRequest{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Mode: "read", UID: 1, GID: 2, Perm: 0o700, Writer: "ci/p"}
 	got := req.mountOptions()
 	want := layerfs.MountOptions{Cache: req.Cache, ReadOnly: true, UID: 1, GID: 2, Mode: os.FileMode(0o700), Writer: "ci/p"}
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("mountOptions = %+v, want %+v", got, want)
 	}
 }

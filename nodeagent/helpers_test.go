@@ -166,20 +166,51 @@ func (s *fakeStore) Mount(_ context.Context, id string, opts layerfs.MountOption
 		c := *v
 		return &c, nil
 	}
-	c := s.cache(opts.Cache)
-	c.LastUsed = time.Now()
 	v := &layerfs.Volume{
 		ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
-		BaseGeneration: c.Generation, MergedPath: "/fake/volumes/" + id + "/merged", Mounted: true,
+		MergedPath: "/fake/volumes/" + id + "/merged", Mounted: true,
 	}
 	s.volumes[id] = v
 	s.mountOpts[id] = opts
 	if _, ok := s.written[id]; !ok {
 		s.written[id] = s.buildWrites
 	}
+	if seed := s.seedFor(opts); seed != nil {
+		// As the store: a seeded volume leaves its cache alone until
+		// its commit creates it.
+		v.SeededFrom = &layerfs.Seed{Cache: seed.Cache, Generation: seed.Generation}
+		v.Layers = layerIDs(seed.Layers)
+		out := *v
+		return &out, nil
+	}
+	c := s.cache(opts.Cache)
+	c.LastUsed = time.Now()
+	v.BaseGeneration = c.Generation
 	c.Volumes = append(c.Volumes, id)
 	out := *v
 	return &out, nil
+}
+
+// seedFor is the first of opts' fallbacks with a generation, if the cache
+// has none (layerfs.MountOptions.Fallbacks).
+func (s *fakeStore) seedFor(opts layerfs.MountOptions) *layerfs.CacheInfo {
+	if c, ok := s.caches[opts.Cache]; ok && c.Generation > 0 {
+		return nil
+	}
+	for _, f := range opts.Fallbacks {
+		if c, ok := s.caches[f]; ok && f != opts.Cache && c.Generation > 0 {
+			return c
+		}
+	}
+	return nil
+}
+
+func layerIDs(layers []layerfs.LayerInfo) []string {
+	ids := make([]string, len(layers))
+	for i, l := range layers {
+		ids[i] = l.ID
+	}
+	return ids
 }
 
 func (s *fakeStore) Commit(_ context.Context, id string) (layerfs.CommitResult, error) {
@@ -207,8 +238,20 @@ func (s *fakeStore) Commit(_ context.Context, id string) (layerfs.CommitResult, 
 	}
 	s.commits = append(s.commits, id)
 	delete(s.volumes, id)
+	var seeded *layerfs.Seed
 	c, ok := s.caches[v.Cache]
-	if !ok {
+	switch {
+	case v.SeededFrom != nil && s.written[id] == 0:
+		return layerfs.CommitResult{Cache: v.Cache}, nil // creates nothing
+	case v.SeededFrom != nil && (!ok || c.Generation == 0):
+		// Created on the fallback's layers as they were at the mount.
+		c = s.cache(v.Cache)
+		for _, l := range v.Layers {
+			c.Layers = append(c.Layers, layerfs.LayerInfo{ID: l, Bytes: 100})
+			c.Bytes += 100
+		}
+		seeded, c.SeededFrom = v.SeededFrom, v.SeededFrom
+	case !ok:
 		return layerfs.CommitResult{Cache: v.Cache, Dropped: true}, nil
 	}
 	c.Volumes = without(c.Volumes, id)
@@ -219,7 +262,7 @@ func (s *fakeStore) Commit(_ context.Context, id string) (layerfs.CommitResult, 
 	c.Layers = append([]layerfs.LayerInfo{{ID: fmt.Sprintf("l%d", c.Generation), Bytes: 100}}, c.Layers...)
 	c.Bytes += 100
 	c.LastWriter = v.Writer
-	return layerfs.CommitResult{Cache: v.Cache, Generation: c.Generation, Layer: c.Layers[0].ID, Bytes: 100, NeedsSquash: len(c.Layers) > s.maxLayers}, nil
+	return layerfs.CommitResult{Cache: v.Cache, Generation: c.Generation, Layer: c.Layers[0].ID, Bytes: 100, NeedsSquash: len(c.Layers) > s.maxLayers, SeededFrom: seeded}, nil
 }
 
 func without(ids []string, id string) []string {

@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -206,7 +207,7 @@ func TestProvisionOwnCache(t *testing.T) {
 	maven := layerfs.CacheRef{Namespace: "ci", Name: "maven"}
 	// The claim requests 1Gi: the most its build may add to the cache.
 	wantMount := layerfs.MountOptions{Cache: maven, UID: 1000, GID: 1001, Mode: 0o750, Writer: "ci/build-1", LimitBytes: 1 << 30}
-	if got := env.store.mountOpts[opts.PVName]; got != wantMount {
+	if got := env.store.mountOpts[opts.PVName]; !reflect.DeepEqual(got, wantMount) {
 		t.Errorf("mounted with %+v, want %+v", got, wantMount)
 	}
 	if pv.Name != opts.PVName || pv.Spec.HostPath.Path != "/fake/volumes/"+opts.PVName+"/merged" {

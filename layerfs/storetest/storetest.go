@@ -65,6 +65,8 @@ func Run(t *testing.T, h Harness) {
 	all := slices.Clone(cases)
 	if h.Layout == layerfs.LayoutSnapshot {
 		all = slices.DeleteFunc(all, func(c testCase) bool { return c.name == squashCase })
+	} else {
+		all = append(all, seedCases...)
 	}
 	if h.NoSync || h.Layout == layerfs.LayoutSnapshot {
 		all = append(all, testCase{"sync is refused", expectSyncRefused})
