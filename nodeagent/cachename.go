@@ -46,20 +46,25 @@ func claimCache(claim *corev1.PersistentVolumeClaim, class classParams, pod *cor
 // parseCacheAnnotation reads NAME (a cache of the claim's namespace) or
 // NAMESPACE/NAME.
 func parseCacheAnnotation(claimNamespace, value string) (layerfs.CacheRef, error) {
+	return parseCacheValue(v1alpha1.AnnotationCache, claimNamespace, value)
+}
+
+// parseCacheValue reads NAME or NAMESPACE/NAME given as annotation key.
+func parseCacheValue(key, claimNamespace, value string) (layerfs.CacheRef, error) {
 	fix := "use NAME for a cache of the claim's namespace or NAMESPACE/NAME for another namespace's cache, where both are DNS-1123 labels (lower-case letters, digits and '-', at most 63 characters)"
 	ref := layerfs.CacheRef{Namespace: claimNamespace, Name: value}
 	if ns, name, ok := strings.Cut(value, "/"); ok {
 		if strings.Contains(name, "/") {
-			return ref, annotationError(v1alpha1.AnnotationCache, value, "it has more than one '/'; "+fix)
+			return ref, annotationError(key, value, "it has more than one '/'; "+fix)
 		}
 		ref = layerfs.CacheRef{Namespace: ns, Name: name}
 	}
 	if err := ref.Validate(); err != nil {
 		var invalid *layerfs.InvalidNameError
 		if errors.As(err, &invalid) {
-			return ref, annotationError(v1alpha1.AnnotationCache, value, fmt.Sprintf("the %s name %q is not valid (%s); %s", invalid.Kind, invalid.Value, invalid.Reason, fix))
+			return ref, annotationError(key, value, fmt.Sprintf("the %s name %q is not valid (%s); %s", invalid.Kind, invalid.Value, invalid.Reason, fix))
 		}
-		return ref, annotationError(v1alpha1.AnnotationCache, value, fix)
+		return ref, annotationError(key, value, fix)
 	}
 	return ref, nil
 }
@@ -97,10 +102,16 @@ type cacheTemplate struct {
 // label or annotation the object lacks fails at evaluation instead of
 // naming an accidental cache ("-cache").
 func parseCacheTemplate(class, text string) (*cacheTemplate, error) {
-	t, err := template.New(paramCache).Option("missingkey=error").Parse(text)
+	return parseTemplate(class, paramCache, text, `"{{ .Pod.Labels.app }}-{{ .Volume }}"`)
+}
+
+// parseTemplate parses a class's template parameter param (cache or
+// fallback); example is a valid value, for the message.
+func parseTemplate(class, param, text, example string) (*cacheTemplate, error) {
+	t, err := template.New(param).Option("missingkey=error").Parse(text)
 	if err != nil {
-		return nil, classError(class, "parameter %s has value %q, which is not a valid Go template: %v; use for example %s: \"{{ .Pod.Labels.app }}-{{ .Volume }}\"",
-			paramCache, text, err, paramCache)
+		return nil, classError(class, "parameter %s has value %q, which is not a valid Go template: %v; use for example %s: %s",
+			param, text, err, param, example)
 	}
 	return &cacheTemplate{text: text, tmpl: t}, nil
 }

@@ -43,9 +43,7 @@ func (c *caches) authorize(ctx context.Context, namespace string, req volumeRequ
 	case apierrors.IsNotFound(err) && ref.Namespace == namespace:
 		return c.create(ctx, ref)
 	case apierrors.IsNotFound(err):
-		return &claimError{Reason: reasonCacheAccessDenied,
-			Message: fmt.Sprintf("cache %s does not exist, so it grants namespace %q nothing; namespace %q must create Cache %q with %q in spec.readers",
-				ref, namespace, ref.Namespace, ref.Name, namespace)}
+		return missingCacheDenied(ref, namespace)
 	case err != nil:
 		return fmt.Errorf("get Cache %s: %w", ref, err)
 	}
@@ -54,11 +52,25 @@ func (c *caches) authorize(ctx context.Context, namespace string, req volumeRequ
 			Message: fmt.Sprintf("cache %s is being deleted; the claim is retried and gets a new, empty cache once the deletion completes", ref)}
 	}
 	if ref.Namespace != namespace && !readerGranted(&cache, namespace) {
-		return &claimError{Reason: reasonCacheAccessDenied,
-			Message: fmt.Sprintf("Cache %s does not grant namespace %q read access; add %q to its spec.readers, for example: kubectl -n %s patch cache %s --type merge -p '{\"spec\":{\"readers\":[%q]}}' (the list replaces the current one)",
-				ref, namespace, namespace, ref.Namespace, ref.Name, namespace)}
+		return readerDenied(ref, namespace)
 	}
 	return nil
+}
+
+// missingCacheDenied refuses a read of another namespace's cache that
+// has no Cache resource.
+func missingCacheDenied(ref layerfs.CacheRef, namespace string) error {
+	return &claimError{Reason: reasonCacheAccessDenied,
+		Message: fmt.Sprintf("cache %s does not exist, so it grants namespace %q nothing; namespace %q must create Cache %q with %q in spec.readers",
+			ref, namespace, ref.Namespace, ref.Name, namespace)}
+}
+
+// readerDenied refuses a read of another namespace's cache whose Cache
+// does not list namespace in spec.readers.
+func readerDenied(ref layerfs.CacheRef, namespace string) error {
+	return &claimError{Reason: reasonCacheAccessDenied,
+		Message: fmt.Sprintf("Cache %s does not grant namespace %q read access; add %q to its spec.readers, for example: kubectl -n %s patch cache %s --type merge -p '{\"spec\":{\"readers\":[%q]}}' (the list replaces the current one)",
+			ref, namespace, namespace, ref.Namespace, ref.Name, namespace)}
 }
 
 func (c *caches) create(ctx context.Context, ref layerfs.CacheRef) error {

@@ -52,6 +52,11 @@ type volumeRequest struct {
 	Registry *registryRef
 	// Layout is the class's volume layout.
 	Layout layerfs.Layout
+	// Fallbacks are the caches to start from while Cache has no
+	// generation (fallback.go); FallbackIgnored tells that the claim named
+	// some, but its class cannot seed.
+	Fallbacks       []layerfs.CacheRef
+	FallbackIgnored bool
 }
 
 func (r volumeRequest) mountOptions() layerfs.MountOptions {
@@ -59,7 +64,7 @@ func (r volumeRequest) mountOptions() layerfs.MountOptions {
 		Cache: r.Cache, ReadOnly: r.Mode == v1alpha1.ModeRead,
 		UID: r.UID, GID: r.GID, Mode: r.Perm, Writer: r.Writer,
 		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices, LimitBytes: r.LimitBytes,
-		Layout: r.Layout,
+		Layout: r.Layout, Fallbacks: r.Fallbacks,
 	}
 }
 
@@ -74,6 +79,9 @@ type classParams struct {
 	// CacheTemplate names the cache of claims without the cache
 	// annotation; nil if the class has none.
 	CacheTemplate *cacheTemplate
+	// FallbackTemplate lists the fallbacks of claims without the
+	// fallback annotation; nil if the class has none.
+	FallbackTemplate *cacheTemplate
 	// Registry syncs the class's caches across nodes; nil for node-local
 	// caches.
 	Registry *registryParams
@@ -83,7 +91,8 @@ type classParams struct {
 // needsPod tells whether parseClaim needs the claim's owning pod.
 func (c classParams) needsPod(claim *corev1.PersistentVolumeClaim) bool {
 	_, annotated := claim.Annotations[v1alpha1.AnnotationCache]
-	return c.CacheTemplate != nil && !annotated
+	_, fallbacks := claim.Annotations[v1alpha1.AnnotationFallback]
+	return (c.CacheTemplate != nil && !annotated) || (c.FallbackTemplate != nil && !fallbacks)
 }
 
 // parseClass validates the class: late binding, no mount options, and known
@@ -102,19 +111,22 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	}
 	var unknown []string
 	for k := range class.Parameters {
-		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout, paramMaxLayerSize, paramLayout}, k) {
+		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout, paramMaxLayerSize, paramLayout, paramFallback}, k) {
 			unknown = append(unknown, k)
 		}
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, uid, gid, mode, allowSetuid, allowDevices, layout, registry, registrySecret, syncTimeout and maxLayerSize", unknown)
+		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, fallback, uid, gid, mode, allowSetuid, allowDevices, layout, registry, registrySecret, syncTimeout and maxLayerSize", unknown)
 	}
 	var err error
 	if p.Registry, err = parseRegistry(class); err != nil {
 		return p, err
 	}
 	if p.Layout, err = parseLayout(class.Name, class.Parameters[paramLayout], p.Registry != nil); err != nil {
+		return p, err
+	}
+	if p.FallbackTemplate, err = parseFallbackClass(class.Name, class.Parameters, p.Registry != nil, p.Layout); err != nil {
 		return p, err
 	}
 	if text, ok := class.Parameters[paramCache]; ok {
@@ -213,6 +225,9 @@ func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *cor
 		return req, err
 	}
 	req.Cache = ref
+	if req.Fallbacks, req.FallbackIgnored, err = claimFallbacks(claim, class, pod, ref); err != nil {
+		return req, err
+	}
 	req.Registry = class.Registry.forCache(ref, req.LimitBytes)
 	if req.Mode, req.ForcedRead, err = claimMode(claim, ref, class); err != nil {
 		return req, err

@@ -149,7 +149,7 @@ func TestParseClaim(t *testing.T) {
 				return
 			}
 			tt.want.Writer = "ci/build-cache"
-			if got != tt.want {
+			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("parseClaim = %+v\nwant %+v", got, tt.want)
 			}
 		})

@@ -22,6 +22,8 @@ const (
 	reasonInvalidVolume       = "InvalidVolumeAnnotations"
 	reasonRemountFailed       = "RemountFailed"
 	reasonRetention           = "RetentionExceeded"
+	reasonSeeded              = "SeededFromFallback"
+	reasonFallbackIgnored     = "FallbackIgnored"
 )
 
 // Event reasons of registry sync.

@@ -116,6 +116,11 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 			opts.StorageClass.Name, req.Cache, v1alpha1.AnnotationMode, v1alpha1.ModeWrite)
 	}
 
+	if req.FallbackIgnored {
+		p.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonFallbackIgnored, actionProvision,
+			"annotation %s is ignored: StorageClass %q syncs through a registry or uses the %s layout, whose caches cannot start from a fallback yet; the first build of cache %s starts from what the cache has. Use a node-local class of the %s layout, or remove the annotation",
+			v1alpha1.AnnotationFallback, opts.StorageClass.Name, layerfs.LayoutSnapshot, req.Cache, layerfs.LayoutOverlay)
+	}
 	if req.Registry != nil {
 		p.sync.pull(ctx, claim, req)
 	}
@@ -135,8 +140,13 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 		p.metrics.misses.WithLabelValues(req.Cache.Namespace, req.Cache.Name).Inc()
 	}
 	p.reports.Add(req.Cache)
+	if vol.SeededFrom != nil {
+		p.events.Eventf(claim, nil, corev1.EventTypeNormal, reasonSeeded, actionProvision,
+			"volume %s of cache %s starts from fallback %s at generation %d: cache %s has no generation on node %s yet; a commit creates it on the fallback's layers, and the fallback is never written",
+			opts.PVName, req.Cache, vol.SeededFrom.Cache, vol.SeededFrom.Generation, req.Cache, p.node)
+	}
 	logger.Info("Provisioned", "cache", req.Cache.String(), "mode", req.Mode, "commit", req.Commit,
-		"baseGeneration", vol.BaseGeneration, "path", vol.MergedPath)
+		"baseGeneration", vol.BaseGeneration, "seededFrom", seededFrom(vol), "path", vol.MergedPath)
 	return pv, controller.ProvisioningFinished, nil
 }
 
@@ -162,7 +172,11 @@ func (p *Provisioner) admit(ctx context.Context, claim *corev1.PersistentVolumeC
 	if err != nil {
 		return req, err
 	}
-	return req, p.caches.authorize(ctx, claim.Namespace, req)
+	if err := p.caches.authorize(ctx, claim.Namespace, req); err != nil {
+		return req, err
+	}
+	req.Fallbacks, err = p.caches.authorizeFallbacks(ctx, claim.Namespace, req.Fallbacks)
+	return req, err
 }
 
 // Delete ends a released volume (see end) and lets the library delete its

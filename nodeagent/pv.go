@@ -41,7 +41,7 @@ func buildPV(s pvSpec) *corev1.PersistentVolume {
 		accessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
 	}
 	hostPathType := corev1.HostPathDirectory
-	return &corev1.PersistentVolume{
+	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:   s.Name,
 			Labels: map[string]string{labelNode: s.Node},
@@ -76,6 +76,19 @@ func buildPV(s pvSpec) *corev1.PersistentVolume {
 			},
 		},
 	}
+	if s.Volume.SeededFrom != nil {
+		pv.Annotations[v1alpha1.AnnotationSeededFrom] = seededFrom(s.Volume)
+	}
+	return pv
+}
+
+// seededFrom is the volume's seed as NAMESPACE/NAME@GENERATION, "" if it
+// has none.
+func seededFrom(v *layerfs.Volume) string {
+	if v.SeededFrom == nil {
+		return ""
+	}
+	return v.SeededFrom.String()
 }
 
 // provisioned is what a PV of this agent recorded at provisioning, plus what

@@ -17,6 +17,18 @@ const (
 	// NAMESPACE/NAME. On a PV it always holds NAMESPACE/NAME.
 	AnnotationCache = "layercache.dev/cache"
 
+	// AnnotationFallback on a PVC lists caches to start from while its
+	// cache has no generation: comma-separated, tried in order, at most
+	// MaxFallbacks, each NAME (same namespace) or NAMESPACE/NAME (needs
+	// that Cache's spec.readers to list the claim's namespace). The
+	// volume's commit creates the cache on the fallback's layers, shared.
+	AnnotationFallback = "layercache.dev/fallback"
+
+	// AnnotationSeededFrom on a PV is the fallback its volume started from,
+	// NAMESPACE/NAME@GENERATION; absent when it started from its own cache
+	// or empty.
+	AnnotationSeededFrom = "layercache.dev/seeded-from"
+
 	// AnnotationMode on a PVC or PV is ModeWrite or ModeRead.
 	AnnotationMode = "layercache.dev/mode"
 
@@ -70,6 +82,9 @@ const (
 	// existing Node holds the cache any more.
 	FinalizerCleanup = "layercache.dev/cleanup"
 )
+
+// MaxFallbacks is how many caches AnnotationFallback may list.
+const MaxFallbacks = 5
 
 // Values of the annotations above; those of AnnotationMode and
 // AnnotationCommit are the types Mode and CommitPolicy (values.go).

@@ -1,0 +1,178 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+)
+
+// Fallbacks: a claim whose cache has no generation on this node starts
+// from the first of its fallbacks that has one (layerfs seeds the volume
+// with that cache's layers, shared), so a pull request's first build is as
+// warm as its base branch's. The claim annotation names them, or else the
+// class's fallback template; the annotation wins, as for the cache.
+//
+// Registry classes and the snapshot layout cannot seed yet (cross-node
+// seeding needs the published chains of both caches; btrfs snapshots of
+// another cache are a later step). A class that sets the parameter with
+// either is refused, as snapshot plus registry is: the admin's setting can
+// never work. A claim's annotation on such a class is ignored with a
+// Warning Event instead of refused: a fallback only makes a first build
+// faster, the build is correct without it (a cold start, as before
+// fallbacks existed), and refusing would stop builds over a hint.
+
+// paramFallback is the StorageClass parameter that lists the fallbacks of
+// claims without the fallback annotation, as a Go template that sees what
+// the cache template sees, for example "main" or "{{ .Namespace }}/main".
+const paramFallback = "fallback"
+
+// fallbackFix is how a fallback list is written, for messages.
+var fallbackFix = fmt.Sprintf("use a comma-separated list of at most %d caches, each NAME for a cache of the claim's namespace or NAMESPACE/NAME for another namespace's cache, where both are DNS-1123 labels, for example %s: main",
+	v1alpha1.MaxFallbacks, v1alpha1.AnnotationFallback)
+
+// parseFallbackClass validates the class's fallback parameter.
+func parseFallbackClass(class string, params map[string]string, registry bool, layout layerfs.Layout) (*cacheTemplate, error) {
+	text, ok := params[paramFallback]
+	if !ok {
+		return nil, nil
+	}
+	if registry || layout == layerfs.LayoutSnapshot {
+		return nil, classError(class, "parameter %s is set, but caches of a class with %s or the %s layout cannot start from a fallback yet; remove %s, or use a node-local class of the %s layout",
+			paramFallback, paramRegistry, layerfs.LayoutSnapshot, paramFallback, layerfs.LayoutOverlay)
+	}
+	return parseTemplate(class, paramFallback, text, `"main" or "{{ .Namespace }}/main"`)
+}
+
+// claimFallbacks are the fallbacks the claim lists by annotation, or else
+// those its class's template lists for it, without the claim's own cache
+// (a class may fall back to "main" for every cache, main's included) and
+// without repeats. ignored tells that the claim's annotation was valid but
+// its class cannot seed (see the top of this file).
+func claimFallbacks(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod, cache layerfs.CacheRef) (refs []layerfs.CacheRef, ignored bool, err error) {
+	raw, annotated := claim.Annotations[v1alpha1.AnnotationFallback]
+	switch {
+	case annotated:
+		if refs, err = parseFallbacks(v1alpha1.AnnotationFallback, claim.Namespace, raw); err != nil {
+			return nil, false, err
+		}
+		if class.Registry != nil || class.Layout == layerfs.LayoutSnapshot {
+			return nil, len(refs) > 0, nil
+		}
+	case class.FallbackTemplate != nil:
+		if raw, err = fallbackFromTemplate(class, templateData(claim, pod)); err != nil {
+			return nil, false, err
+		}
+		if refs, err = parseFallbacks(v1alpha1.AnnotationFallback, claim.Namespace, raw); err != nil {
+			return nil, false, &claimError{Reason: reasonCacheTemplate,
+				Message: fmt.Sprintf("StorageClass %q: parameter %s %q listed the fallbacks %q for this claim, which are not valid: %v",
+					class.Name, paramFallback, class.FallbackTemplate.text, raw, err)}
+		}
+	}
+	var out []layerfs.CacheRef
+	for _, r := range refs {
+		if r != cache && !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	return out, false, nil
+}
+
+// parseFallbacks reads a comma-separated list of caches given as key.
+func parseFallbacks(key, claimNamespace, value string) ([]layerfs.CacheRef, error) {
+	if strings.TrimSpace(value) == "" {
+		return nil, nil // an empty list: no fallbacks
+	}
+	items := strings.Split(value, ",")
+	if len(items) > v1alpha1.MaxFallbacks {
+		return nil, annotationError(key, value, fmt.Sprintf("it lists %d caches; %s", len(items), fallbackFix))
+	}
+	refs := make([]layerfs.CacheRef, 0, len(items))
+	for _, item := range items {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			return nil, annotationError(key, value, "it has an empty entry; "+fallbackFix)
+		}
+		ref, err := parseCacheValue(key, claimNamespace, item)
+		if err != nil {
+			return nil, err
+		}
+		refs = append(refs, ref)
+	}
+	return refs, nil
+}
+
+// fallbackFromTemplate evaluates the class's fallback template.
+func fallbackFromTemplate(class classParams, data cacheTemplateData) (string, error) {
+	var b strings.Builder
+	if err := class.FallbackTemplate.tmpl.Execute(&b, data); err != nil {
+		who := "the claim"
+		if data.Pod.Name != "" {
+			who = "pod " + data.Pod.Name
+		}
+		return "", &claimError{Reason: reasonCacheTemplate,
+			Message: fmt.Sprintf("StorageClass %q: parameter %s %q cannot list the fallbacks of this claim (%s): %v; give %s the label or annotation the template uses, or annotate the claim with %s",
+				class.Name, paramFallback, class.FallbackTemplate.text, who, err, who, v1alpha1.AnnotationFallback)}
+	}
+	return b.String(), nil
+}
+
+// authorizeFallbacks checks that the claim's namespace may read each
+// fallback of another namespace, as a read claim of it is checked
+// (authorizeRead): seeding reads the fallback, and never writes it (the
+// commit creates the claim's own cache). It returns the fallbacks to use:
+// those whose Cache is being deleted go, since seeding from one would
+// carry its layers into a new cache after its owner asked them gone.
+func (c *caches) authorizeFallbacks(ctx context.Context, namespace string, refs []layerfs.CacheRef) ([]layerfs.CacheRef, error) {
+	var out []layerfs.CacheRef
+	for _, ref := range refs {
+		if ref.Namespace != namespace {
+			cache, err := c.authorizeRead(ctx, namespace, ref)
+			var refused *claimError
+			if errors.As(err, &refused) {
+				return nil, &claimError{Reason: refused.Reason, Message: fmt.Sprintf("annotation %s or parameter %s names fallback %s: %s",
+					v1alpha1.AnnotationFallback, paramFallback, ref, refused.Message)}
+			}
+			if err != nil {
+				return nil, fmt.Errorf("fallback %s: %w", ref, err)
+			}
+			if cache.DeletionTimestamp == nil {
+				out = append(out, ref)
+			}
+			continue
+		}
+		cache, err := c.get(ctx, ref)
+		if err != nil {
+			return nil, fmt.Errorf("fallback %s: %w", ref, err)
+		}
+		if cache == nil || cache.DeletionTimestamp == nil {
+			out = append(out, ref) // a Cache not made yet may still have a head here
+		}
+	}
+	return out, nil
+}
+
+// authorizeRead checks, on the API server past the informer, that the
+// Cache of ref exists and grants namespace read access: what a read claim
+// of another namespace's cache needs.
+func (c *caches) authorizeRead(ctx context.Context, namespace string, ref layerfs.CacheRef) (*v1alpha1.Cache, error) {
+	var cache v1alpha1.Cache
+	err := c.reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, missingCacheDenied(ref, namespace)
+	case err != nil:
+		return nil, fmt.Errorf("get Cache %s: %w", ref, err)
+	case !readerGranted(&cache, namespace):
+		return nil, readerDenied(ref, namespace)
+	}
+	return &cache, nil
+}
