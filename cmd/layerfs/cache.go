@@ -110,12 +110,20 @@ func writeCaches(w io.Writer, format string, caches []layerfs.CacheInfo, now tim
 	if layouts {
 		header += "\tLAYOUT"
 	}
+	// SEEDED FROM shows once a cache was seeded from a fallback, likewise.
+	seeded := slices.ContainsFunc(caches, func(c layerfs.CacheInfo) bool { return c.SeededFrom != nil })
+	if seeded {
+		header += "\tSEEDED FROM"
+	}
 	fmt.Fprintln(t, header)
 	for _, c := range caches {
 		fmt.Fprintf(t, "%s\t%d\t%d\t%s\t%s\t%d",
 			c.Cache, c.Generation, len(c.Layers), v1alpha1.FormatSize(c.Bytes), formatAge(c.LastUsed, now), len(c.Volumes))
 		if layouts {
 			fmt.Fprintf(t, "\t%s", layoutName(c.Layout))
+		}
+		if seeded {
+			fmt.Fprintf(t, "\t%s", seedName(c.SeededFrom))
 		}
 		fmt.Fprintln(t)
 	}
@@ -241,6 +249,9 @@ func writeCacheInfo(w io.Writer, format string, info layerfs.CacheInfo, now time
 		fmt.Fprintf(t, "Layout:\t%s\n", l) // overlay, the default, goes unsaid
 	}
 	fmt.Fprintf(t, "Layers:\t%d\n", len(info.Layers))
+	if info.SeededFrom != nil {
+		fmt.Fprintf(t, "Seeded from:\t%s (its bottom layers may be shared with it)\n", info.SeededFrom)
+	}
 	fmt.Fprintf(t, "Size:\t%s (%d bytes)\n", v1alpha1.FormatSize(info.Bytes), info.Bytes)
 	fmt.Fprintf(t, "Last used:\t%s\n", formatTime(info.LastUsed, now))
 	fmt.Fprintf(t, "Last writer:\t%s\n", cmp.Or(info.LastWriter, "-"))
@@ -306,6 +317,9 @@ func writeVolumeDetails(w io.Writer, format string, d volumeDetails) error {
 	fmt.Fprintf(t, "Mode:\t%s\n", mode)
 	fmt.Fprintf(t, "Writer:\t%s\n", cmp.Or(d.Writer, "-"))
 	fmt.Fprintf(t, "Base generation:\t%d\n", d.BaseGeneration)
+	if d.SeededFrom != nil {
+		fmt.Fprintf(t, "Seeded from:\t%s (its layers are the lower layers; a commit creates the cache on them)\n", d.SeededFrom)
+	}
 	fmt.Fprintf(t, "Created:\t%s\n", d.Created.UTC().Format(time.RFC3339))
 	fmt.Fprintf(t, "Merged path:\t%s\n", d.MergedPath)
 	fmt.Fprintf(t, "Mounted:\t%s\n", yesNo(d.Mounted))
@@ -361,4 +375,12 @@ func layoutName(l layerfs.Layout) string {
 		return string(layerfs.LayoutOverlay)
 	}
 	return string(l)
+}
+
+// seedName is a seed as NAMESPACE/NAME@GENERATION, "-" for none.
+func seedName(s *layerfs.Seed) string {
+	if s == nil {
+		return "-"
+	}
+	return s.String()
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -54,6 +55,9 @@ func TestUsageErrors(t *testing.T) {
 		{"mount gid past 32 bits", []string{"mount", "build-1", "--cache", "ci/maven", "--gid", "4294967295"}, "ids must be from 0 to 4294967294"},
 		{"mount setuid mode", []string{"mount", "build-1", "--cache", "ci/maven", "--mode", "04755"}, "--mode 04755: volume root mode 04755 is not allowed: use permission bits, optionally with setgid or sticky, like 0777, 0755, 02775 or 01777"},
 		{"mount uid not a number", []string{"mount", "build-1", "--cache", "ci/maven", "--uid", "me"}, `invalid argument "me" for "--uid"`},
+		{"mount fallback without namespace", []string{"mount", "build-1", "--cache", "ci/pr-1", "--fallback", "main"}, "--fallback: invalid cache reference \"main\": want NAMESPACE/NAME"},
+		{"mount fallback of a snapshot cache", []string{"mount", "build-1", "--cache", "ci/pr-1", "--layout", "snapshot", "--fallback", "ci/main"}, "--fallback: volume of cache ci/pr-1 names fallbacks [ci/main], but the snapshot layout cannot start from a fallback yet"},
+		{"mount six fallbacks", []string{"mount", "build-1", "--cache", "ci/pr-1", "--fallback", "ci/a,ci/b,ci/c,ci/d,ci/e,ci/f"}, "use at most 5"},
 
 		{"commit without volume", []string{"commit"}, "missing argument VOLUME"},
 		{"commit two volumes", []string{"commit", "a", "b"}, `unexpected argument "b"`},
@@ -277,5 +281,14 @@ func TestMountLayoutFlag(t *testing.T) {
 		if (err != nil) != tt.wantErr || opts.Layout != tt.want {
 			t.Errorf("--layout %q: %q, %v; want %q (error %v)", tt.layout, opts.Layout, err, tt.want, tt.wantErr)
 		}
+	}
+}
+
+func TestMountFallbackFlag(t *testing.T) {
+	o := &mountOptions{cache: "ci/pr-1", mode: "0777", fallbacks: []string{"ci/main", "trusted/main"}}
+	_, opts, err := o.validate([]string{"build-1"})
+	want := []layerfs.CacheRef{{Namespace: "ci", Name: "main"}, {Namespace: "trusted", Name: "main"}}
+	if err != nil || !slices.Equal(opts.Fallbacks, want) {
+		t.Errorf("--fallback: %v, %v; want %v", opts.Fallbacks, err, want)
 	}
 }

@@ -250,6 +250,12 @@ func TestReportCommit(t *testing.T) {
 			wantStderr: "layerfs: volume build-43 was mounted when the node went down, so its changes may be torn; it was discarded and cache ci/maven stays at generation 12\n",
 		},
 		{
+			name:       "seeded",
+			res:        layerfs.CommitResult{Cache: maven, Generation: 1, Layer: "l1", SeededFrom: &layerfs.Seed{Cache: layerfs.CacheRef{Namespace: "ci", Name: "main"}, Generation: 7}},
+			wantStdout: "1\n",
+			wantStderr: "layerfs: cache ci/maven was created on the layers of fallback ci/main@7, shared with it\n",
+		},
+		{
 			name:       "needs squash",
 			res:        layerfs.CommitResult{Cache: maven, Generation: 40, Layer: "l40", NeedsSquash: true},
 			wantStdout: "40\n",
@@ -426,5 +432,32 @@ ci/maven      2            0        0B     never       0         overlay
 `
 	if b.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// A store with a seeded cache shows what each cache was seeded from.
+func TestWriteCachesSeededColumn(t *testing.T) {
+	caches := []layerfs.CacheInfo{
+		{Cache: maven, Generation: 2, Layout: layerfs.LayoutOverlay},
+		{Cache: layerfs.CacheRef{Namespace: "ci", Name: "pr-1"}, Generation: 1, Layout: layerfs.LayoutOverlay,
+			SeededFrom: &layerfs.Seed{Cache: maven, Generation: 2}},
+	}
+	var b bytes.Buffer
+	if err := writeCaches(&b, outputTable, caches, now); err != nil {
+		t.Fatal(err)
+	}
+	want := `CACHE      GENERATION   LAYERS   SIZE   LAST USED   VOLUMES   SEEDED FROM
+ci/maven   2            0        0B     never       0         -
+ci/pr-1    1            0        0B     never       0         ci/maven@2
+`
+	if b.String() != want {
+		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+	b.Reset()
+	if err := writeCacheInfo(&b, outputTable, caches[1], now); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "Seeded from:   ci/maven@2 (its bottom layers may be shared with it)") {
+		t.Errorf("inspect output lacks the seed:\n%s", b.String())
 	}
 }

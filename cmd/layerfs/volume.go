@@ -21,6 +21,7 @@ type mountOptions struct {
 	writer                    string
 	allowSetuid, allowDevices bool
 	layout                    string
+	fallbacks                 []string
 }
 
 func newMountCommand(g *globalOptions) *cobra.Command {
@@ -33,7 +34,8 @@ it is mounted. The volume sees the cache's committed layers; what is written
 to it stays private until 'layerfs commit'. An unknown cache starts empty.
 Mounting an existing volume again prints its path and changes nothing.` + exitStatusHelp,
 		Example: `  dir=$(layerfs mount build-42 --cache ci/maven --uid 1000 --gid 1000)
-  layerfs mount pr-7 --cache ci/maven --read-only`,
+  layerfs mount pr-7 --cache ci/maven --read-only
+  layerfs mount pr-7-build --cache ci/pr-7 --fallback ci/main`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			volumeID, opts, err := o.validate(args)
@@ -57,6 +59,7 @@ Mounting an existing volume again prints its path and changes nothing.` + exitSt
 	f.BoolVar(&o.allowSetuid, "allow-setuid", false, "mount without nosuid, for a cache that must hold working set-id programs")
 	f.BoolVar(&o.allowDevices, "allow-devices", false, "mount without nodev, for a cache that must hold usable device nodes")
 	f.StringVar(&o.layout, "layout", "", "layout of a new cache: overlay (default) or snapshot (btrfs subvolumes); an existing cache keeps its own")
+	f.StringSliceVar(&o.fallbacks, "fallback", nil, "NAMESPACE/NAME of a cache to start from while --cache has no generation (repeatable, tried in order, at most 5; overlay layout only)")
 	return cmd
 }
 
@@ -95,6 +98,20 @@ func (o *mountOptions) validate(args []string) (string, layerfs.MountOptions, er
 	if o.layout != "" {
 		if opts.Layout, err = layerfs.ParseLayout(o.layout); err != nil {
 			return "", layerfs.MountOptions{}, fmt.Errorf("--layout: %w", err)
+		}
+	}
+	for _, f := range o.fallbacks {
+		ref, err := layerfs.ParseCacheRef(f)
+		if err != nil {
+			return "", layerfs.MountOptions{}, fmt.Errorf("--fallback: %w", err)
+		}
+		opts.Fallbacks = append(opts.Fallbacks, ref)
+	}
+	if len(opts.Fallbacks) > 0 {
+		fallbacks := opts
+		fallbacks.Mode = 0
+		if err := fallbacks.Validate(); err != nil {
+			return "", layerfs.MountOptions{}, fmt.Errorf("--fallback: %w", err)
 		}
 	}
 	// The store's own check, so that what it refuses is a usage error here.
@@ -184,6 +201,8 @@ func reportCommit(stdout, stderr io.Writer, volumeID string, res layerfs.CommitR
 		fmt.Fprintf(stderr, "layerfs: cache %s was removed while volume %s was in use; its changes were dropped\n", res.Cache, volumeID)
 	case res.Layer == "":
 		fmt.Fprintf(stderr, "layerfs: volume %s had no changes; cache %s stays at generation %d\n", volumeID, res.Cache, res.Generation)
+	case res.SeededFrom != nil:
+		fmt.Fprintf(stderr, "layerfs: cache %s was created on the layers of fallback %s, shared with it\n", res.Cache, res.SeededFrom)
 	case res.NeedsSquash:
 		fmt.Fprintf(stderr, "layerfs: cache %s has more layers than the squash limit; run 'layerfs squash %s'\n", res.Cache, res.Cache)
 	}
