@@ -1,0 +1,116 @@
+package layerfs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Seeding is as constant in the fallback's size as a mount and a commit
+// are: a seeded volume mounts the fallback's layer directories, and its
+// commit writes a head naming them. The fallback is a 1 GiB cache of
+// 50,000 files (LAYERFS_BENCH_SEED_MIB sizes it; a smaller one keeps a
+// quick run quick).
+
+// seedBenchFixture is a store whose cache ns/main holds mib MiB in 50,000
+// files, and whose ns/plain has one small layer.
+func seedBenchFixture(b *testing.B) *Store {
+	mib := 1024
+	if v := os.Getenv("LAYERFS_BENCH_SEED_MIB"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("LAYERFS_BENCH_SEED_MIB=%q: want a number of MiB", v)
+		}
+		mib = n
+	}
+	s := newTestStore(b, Options{MaxLayers: 400})
+	fillCache(b, s, "ns/main", 50000, mib<<20/50000)
+	writeFile(b, filepath.Join(mustMount(b, s, "plain", "ns/plain"), "f"), "x")
+	mustCommit(b, s, "plain")
+	mountDiscard(b, s, "ns/empty")() // create the empty cache
+	unix.Sync()
+	return s
+}
+
+// seededMountDiscard provisions and discards a volume of a cache without
+// a generation, seeded from ns/main (nothing is created, so every round
+// seeds anew).
+func seededMountDiscard(b *testing.B, s *Store) func() {
+	return func() {
+		id := "bench-" + randomID()
+		v := mountSeeded(b, s, id, "ns/pr", "ns/main")
+		if v.SeededFrom == nil {
+			b.Fatal("the volume was not seeded")
+		}
+		must(b, s.Discard(context.Background(), id))
+	}
+}
+
+// Mount+discard of a volume seeded from the 1 GiB / 50,000-file cache vs
+// one of an empty cache (target <= 1.2x).
+func BenchmarkSeededMountVsEmpty(b *testing.B) {
+	s := seedBenchFixture(b)
+	for b.Loop() {
+		empty, seeded := compare(51, mountDiscard(b, s, "ns/empty"), seededMountDiscard(b, s))
+		b.ReportMetric(float64(empty.Microseconds()), "empty-µs")
+		b.ReportMetric(float64(seeded.Microseconds()), "seeded-µs")
+		b.ReportMetric(float64(seeded)/float64(empty), "seeded/empty")
+	}
+}
+
+// The commit of a 1 MiB delta that creates a cache seeded from the 1 GiB
+// cache vs the commit of the same delta on an existing cache (target <=
+// 1.2x), and what the seeded commits added to the store's disk use per
+// byte of their deltas (target about 1: the new layers only).
+func BenchmarkSeededCommitVsCommit(b *testing.B) {
+	s := seedBenchFixture(b)
+	delta := make([]byte, 1<<20)
+	for i := range delta {
+		delta[i] = byte(i) // not zeros: a hole would not take its bytes
+	}
+	round := 0
+	prepare := func(cache string, fallbacks ...string) string {
+		id := fmt.Sprintf("bench-%d-%s", round, randomID())
+		round++
+		v := mountSeeded(b, s, id, cache, fallbacks...)
+		must(b, os.WriteFile(filepath.Join(v.MergedPath, "delta"), delta, 0o644))
+		return id
+	}
+	for b.Loop() {
+		before, _, err := diskUsage(s.layersDir())
+		must(b, err)
+		var seeded, plain []time.Duration
+		const reps = 21
+		for i := range reps {
+			sid := prepare(fmt.Sprintf("ns/pr-%d", i), "ns/main")
+			pid := prepare("ns/plain")
+			commitSeeded := func() {
+				if res := mustCommit(b, s, sid); res.SeededFrom == nil {
+					b.Fatalf("commit %+v was not seeded", res)
+				}
+			}
+			commitPlain := func() { mustCommit(b, s, pid) }
+			if i%2 == 0 {
+				seeded = append(seeded, timed(commitSeeded))
+				plain = append(plain, timed(commitPlain))
+			} else {
+				plain = append(plain, timed(commitPlain))
+				seeded = append(seeded, timed(commitSeeded))
+			}
+		}
+		after, _, err := diskUsage(s.layersDir())
+		must(b, err)
+		st, pt := median(seeded), median(plain)
+		b.ReportMetric(float64(pt.Microseconds()), "plain-µs")
+		b.ReportMetric(float64(st.Microseconds()), "seeded-µs")
+		b.ReportMetric(float64(st)/float64(pt), "seeded/plain")
+		// Both kinds of commits added a layer of the delta each.
+		b.ReportMetric(float64(after-before)/float64(2*reps*len(delta)), "disk-growth/delta")
+	}
+}
