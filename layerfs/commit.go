@@ -166,6 +166,8 @@ func (s *Store) land(t *txn, layer *LayerInfo) (CommitResult, error) {
 	if h == nil && r.SeededFrom != nil {
 		return res, t.save() // no changes: a seeded volume creates nothing
 	}
+	// A seeded volume lands on whatever head its cache has now (see
+	// landSeeded); any other needs the incarnation it was mounted on.
 	if h == nil || (h.UID != r.CacheUID && r.SeededFrom == nil) {
 		// The cache was removed while the volume was in use: the removal
 		// asked for its contents to go, so this volume's changes go too.

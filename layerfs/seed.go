@@ -135,8 +135,9 @@ func (s *Store) fallbackHead(ctx context.Context, f CacheRef) (*head, error) {
 
 // seedVolume makes r a volume seeded from seed: its lower layers are the
 // seed's. The cache's head is not touched, so a volume that is discarded
-// or never commits creates nothing; r takes the UID the cache has (an
-// empty head a plain mount made) or will have if its commit creates it.
+// or never commits creates nothing. r takes the UID of the empty head a
+// plain mount made, if any, so that GC and RemoveIfUnused see it use that
+// cache (cacheInUse); none otherwise.
 func (t *txn) seedVolume(r *volumeRecord, seed *Seed, layers []LayerInfo) {
 	r.SeededFrom, r.SeedLayers = seed, layers
 	r.BaseGeneration = 0
@@ -144,28 +145,27 @@ func (t *txn) seedVolume(r *volumeRecord, seed *Seed, layers []LayerInfo) {
 	for i, l := range layers {
 		r.Layers[i] = l.ID
 	}
-	r.CacheUID = randomID()
 	if t.Head != nil {
 		r.CacheUID = t.Head.UID
 	}
 }
 
 // landSeeded prepares the head a seeded volume's layer lands on. If the
-// cache still has no generation, the head (made now, with the UID the
-// volume recorded, or the empty one a plain mount made) starts as the
-// seed's layers and remembers the seed. If another build created the cache
-// meanwhile, the layer lands on the current head as any concurrent
-// writer's does (per-file last writer wins), not on the seed: the head's
-// history is never rewritten. A removal of the cache meanwhile drops
-// nothing: it removed nothing this volume saw. seeded tells whether the
-// head was seeded.
+// cache still has no generation, the head (the empty one a plain mount
+// made, or a new incarnation with a new UID, so that a plain volume of an
+// empty head removed meanwhile stays dropped) starts as the seed's layers
+// and remembers the seed. If another build created the cache meanwhile,
+// the layer lands on the current head as any concurrent writer's does
+// (per-file last writer wins), not on the seed: a head's history is never
+// rewritten. A removal of the cache meanwhile drops nothing: it removed
+// nothing this volume saw. seeded tells whether the head was seeded.
 func (t *txn) landSeeded(r *volumeRecord) (seeded bool) {
 	if hasGeneration(t.Head) {
 		return false
 	}
 	if t.Head == nil {
 		now := time.Now().UTC()
-		t.Head = &head{Cache: r.Cache, UID: r.CacheUID, Created: now, LastUsed: now}
+		t.Head = &head{Cache: r.Cache, UID: randomID(), Created: now, LastUsed: now}
 	}
 	t.Head.Layers = slices.Clone(r.SeedLayers)
 	t.Head.SeededFrom = r.SeededFrom
