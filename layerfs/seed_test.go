@@ -3,6 +3,7 @@ package layerfs
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -423,5 +424,40 @@ func checkSeededCrash(t *testing.T, s, ref *Store) {
 	}
 	if want := (Seed{Cache: CacheRef{"ns", "main"}, Generation: main.Generation}); c.SeededFrom == nil || *c.SeededFrom != want {
 		t.Fatalf("ns/c seeded from %v, want %v", c.SeededFrom, want)
+	}
+}
+
+// The seed is in the volume's record, written before the mount, and the
+// record alone keeps the seed's layers: a remount after a reboot finds
+// them though the fallback was removed and swept meanwhile.
+func TestSeedRecordedBeforeMountAndRemounted(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{})
+	commitFile(t, s, "ns/main", "main.txt", "main")
+	main := mustInspect(t, s, "ns/main")
+	v := mountSeeded(t, s, "pr", "ns/pr-1", "ns/main")
+	r, err := s.readVolumeRecord("pr")
+	must(t, err)
+	if r.SeededFrom == nil || !slices.Equal(layerIDs(r.SeedLayers), layerIDs(main.Layers)) || !slices.Equal(r.Layers, layerIDs(main.Layers)) {
+		t.Fatalf("record %+v lacks the seed %v", r, layerIDs(main.Layers))
+	}
+	must(t, s.Remove(ctx, mustRef(t, "ns/main")))
+	if _, err := s.GC(ctx, GCOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	must(t, unmount(v.MergedPath)) // what a reboot leaves
+	res, err := s.Recover(ctx)
+	must(t, err)
+	if !slices.Contains(res.Remounted, "pr") {
+		t.Fatalf("Recover = %+v, want pr remounted", res)
+	}
+	if got := readFile(t, filepath.Join(v.MergedPath, "main.txt")); got != "main" {
+		t.Errorf("main.txt = %q after the remount", got)
+	}
+	must(t, s.Discard(ctx, "pr"))
+	assertNoCache(t, s, "ns/pr-1")
+	assertNoOrphans(t, s)
+	if entries, _ := os.ReadDir(s.layersDir()); len(entries) != 0 {
+		t.Errorf("layers left after the last name of the seed went: %v", entries)
 	}
 }
