@@ -461,3 +461,23 @@ func TestSeedRecordedBeforeMountAndRemounted(t *testing.T) {
 		t.Errorf("layers left after the last name of the seed went: %v", entries)
 	}
 }
+
+// A mount waits for a busy fallback's lock only so long (two new caches
+// falling back to each other could otherwise wait for each other), then
+// reads its head unlocked: a whole generation, as heads are replaced whole.
+func TestSeedWaitsForTheFallbacksLockOnlySoLong(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{})
+	commitFile(t, s, "ns/main", "main.txt", "main")
+	l, err := s.lockCache(ctx, mustRef(t, "ns/main"))
+	must(t, err)
+	defer l.unlock()
+	start := time.Now()
+	v := mountSeeded(t, s, "pr", "ns/pr-1", "ns/main")
+	if took := time.Since(start); took < fallbackLockWait || took > 3*fallbackLockWait {
+		t.Errorf("mount took %s with the fallback's lock held, want about %s", took, fallbackLockWait)
+	}
+	if v.SeededFrom == nil || readFile(t, filepath.Join(v.MergedPath, "main.txt")) != "main" {
+		t.Errorf("volume %+v not seeded from the unlocked read", v)
+	}
+}
