@@ -141,9 +141,13 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 	}
 	p.reports.Add(req.Cache)
 	if vol.SeededFrom != nil {
+		then := "a commit creates it on the fallback's layers"
+		if req.Mode == v1alpha1.ModeRead {
+			then = "the volume is a read view and creates nothing"
+		}
 		p.events.Eventf(claim, nil, corev1.EventTypeNormal, reasonSeeded, actionProvision,
-			"volume %s of cache %s starts from fallback %s at generation %d: cache %s has no generation on node %s yet; a commit creates it on the fallback's layers, and the fallback is never written",
-			opts.PVName, req.Cache, vol.SeededFrom.Cache, vol.SeededFrom.Generation, req.Cache, p.node)
+			"volume %s of cache %s starts from fallback %s at generation %d: cache %s has no generation on node %s yet; %s, and the fallback is never written",
+			opts.PVName, req.Cache, vol.SeededFrom.Cache, vol.SeededFrom.Generation, req.Cache, p.node, then)
 	}
 	logger.Info("Provisioned", "cache", req.Cache.String(), "mode", req.Mode, "commit", req.Commit,
 		"baseGeneration", vol.BaseGeneration, "seededFrom", seededFrom(vol), "path", vol.MergedPath)
