@@ -71,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, cacheLabels),
 		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "layercache_cache_bytes",
-			Help: "Bytes of a cache's committed layers on this node.",
+			Help: "Bytes of a cache's committed layers on this node, including layers shared with other caches (a seeded cache's fallback): a sum over caches counts those more than once.",
 		}, cacheLabels),
 		layers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "layercache_cache_layers",
