@@ -81,9 +81,7 @@ func BenchmarkSnapshotBuildLargeVsEmpty(b *testing.B) {
 	unix.Sync()
 	for b.Loop() {
 		empty, large := compare(21, snapshotBuild(b, s, "ns/empty"), snapshotBuild(b, s, "ns/large"))
-		b.ReportMetric(float64(empty.Microseconds()), "empty-µs")
-		b.ReportMetric(float64(large.Microseconds()), "50k-files-µs")
-		b.ReportMetric(float64(large)/float64(empty), "large/empty")
+		reportLargeVsEmpty(b, large, empty)
 	}
 }
 
