@@ -38,6 +38,20 @@ func cacheObj(finalizers []string, deleting bool, entries ...v1alpha1.NodeCacheS
 	return c
 }
 
+// withStatus gives c derived fields as a former reconcile wrote them,
+// beside its entries.
+func withStatus(c *v1alpha1.Cache, derived v1alpha1.CacheStatus) *v1alpha1.Cache {
+	derived.Nodes = c.Status.Nodes
+	c.Status = derived
+	return c
+}
+
+// seeded is e as a node reports a copy created on main at generation gen.
+func seeded(e v1alpha1.NodeCacheStatus, gen int64) v1alpha1.NodeCacheStatus {
+	e.SeededFrom = &v1alpha1.CacheSeed{Namespace: ns, Name: "main", Generation: gen}
+	return e
+}
+
 func TestCacheReconcile(t *testing.T) {
 	cleanup := []string{v1alpha1.FinalizerCleanup}
 	tests := []struct {
@@ -67,6 +81,36 @@ func TestCacheReconcile(t *testing.T) {
 			Generation: 2, Size: "4.0KiB", NodeCount: 1, LastUsed: at(10),
 		},
 		events: []string{"Normal NodeGone Removed the status of node-old: the Node no longer exists"},
+	}, {
+		name:   "last used stays when every node evicted the cache",
+		cache:  withStatus(cacheObj(cleanup, false), v1alpha1.CacheStatus{Generation: 4, Size: "1.0GiB", NodeCount: 1, LastUsed: at(40)}),
+		status: v1alpha1.CacheStatus{LastUsed: at(40)},
+	}, {
+		name:  "last used stays when the newest node evicted the cache",
+		nodes: []string{"node-a"},
+		cache: withStatus(cacheObj(cleanup, false, entry("node-a", 2, 100, 10)), v1alpha1.CacheStatus{LastUsed: at(40)}),
+		status: v1alpha1.CacheStatus{
+			Nodes:      []v1alpha1.NodeCacheStatus{entry("node-a", 2, 100, 10)},
+			Generation: 2, Size: "100B", NodeCount: 1, LastUsed: at(40),
+		},
+	}, {
+		name:  "seeded from names each fallback generation of the nodes once",
+		nodes: []string{"node-a", "node-b", "node-c"},
+		cache: cacheObj(cleanup, false, seeded(entry("node-a", 1, 100, 10), 3), seeded(entry("node-b", 2, 100, 10), 3),
+			seeded(entry("node-c", 1, 100, 10), 2)),
+		status: v1alpha1.CacheStatus{
+			Nodes: []v1alpha1.NodeCacheStatus{seeded(entry("node-a", 1, 100, 10), 3), seeded(entry("node-b", 2, 100, 10), 3),
+				seeded(entry("node-c", 1, 100, 10), 2)},
+			Generation: 2, Size: "300B", NodeCount: 3, LastUsed: at(10), SeededFrom: ns + "/main@2, " + ns + "/main@3",
+		},
+	}, {
+		name:  "seeded from goes with the seeded entries",
+		nodes: []string{"node-a"},
+		cache: withStatus(cacheObj(cleanup, false, entry("node-a", 1, 100, 10)), v1alpha1.CacheStatus{SeededFrom: ns + "/main@3"}),
+		status: v1alpha1.CacheStatus{
+			Nodes:      []v1alpha1.NodeCacheStatus{entry("node-a", 1, 100, 10)},
+			Generation: 1, Size: "100B", NodeCount: 1, LastUsed: at(10),
+		},
 	}, {
 		name:   "deleted cache waits for the agents of existing nodes",
 		nodes:  []string{"node-a", "node-b"},

@@ -74,12 +74,20 @@ func nodeEntry(node string, gen, size int64, lastUsed time.Time) *v1alpha1.NodeC
 	return &v1alpha1.NodeCacheStatus{Node: node, Generation: gen, Layers: int32(gen), SizeBytes: size, LastUsed: &t, LastWriter: "builds/build-1"}
 }
 
+// seededEntry is e of a copy that its node created on fallback name at
+// generation gen.
+func seededEntry(e *v1alpha1.NodeCacheStatus, namespace, name string, gen int64) *v1alpha1.NodeCacheStatus {
+	e.SeededFrom = &v1alpha1.CacheSeed{Namespace: namespace, Name: name, Generation: gen}
+	return e
+}
+
 // derived is what the manager derives from the node entries.
 type derived struct {
 	nodes      []string // the entries' nodes, in order
 	generation int64
 	size       string
 	lastUsed   time.Time // zero for none
+	seededFrom string
 }
 
 // statusIs reports nil once the Cache's status has the entries and derived
@@ -100,9 +108,9 @@ func (a *apiTest) statusIs(c *v1alpha1.Cache, want derived) func(context.Context
 			lastUsed = st.LastUsed.Time
 		}
 		if !slices.Equal(nodes, want.nodes) || st.Generation != want.generation || st.Size != want.size ||
-			int(st.NodeCount) != len(want.nodes) || !lastUsed.Equal(want.lastUsed) {
-			return fmt.Errorf("status: nodes %v, generation %d, size %q, nodeCount %d, lastUsed %v; want nodes %v, generation %d, size %q, lastUsed %v",
-				nodes, st.Generation, st.Size, st.NodeCount, lastUsed, want.nodes, want.generation, want.size, want.lastUsed)
+			int(st.NodeCount) != len(want.nodes) || !lastUsed.Equal(want.lastUsed) || st.SeededFrom != want.seededFrom {
+			return fmt.Errorf("status: nodes %v, generation %d, size %q, nodeCount %d, lastUsed %v, seededFrom %q; want nodes %v, generation %d, size %q, lastUsed %v, seededFrom %q",
+				nodes, st.Generation, st.Size, st.NodeCount, lastUsed, st.SeededFrom, want.nodes, want.generation, want.size, want.lastUsed, want.seededFrom)
 		}
 		return nil
 	}
@@ -127,11 +135,14 @@ func TestEnvtestCacheStatusFollowsNodeEntries(t *testing.T) {
 		entry *v1alpha1.NodeCacheStatus
 		want  derived
 	}{
-		{"node a commits", nodeA, nodeEntry(nodeA, 3, gib, t1), derived{[]string{nodeA}, 3, "1.0GiB", t1}},
-		{"node b commits", nodeB, nodeEntry(nodeB, 5, gib/2, t2), derived{[]string{nodeA, nodeB}, 5, "1.5GiB", t2}},
-		{"node a commits again", nodeA, nodeEntry(nodeA, 6, gib, t1), derived{[]string{nodeA, nodeB}, 6, "1.5GiB", t2}},
-		{"node b removes the cache", nodeB, nil, derived{[]string{nodeA}, 6, "1.0GiB", t1}},
-		{"node a removes the cache", nodeA, nil, derived{}},
+		{"node a commits", nodeA, nodeEntry(nodeA, 3, gib, t1), derived{[]string{nodeA}, 3, "1.0GiB", t1, ""}},
+		{"node b commits", nodeB, nodeEntry(nodeB, 5, gib/2, t2), derived{[]string{nodeA, nodeB}, 5, "1.5GiB", t2, ""}},
+		{"node a commits again, seeded", nodeA, seededEntry(nodeEntry(nodeA, 6, gib, t1), a.ns, "main", 2),
+			derived{[]string{nodeA, nodeB}, 6, "1.5GiB", t2, a.ns + "/main@2"}},
+		// The newest last use stays when its node evicts the cache, and
+		// when every node has.
+		{"node b removes the cache", nodeB, nil, derived{[]string{nodeA}, 6, "1.0GiB", t2, a.ns + "/main@2"}},
+		{"node a removes the cache", nodeA, nil, derived{lastUsed: t2}},
 	}
 	for _, s := range steps {
 		a.applyEntry(c, s.node, s.entry)
@@ -193,7 +204,7 @@ func TestEnvtestCacheDeletion(t *testing.T) {
 			a.applyEntry(c, gone, nodeEntry(gone, 9, gib, now))
 			want := derived{nodes: names}
 			if len(names) > 0 {
-				want = derived{names, 1, v1alpha1.FormatSize(int64(4096 * len(names))), now}
+				want = derived{names, 1, v1alpha1.FormatSize(int64(4096 * len(names))), now, ""}
 			}
 			a.eventually("the gone Node's entry pruned", a.statusIs(c, want))
 			a.waitEvent("Cache", c.Name, "Normal NodeGone Removed the status of "+gone+": the Node no longer exists")
@@ -278,7 +289,7 @@ func TestEnvtestCacheStatusKeepsThePublishedChain(t *testing.T) {
 	for gen := int64(1); gen <= 2; gen++ {
 		a.applyEntry(c, node, nodeEntry(node, gen, gen*1024, now))
 		a.publish(c, node, layer(gen))
-		a.eventually(fmt.Sprintf("generation %d derived", gen), a.statusIs(c, derived{[]string{node}, gen, v1alpha1.FormatSize(gen * 1024), now}))
+		a.eventually(fmt.Sprintf("generation %d derived", gen), a.statusIs(c, derived{[]string{node}, gen, v1alpha1.FormatSize(gen * 1024), now, ""}))
 	}
 	want := []string{layer(2).Digest, layer(1).Digest}
 	a.eventually("the published chain", a.publishedIs(c, want...))

@@ -94,6 +94,6 @@ func TestEnvtestStaleWritesConflict(t *testing.T) {
 		}
 		// The manager, from its informer cache, converges.
 		a.startManager()
-		a.eventually("the gone node pruned, node b's entry kept", a.statusIs(c, derived{[]string{nodeA, nodeB}, 2, "3.0KiB", now}))
+		a.eventually("the gone node pruned, node b's entry kept", a.statusIs(c, derived{[]string{nodeA, nodeB}, 2, "3.0KiB", now, ""}))
 	})
 }

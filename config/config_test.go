@@ -139,7 +139,7 @@ func TestDefault(t *testing.T) {
 	for _, c := range crd.Spec.Versions[0].AdditionalPrinterColumns {
 		columns = append(columns, c.Name)
 	}
-	if want := []string{"Generation", "Size", "Nodes", "Last Used", "Age"}; !slices.Equal(columns, want) {
+	if want := []string{"Generation", "Size", "Nodes", "Last Used", "Seeded From", "Age"}; !slices.Equal(columns, want) {
 		t.Errorf("printer columns = %q, want %q", columns, want)
 	}
 

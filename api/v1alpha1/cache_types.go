@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"fmt"
+
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -59,9 +61,18 @@ type CacheStatus struct {
 	// +optional
 	NodeCount int32 `json:"nodeCount,omitempty"`
 
-	// LastUsed is the latest LastUsed over all nodes.
+	// LastUsed is the latest LastUsed over all nodes, and stays when
+	// every node has evicted the cache: it is when the cache was last used
+	// anywhere, which cluster-wide retention reads.
 	// +optional
 	LastUsed *metav1.Time `json:"lastUsed,omitempty"`
+
+	// SeededFrom is what the cache was created on, as
+	// NAMESPACE/NAME@GENERATION of a fallback cache (see
+	// nodes[].seededFrom); nodes seeded from different generations are
+	// listed, comma-separated. Empty for a cache that started empty.
+	// +optional
+	SeededFrom string `json:"seededFrom,omitempty"`
 
 	// Published is the cache's cluster-wide generation log, when its
 	// StorageClass syncs it through a registry. Node agents append their
@@ -187,12 +198,31 @@ type NodeCacheStatus struct {
 	// +optional
 	Unpublished int32 `json:"unpublished,omitempty"`
 
+	// SeededFrom is the fallback cache whose layers this node's copy of
+	// the cache was created on (annotation layercache.dev/fallback); its
+	// bottom layers are shared with that cache, not copied.
+	// +optional
+	SeededFrom *CacheSeed `json:"seededFrom,omitempty"`
+
 	// PublishError is why this node's last attempt to publish the cache
 	// failed: the registry's answer, a layer that cannot be published
 	// (its path and why), or a published chain the node does not trust.
 	// Empty once a publish succeeds.
 	// +optional
 	PublishError string `json:"publishError,omitempty"`
+}
+
+// CacheSeed names a fallback cache at one of its generations.
+type CacheSeed struct {
+	Namespace  string `json:"namespace"`
+	Name       string `json:"name"`
+	Generation int64  `json:"generation"`
+}
+
+// String is NAMESPACE/NAME@GENERATION, as the PV annotation
+// layercache.dev/seeded-from says it.
+func (s CacheSeed) String() string {
+	return fmt.Sprintf("%s/%s@%d", s.Namespace, s.Name, s.Generation)
 }
 
 // Cache is a named build cache. PVCs of the layercache StorageClass name it
@@ -206,6 +236,7 @@ type NodeCacheStatus struct {
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.size`
 // +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodeCount`
 // +kubebuilder:printcolumn:name="Last Used",type=date,JSONPath=`.status.lastUsed`
+// +kubebuilder:printcolumn:name="Seeded From",type=string,JSONPath=`.status.seededFrom`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Cache struct {
 	metav1.TypeMeta   `json:",inline"`

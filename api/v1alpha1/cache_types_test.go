@@ -23,8 +23,9 @@ func fullCache() *Cache {
 			Retention: &Retention{MaxAge: &metav1.Duration{Duration: 168 * 3600e9}, MaxSize: &size},
 		},
 		Status: CacheStatus{
-			Nodes:      []NodeCacheStatus{{Node: "n1", Generation: 2, Layers: 2, SizeBytes: 10, LastUsed: &now, LastWriter: "ci/ws", Unpublished: 1}},
-			Generation: 2, Size: "10B", NodeCount: 1, LastUsed: &now,
+			Nodes:      []NodeCacheStatus{{Node: "n1", Generation: 2, Layers: 2, SizeBytes: 10, LastUsed: &now, LastWriter: "ci/ws", Unpublished: 1,
+				SeededFrom: &CacheSeed{Namespace: "ci", Name: "main", Generation: 7}}},
+			Generation: 2, Size: "10B", NodeCount: 1, LastUsed: &now, SeededFrom: "ci/main@7",
 			Published: &PublishedChain{Repository: "reg.example/caches/ci/maven", Secret: "creds", Generation: 1, Layers: []PublishedLayer{{
 				Digest: "sha256:aa", DiffID: "sha256:bb", MediaType: "application/vnd.oci.image.layer.v1.tar+zstd", Size: 3, Generation: 1, Node: "n1", Covers: []string{"sha256:cc"},
 			}}},
@@ -66,11 +67,13 @@ func TestCacheJSONFields(t *testing.T) {
 		".readers[]", ".retention.maxAge", ".retention.maxSize",
 		"status.generation", "status.lastUsed", "status.nodeCount",
 		"status.nodes[].generation", "status.nodes[].lastUsed", "status.nodes[].lastWriter",
-		"status.nodes[].layers", "status.nodes[].node", "status.nodes[].sizeBytes", "status.nodes[].unpublished",
+		"status.nodes[].layers", "status.nodes[].node",
+		"status.nodes[].seededFrom.generation", "status.nodes[].seededFrom.name", "status.nodes[].seededFrom.namespace",
+		"status.nodes[].sizeBytes", "status.nodes[].unpublished",
 		"status.published.generation", "status.published.layers[].covers[]", "status.published.layers[].diffID",
 		"status.published.layers[].digest", "status.published.layers[].generation", "status.published.layers[].mediaType",
 		"status.published.layers[].node", "status.published.layers[].size", "status.published.repository", "status.published.secret",
-		"status.size",
+		"status.seededFrom", "status.size",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("JSON fields\n got %s\nwant %s", strings.Join(got, " "), strings.Join(want, " "))
