@@ -103,6 +103,9 @@ func nodeStatus(node string, info layerfs.CacheInfo, synced *syncStatus) v1alpha
 		Node: node, Generation: info.Generation, Layers: int32(len(info.Layers)),
 		SizeBytes: info.Bytes, LastWriter: info.LastWriter,
 	}
+	if seed := info.SeededFrom; seed != nil {
+		st.SeededFrom = &v1alpha1.CacheSeed{Namespace: seed.Cache.Namespace, Name: seed.Cache.Name, Generation: seed.Generation}
+	}
 	if synced != nil {
 		st.Unpublished = int32(len(unpublished(info)))
 		st.PublishError = synced.PublishError

@@ -159,6 +159,11 @@ func TestProvisionSeeded(t *testing.T) {
 		t.Errorf("PV annotation %s = %q, want trusted/main@3", v1alpha1.AnnotationSeededFrom, got)
 	}
 	env.wantEvent(t, "Normal SeededFromFallback", "starts from fallback trusted/main at generation 3", "never written")
+	// A seeded volume starts warm: a hit from a fallback, not a miss.
+	if hits, misses := metricValue(t, env.prov.metrics.hits.WithLabelValues("ci", "pr-1", hitFallback)),
+		metricValue(t, env.prov.metrics.misses.WithLabelValues("ci", "pr-1")); hits != 1 || misses != 0 {
+		t.Errorf("fallback hits = %v, misses = %v; want 1, 0", hits, misses)
+	}
 
 	// Seeding never writes the fallback: the commit creates ci/pr-1.
 	res, err := env.store.Commit(context.Background(), opts.PVName)

@@ -41,6 +41,15 @@ func TestStatusApply(t *testing.T) {
 	if withdraw := statusApply(maven, nil); withdraw.Status != nil {
 		t.Errorf("withdraw body has a status: %+v", withdraw.Status)
 	}
+
+	// A copy created on a fallback's layers says which, at which
+	// generation; the manager derives status.seededFrom from it.
+	info.SeededFrom = &layerfs.Seed{Cache: layerfs.CacheRef{Namespace: "trusted", Name: "main"}, Generation: 7}
+	entry = nodeStatus("node-a", info, nil)
+	got, err = json.Marshal(entry.SeededFrom)
+	if want := `{"namespace":"trusted","name":"main","generation":7}`; err != nil || string(got) != want {
+		t.Errorf("seededFrom = %s, %v; want %s", got, err, want)
+	}
 }
 
 func getCache(t *testing.T, c client.Client, ref layerfs.CacheRef) *v1alpha1.Cache {

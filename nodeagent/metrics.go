@@ -25,6 +25,12 @@ type metrics struct {
 	announceWait                  *prometheus.HistogramVec
 }
 
+// Sources of the hits metric.
+const (
+	hitCache    = "cache"
+	hitFallback = "fallback"
+)
+
 // Operations of the failures metric.
 const (
 	opProvision = "provision"
@@ -63,11 +69,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_cache_hits_total",
-			Help: "Volumes provisioned from a cache that already had a committed generation on this node.",
-		}, cacheLabels),
+			Help: "Volumes provisioned warm, by source: the cache's own committed generation on this node (cache), or, for a cache with none yet, a fallback's layers (fallback).",
+		}, append(cacheLabels, "source")),
 		misses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_cache_misses_total",
-			Help: "Volumes provisioned from a cache with nothing committed on this node yet.",
+			Help: "Volumes provisioned empty: the cache had nothing committed on this node yet and no fallback had either.",
 		}, cacheLabels),
 		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "layercache_cache_bytes",
@@ -133,7 +139,19 @@ func (m *metrics) forgetCache(c layerfs.CacheRef) {
 	for _, v := range []*prometheus.GaugeVec{m.bytes, m.layers, m.generation} {
 		v.DeleteLabelValues(c.Namespace, c.Name)
 	}
-	for _, v := range []*prometheus.CounterVec{m.hits, m.misses} {
-		v.DeleteLabelValues(c.Namespace, c.Name)
+	m.hits.DeletePartialMatch(prometheus.Labels{"namespace": c.Namespace, "cache": c.Name})
+	m.misses.DeleteLabelValues(c.Namespace, c.Name)
+}
+
+// provisioned counts a new volume of cache as a hit, by the source it
+// starts from, or a miss.
+func (m *metrics) provisioned(cache layerfs.CacheRef, v *layerfs.Volume) {
+	switch {
+	case v.BaseGeneration > 0:
+		m.hits.WithLabelValues(cache.Namespace, cache.Name, hitCache).Inc()
+	case v.SeededFrom != nil:
+		m.hits.WithLabelValues(cache.Namespace, cache.Name, hitFallback).Inc()
+	default:
+		m.misses.WithLabelValues(cache.Namespace, cache.Name).Inc()
 	}
 }

@@ -134,11 +134,7 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 		Request: req, Volume: vol, Claim: claim, Class: opts.StorageClass,
 	})
 	p.metrics.provisionSeconds.WithLabelValues(string(req.Mode)).Observe(time.Since(start).Seconds())
-	if vol.BaseGeneration > 0 {
-		p.metrics.hits.WithLabelValues(req.Cache.Namespace, req.Cache.Name).Inc()
-	} else {
-		p.metrics.misses.WithLabelValues(req.Cache.Namespace, req.Cache.Name).Inc()
-	}
+	p.metrics.provisioned(req.Cache, vol)
 	p.reports.Add(req.Cache)
 	if vol.SeededFrom != nil {
 		then := "a commit creates it on the fallback's layers"

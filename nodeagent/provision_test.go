@@ -255,8 +255,8 @@ func TestProvisionHit(t *testing.T) {
 	if got := pv.Annotations[v1alpha1.AnnotationBaseGeneration]; got != "4" {
 		t.Errorf("base generation %q, want 4", got)
 	}
-	if got := metricValue(t, env.prov.metrics.hits.WithLabelValues("ci", "maven")); got != 1 {
-		t.Errorf("hits = %v, want 1", got)
+	if got := metricValue(t, env.prov.metrics.hits.WithLabelValues("ci", "maven", hitCache)); got != 1 {
+		t.Errorf("hits from the cache = %v, want 1", got)
 	}
 }
 
