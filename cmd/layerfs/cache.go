@@ -29,7 +29,9 @@ func newLsCommand(g *globalOptions) *cobra.Command {
 		Aliases: []string{"list"},
 		Short:   "List caches, or volumes with --volumes",
 		Long: `List the store's caches with their generation, layer count, size, last use
-and the number of volumes using them. With --volumes, list the volumes with
+and the number of volumes using them. Once a cache was seeded from a
+fallback, SEEDED FROM names that fallback and SHARED counts the cache's
+layers that another cache's head also names (stored once). With --volumes, list the volumes with
 their cache, the generation they were mounted at, and whether the overlay is
 mounted.` + exitStatusHelp,
 		Example: `  layerfs ls
@@ -87,12 +89,14 @@ func writeCaches(w io.Writer, format string, caches []layerfs.CacheInfo, now tim
 	caches = slices.SortedFunc(slices.Values(caches), func(a, b layerfs.CacheInfo) int {
 		return cmp.Compare(a.Cache.String(), b.Cache.String())
 	})
+	heads := layerHeads(caches)
 	switch format {
 	case outputJSON:
-		if caches == nil {
-			caches = []layerfs.CacheInfo{} // [] rather than null for jq users
+		rows := make([]cacheRow, 0, len(caches)) // [] rather than null for jq users
+		for _, c := range caches {
+			rows = append(rows, cacheRow{CacheInfo: c, SharedLayers: sharedLayers(c, heads)})
 		}
-		return writeJSON(w, caches)
+		return writeJSON(w, rows)
 	case outputName:
 		for _, c := range caches {
 			if _, err := fmt.Fprintln(w, c.Cache); err != nil {
@@ -110,10 +114,11 @@ func writeCaches(w io.Writer, format string, caches []layerfs.CacheInfo, now tim
 	if layouts {
 		header += "\tLAYOUT"
 	}
-	// SEEDED FROM shows once a cache was seeded from a fallback, likewise.
-	seeded := slices.ContainsFunc(caches, func(c layerfs.CacheInfo) bool { return c.SeededFrom != nil })
+	// SEEDED FROM and SHARED show once a cache was seeded from a
+	// fallback or shares layers with another, likewise.
+	seeded := slices.ContainsFunc(caches, func(c layerfs.CacheInfo) bool { return c.SeededFrom != nil || sharedLayers(c, heads) > 0 })
 	if seeded {
-		header += "\tSEEDED FROM"
+		header += "\tSEEDED FROM\tSHARED"
 	}
 	fmt.Fprintln(t, header)
 	for _, c := range caches {
@@ -123,7 +128,7 @@ func writeCaches(w io.Writer, format string, caches []layerfs.CacheInfo, now tim
 			fmt.Fprintf(t, "\t%s", layoutName(c.Layout))
 		}
 		if seeded {
-			fmt.Fprintf(t, "\t%s", seedName(c.SeededFrom))
+			fmt.Fprintf(t, "\t%s\t%d", seedName(c.SeededFrom), sharedLayers(c, heads))
 		}
 		fmt.Fprintln(t)
 	}
@@ -175,7 +180,8 @@ func newInspectCommand(g *globalOptions) *cobra.Command {
 		Use:   "inspect NAMESPACE/NAME | inspect --volume VOLUME",
 		Short: "Show a cache's layers, or a volume and its mount command",
 		Long: `Show a cache: its generation, size, last use and writer, the volumes using
-it, and its layers newest first.
+it, and its layers newest first; once a layer is shared with other caches
+(a cache seeded from a fallback and that fallback), SHARED WITH names them.
 
 With --volume, show a volume instead, together with the equivalent
 'mount -t overlay' command line: run it by hand to see the kernel's own
@@ -235,12 +241,26 @@ func runInspectCache(ctx context.Context, w io.Writer, store *layerfs.Store, cac
 	if err != nil {
 		return err
 	}
-	return writeCacheInfo(w, format, info, now)
+	// Which other caches share a layer is in their heads: read them all.
+	all, err := store.List(ctx)
+	if err != nil {
+		return err
+	}
+	return writeCacheInfo(w, format, info, all, now)
 }
 
-func writeCacheInfo(w io.Writer, format string, info layerfs.CacheInfo, now time.Time) error {
+// writeCacheInfo shows info; all are the store's caches, whose heads tell
+// which of info's layers are shared with which cache.
+func writeCacheInfo(w io.Writer, format string, info layerfs.CacheInfo, all []layerfs.CacheInfo, now time.Time) error {
+	heads := layerHeads(all)
+	shared := map[string][]layerfs.CacheRef{}
+	for _, l := range info.Layers {
+		if others := sharedWith(l.ID, info.Cache, heads); len(others) > 0 {
+			shared[l.ID] = others
+		}
+	}
 	if format == outputJSON {
-		return writeJSON(w, info)
+		return writeJSON(w, cacheDetails{CacheInfo: info, SharedWith: shared})
 	}
 	t := newTable(w)
 	fmt.Fprintf(t, "Cache:\t%s\n", info.Cache)
@@ -264,11 +284,79 @@ func writeCacheInfo(w io.Writer, format string, info layerfs.CacheInfo, now time
 	}
 	fmt.Fprintln(w)
 	t = newTable(w)
-	fmt.Fprintln(t, "LAYER\tSIZE\tFILES\tCREATED\tPUBLISHED")
+	// SHARED WITH shows once a layer is shared, as SHARED does in ls.
+	header := "LAYER\tSIZE\tFILES\tCREATED\tPUBLISHED"
+	if len(shared) > 0 {
+		header += "\tSHARED WITH"
+	}
+	fmt.Fprintln(t, header)
 	for _, l := range info.Layers {
-		fmt.Fprintf(t, "%s\t%s\t%d\t%s\t%s\n", l.ID, v1alpha1.FormatSize(l.Bytes), l.Files, formatAge(l.Created, now), published(l))
+		fmt.Fprintf(t, "%s\t%s\t%d\t%s\t%s", l.ID, v1alpha1.FormatSize(l.Bytes), l.Files, formatAge(l.Created, now), published(l))
+		if len(shared) > 0 {
+			fmt.Fprintf(t, "\t%s", cacheNames(shared[l.ID]))
+		}
+		fmt.Fprintln(t)
 	}
 	return t.Flush()
+}
+
+// cacheRow is a cache as ls -o json prints it.
+type cacheRow struct {
+	layerfs.CacheInfo
+	// SharedLayers counts the cache's layers that another cache's head
+	// also names (a seeded cache and its fallback): the store holds them
+	// once.
+	SharedLayers int `json:"sharedLayers"`
+}
+
+// cacheDetails is a cache as inspect -o json prints it.
+type cacheDetails struct {
+	layerfs.CacheInfo
+	// SharedWith maps each shared layer's id to the other caches whose
+	// heads name it.
+	SharedWith map[string][]layerfs.CacheRef `json:"sharedWith,omitempty"`
+}
+
+// layerHeads maps each layer id to the caches whose heads name it.
+func layerHeads(caches []layerfs.CacheInfo) map[string][]layerfs.CacheRef {
+	heads := map[string][]layerfs.CacheRef{}
+	for _, c := range caches {
+		for _, l := range c.Layers {
+			heads[l.ID] = append(heads[l.ID], c.Cache)
+		}
+	}
+	return heads
+}
+
+// sharedLayers counts c's layers that another cache's head also names.
+func sharedLayers(c layerfs.CacheInfo, heads map[string][]layerfs.CacheRef) int {
+	n := 0
+	for _, l := range c.Layers {
+		if len(sharedWith(l.ID, c.Cache, heads)) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// sharedWith is the caches other than self whose heads name layer id.
+func sharedWith(id string, self layerfs.CacheRef, heads map[string][]layerfs.CacheRef) []layerfs.CacheRef {
+	var others []layerfs.CacheRef
+	for _, c := range heads[id] {
+		if c != self {
+			others = append(others, c)
+		}
+	}
+	return others
+}
+
+// cacheNames lists caches comma-separated, "-" for none.
+func cacheNames(caches []layerfs.CacheRef) string {
+	names := make([]string, len(caches))
+	for i, c := range caches {
+		names[i] = c.String()
+	}
+	return cmp.Or(strings.Join(names, ", "), "-")
 }
 
 // published says how a layer is in the cache's registry: its digest

@@ -162,7 +162,7 @@ Volumes:       -
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var b bytes.Buffer
-			if err := writeCacheInfo(&b, outputTable, tt.info, now); err != nil {
+			if err := writeCacheInfo(&b, outputTable, tt.info, fixtureCaches, now); err != nil {
 				t.Fatal(err)
 			}
 			if b.String() != tt.want {
@@ -435,29 +435,70 @@ ci/maven      2            0        0B     never       0         overlay
 	}
 }
 
-// A store with a seeded cache shows what each cache was seeded from.
+// A store with a seeded cache shows what each cache was seeded from and
+// how many of each cache's layers another cache's head also names;
+// inspect says with which caches each layer is shared.
 func TestWriteCachesSeededColumn(t *testing.T) {
+	pr1 := layerfs.CacheRef{Namespace: "ci", Name: "pr-1"}
+	pr2 := layerfs.CacheRef{Namespace: "ci", Name: "pr-2"}
 	caches := []layerfs.CacheInfo{
-		{Cache: maven, Generation: 2, Layout: layerfs.LayoutOverlay},
-		{Cache: layerfs.CacheRef{Namespace: "ci", Name: "pr-1"}, Generation: 1, Layout: layerfs.LayoutOverlay,
+		{Cache: maven, Generation: 2, Layout: layerfs.LayoutOverlay, Layers: []layerfs.LayerInfo{{ID: "m2"}, {ID: "m1"}}},
+		{Cache: pr1, Generation: 1, Layout: layerfs.LayoutOverlay, Layers: []layerfs.LayerInfo{{ID: "p1"}, {ID: "m2"}, {ID: "m1"}},
 			SeededFrom: &layerfs.Seed{Cache: maven, Generation: 2}},
+		{Cache: pr2, Generation: 1, Layout: layerfs.LayoutOverlay, Layers: []layerfs.LayerInfo{{ID: "p2"}, {ID: "m1"}},
+			SeededFrom: &layerfs.Seed{Cache: maven, Generation: 1}},
+		{Cache: npm, Generation: 1, Layout: layerfs.LayoutOverlay, Layers: []layerfs.LayerInfo{{ID: "n1"}}},
 	}
 	var b bytes.Buffer
 	if err := writeCaches(&b, outputTable, caches, now); err != nil {
 		t.Fatal(err)
 	}
-	want := `CACHE      GENERATION   LAYERS   SIZE   LAST USED   VOLUMES   SEEDED FROM
-ci/maven   2            0        0B     never       0         -
-ci/pr-1    1            0        0B     never       0         ci/maven@2
+	want := `CACHE      GENERATION   LAYERS   SIZE   LAST USED   VOLUMES   SEEDED FROM   SHARED
+ci/maven   2            2        0B     never       0         -             2
+ci/npm     1            1        0B     never       0         -             0
+ci/pr-1    1            3        0B     never       0         ci/maven@2    2
+ci/pr-2    1            2        0B     never       0         ci/maven@1    1
 `
 	if b.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
 	}
+
 	b.Reset()
-	if err := writeCacheInfo(&b, outputTable, caches[1], now); err != nil {
+	if err := writeCaches(&b, outputJSON, caches, now); err != nil {
+		t.Fatal(err)
+	}
+	var rows []struct {
+		Cache        layerfs.CacheRef `json:"cache"`
+		SharedLayers int              `json:"sharedLayers"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &rows); err != nil || len(rows) != 4 || rows[0].SharedLayers != 2 || rows[3].SharedLayers != 1 {
+		t.Errorf("ls -o json sharedLayers: %+v, %v\n%s", rows, err, b.String())
+	}
+
+	b.Reset()
+	if err := writeCacheInfo(&b, outputTable, caches[1], caches, now); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(b.String(), "Seeded from:   ci/maven@2 (its bottom layers may be shared with it)") {
 		t.Errorf("inspect output lacks the seed:\n%s", b.String())
+	}
+	wantLayers := `LAYER   SIZE   FILES   CREATED   PUBLISHED   SHARED WITH
+p1      0B     0       never     -           -
+m2      0B     0       never     -           ci/maven
+m1      0B     0       never     -           ci/maven, ci/pr-2
+`
+	if !strings.HasSuffix(b.String(), wantLayers) {
+		t.Errorf("inspect layers:\n%s\nwant them to end with:\n%s", b.String(), wantLayers)
+	}
+
+	b.Reset()
+	if err := writeCacheInfo(&b, outputJSON, caches[1], caches, now); err != nil {
+		t.Fatal(err)
+	}
+	var details struct {
+		SharedWith map[string][]layerfs.CacheRef `json:"sharedWith"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &details); err != nil || len(details.SharedWith) != 2 || len(details.SharedWith["m1"]) != 2 {
+		t.Errorf("inspect -o json sharedWith: %+v, %v\n%s", details.SharedWith, err, b.String())
 	}
 }

@@ -243,3 +243,85 @@ func cleanupStore(t *testing.T, root string) {
 		unix.Unmount(m, unix.MNT_DETACH)
 	}
 }
+
+// TestCLISharedLayers: a cache seeded from a fallback shares the
+// fallback's layers; ls counts them in SHARED and inspect names the cache
+// each is shared with, against a real store with real overlay mounts.
+func TestCLISharedLayers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: this test makes real overlay mounts; run `go test ./cmd/layerfs` as root")
+	}
+	root := t.TempDir()
+	t.Cleanup(func() { cleanupStore(t, root) })
+	cli := func(args ...string) (stdout, stderr string) {
+		t.Helper()
+		code, stdout, stderr := runCLI(t, append([]string{"--root", root}, args...)...)
+		if code != exitOK {
+			t.Fatalf("layerfs %s: exit status %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout, stderr)
+		}
+		return stdout, stderr
+	}
+	build := func(volume, file string, args ...string) {
+		t.Helper()
+		merged := mountPath(t, cli, append([]string{volume}, args...)...)
+		if err := os.WriteFile(filepath.Join(merged, file), []byte(file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cli("commit", volume)
+	}
+
+	build("main-1", "main-1.txt", "--cache", "ci/main")
+	build("main-2", "main-2.txt", "--cache", "ci/main")
+	// Before any seeding the table is as it always was.
+	if out, _ := cli("ls"); strings.Contains(out, "SHARED") {
+		t.Errorf("ls without shared layers shows SHARED:\n%s", out)
+	}
+	build("pr-1-a", "pr-1.txt", "--cache", "ci/pr-1", "--fallback", "ci/main")
+	build("other-1", "other.txt", "--cache", "ci/other")
+
+	main, pr1 := inspectCache(t, cli, "ci/main"), inspectCache(t, cli, "ci/pr-1")
+	if len(main.Layers) != 2 || len(pr1.Layers) != 3 || pr1.SeededFrom == nil {
+		t.Fatalf("ci/main has %d layers, ci/pr-1 %d (seeded from %v); want 2 and 3 on top of them", len(main.Layers), len(pr1.Layers), pr1.SeededFrom)
+	}
+	out, _ := cli("ls")
+	if !strings.Contains(out, "SEEDED FROM") || !strings.Contains(out, "SHARED") ||
+		!hasRow(out, "ci/main", "2", "2") || !strings.HasSuffix(rowOf(out, "ci/main"), " 2") ||
+		!strings.HasSuffix(rowOf(out, "ci/pr-1"), "ci/main@2 2") || !strings.HasSuffix(rowOf(out, "ci/other"), "- 0") {
+		t.Errorf("ls does not count 2 shared layers in ci/main and ci/pr-1, none in ci/other:\n%s", out)
+	}
+
+	out, _ = cli("inspect", "ci/pr-1")
+	if !strings.Contains(out, "SHARED WITH") || !hasRow(out, pr1.Layers[0].ID) || !strings.HasSuffix(rowOf(out, pr1.Layers[0].ID), " -") ||
+		!strings.HasSuffix(rowOf(out, main.Layers[0].ID), " ci/main") || !strings.HasSuffix(rowOf(out, main.Layers[1].ID), " ci/main") {
+		t.Errorf("inspect ci/pr-1 does not say its bottom 2 layers are shared with ci/main:\n%s", out)
+	}
+	out, _ = cli("inspect", "ci/main")
+	if !strings.HasSuffix(rowOf(out, main.Layers[1].ID), " ci/pr-1") {
+		t.Errorf("inspect ci/main does not say its layers are shared with ci/pr-1:\n%s", out)
+	}
+	if out, _ = cli("inspect", "ci/other"); strings.Contains(out, "SHARED WITH") {
+		t.Errorf("inspect of a cache that shares nothing shows SHARED WITH:\n%s", out)
+	}
+
+	// Once the fallback is removed, nothing is shared any more; the seeded
+	// cache keeps its layers.
+	cli("rm", "ci/main")
+	out, _ = cli("ls")
+	if !strings.HasSuffix(rowOf(out, "ci/pr-1"), "ci/main@2 0") {
+		t.Errorf("after removing ci/main, ls still counts shared layers in ci/pr-1:\n%s", out)
+	}
+	if info := inspectCache(t, cli, "ci/pr-1"); len(info.Layers) != 3 {
+		t.Errorf("removing the fallback changed ci/pr-1: %d layers, want 3", len(info.Layers))
+	}
+}
+
+// rowOf is the table row whose first cell is first, spaces collapsed; ""
+// if there is none.
+func rowOf(table, first string) string {
+	for _, line := range strings.Split(table, "\n") {
+		if fields := strings.Fields(line); len(fields) > 0 && fields[0] == first {
+			return strings.Join(fields, " ")
+		}
+	}
+	return ""
+}
