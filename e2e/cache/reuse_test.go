@@ -106,7 +106,7 @@ func checkCacheTable(ctx context.Context, t *testing.T, e *env, cache string, wa
 	for _, c := range table.ColumnDefinitions {
 		columns = append(columns, c.Name)
 	}
-	for _, c := range []string{"Name", "Generation", "Size", "Nodes", "Last Used", "Age"} {
+	for _, c := range []string{"Name", "Generation", "Size", "Nodes", "Last Used", "Seeded From", "Age"} {
 		if !slices.Contains(columns, c) {
 			t.Errorf("kubectl get caches has columns %q, want %q among them", columns, c)
 		}
