@@ -15,7 +15,7 @@ import (
 
 // TestRecipesDryRun has the API server of the local cluster validate the
 // recipes' objects (server-side dry run): the pods each CI system would
-// run and the StorageClass. ARC's AutoscalingRunnerSet and GitLab's and
+// run and the StorageClasses. ARC's AutoscalingRunnerSet and GitLab's and
 // Jenkins' own configuration are not Kubernetes objects here; the unit
 // tests parse those.
 func TestRecipesDryRun(t *testing.T) {
@@ -32,9 +32,11 @@ func TestRecipesDryRun(t *testing.T) {
 			t.Errorf("the %s recipe's pod is refused by the API server: %v", system, err)
 		}
 	}
-	var sc storagev1.StorageClass
-	strict(t, "storageclass-by-pod-label.yaml", readFile(t, "storageclass-by-pod-label.yaml"), &sc)
-	if _, err := f.Client.StorageV1().StorageClasses().Create(ctx, &sc, dryRun); err != nil {
-		t.Errorf("the StorageClass recipe is refused by the API server: %v", err)
+	for _, file := range []string{"storageclass-by-pod-label.yaml", "storageclass-branch.yaml"} {
+		var sc storagev1.StorageClass
+		strict(t, file, readFile(t, file), &sc)
+		if _, err := f.Client.StorageV1().StorageClasses().Create(ctx, &sc, dryRun); err != nil {
+			t.Errorf("the StorageClass recipe %s is refused by the API server: %v", file, err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"text/template"
 
 	"github.com/BurntSushi/toml"
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
 )
 
 // The recipes of docs/ci-recipes.md, read as their CI systems read them.
@@ -153,5 +155,45 @@ func TestRecipeStorageClass(t *testing.T) {
 	}
 	if !strings.Contains(sc.Parameters["cache"], ".Pod.Labels.app") {
 		t.Errorf("cache parameter %q, want the template the page explains", sc.Parameters["cache"])
+	}
+}
+
+// TestRecipeBranchStorageClass: the branch class names each branch's cache
+// after the pod's label, as GitLab sets it from CI_COMMIT_REF_SLUG, and
+// falls back to main; main's builds name main, whose fallback the agent
+// skips. The templates are evaluated as the node agent does; a pod
+// without the label names no valid cache, which the agent refuses with
+// CacheTemplateFailed.
+func TestRecipeBranchStorageClass(t *testing.T) {
+	var sc storagev1.StorageClass
+	strict(t, "storageclass-branch.yaml", readFile(t, "storageclass-branch.yaml"), &sc)
+	if sc.Provisioner != v1alpha1.ProvisionerName || sc.VolumeBindingMode == nil || *sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
+		t.Errorf("StorageClass %+v: want provisioner %s and WaitForFirstConsumer", sc, v1alpha1.ProvisionerName)
+	}
+	type object struct{ Labels map[string]string }
+	eval := func(param string, labels map[string]string) (string, error) {
+		tmpl, err := template.New(param).Option("missingkey=error").Parse(sc.Parameters[param])
+		if err != nil {
+			t.Fatalf("parameter %s: %v", param, err)
+		}
+		var b strings.Builder
+		err = tmpl.Execute(&b, struct {
+			Namespace string
+			Pod       object
+		}{"gitlab-builds", object{labels}})
+		return b.String(), err
+	}
+	for _, slug := range []string{"main", "feature-login-page", "42-fix-the-build"} {
+		labels := map[string]string{"layercache-branch": slug}
+		cache, err := eval("cache", labels)
+		if err != nil || cache != slug || layerfs.ValidateName("cache", cache) != nil {
+			t.Errorf("branch %s: cache %q, %v; want the slug as a valid cache name", slug, cache, err)
+		}
+		if fallback, err := eval("fallback", labels); err != nil || fallback != "main" {
+			t.Errorf("branch %s: fallback %q, %v; want main", slug, fallback, err)
+		}
+	}
+	if cache, err := eval("cache", map[string]string{}); err == nil && layerfs.ValidateName("cache", cache) == nil {
+		t.Errorf("a pod without the label names cache %q; want no valid name", cache)
 	}
 }
