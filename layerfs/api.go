@@ -74,6 +74,12 @@ type MountOptions struct {
 	// (seed.go). Once Cache has a generation they are ignored. A fallback
 	// equal to Cache is skipped. At most MaxFallbacks; overlay layout only.
 	Fallbacks []CacheRef
+	// FallbackRepositories names the registry repository of each
+	// fallback whose layer digests are blobs there (a cache published
+	// through a registry). A volume seeded from one keeps those digests
+	// with it as LayerInfo.MountFrom; the layers of a fallback not named
+	// lose their digests, which name no blob the cache can use.
+	FallbackRepositories map[CacheRef]string
 }
 
 // Volume is a provisioned copy-on-write view of a cache.
@@ -144,11 +150,22 @@ type LayerInfo struct {
 	// into this one, newest first: the layer stands for that run of the
 	// cluster-wide chain, so it is neither pushed again nor fetched again.
 	Covers []string `json:"covers,omitempty"`
+	// MountFrom is the registry repository Digest lives in when that is
+	// not the cache's own: a layer seeded from a fallback's published
+	// layer (MountOptions.FallbackRepositories) keeps the fallback's
+	// blob, so that the cache's first publish can mount it into its own
+	// repository instead of uploading it again. Such a layer is not
+	// published to its cache until SetLayerDigest records its digest
+	// there, which clears MountFrom.
+	MountFrom string `json:"mountFrom,omitempty"`
 }
 
-// published tells whether the layer's content is in the registry, as
-// itself (Digest) or as the run of layers it merged (Covers).
-func (l LayerInfo) published() bool { return l.Digest != "" || len(l.Covers) > 0 }
+// published tells whether the layer's content is in the cache's registry
+// repository, as itself (Digest) or as the run of layers it merged
+// (Covers).
+func (l LayerInfo) published() bool {
+	return (l.Digest != "" && l.MountFrom == "") || len(l.Covers) > 0
+}
 
 // CacheInfo is what List and Inspect report about one cache.
 type CacheInfo struct {

@@ -110,7 +110,7 @@ func (s *Store) SetLayerDigest(ctx context.Context, cache CacheRef, layerID, dig
 		if i < 0 {
 			return fmt.Errorf("it is no longer in cache %s (squashed or synced away): %w", cache, ErrNotFound)
 		}
-		t.Head.Layers[i].Digest = digest
+		t.Head.Layers[i].Digest, t.Head.Layers[i].MountFrom = digest, ""
 		return nil
 	})
 	if err != nil {

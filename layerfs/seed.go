@@ -88,18 +88,29 @@ func (s *Store) seedFor(t *txn, opts MountOptions) (*Seed, []LayerInfo, error) {
 			return nil, nil, fmt.Errorf("fallback %s of cache %s has the %s layout, and an %s cache cannot start from it: remove it from the fallbacks: %w",
 				f, opts.Cache, h.Layout.orDefault(), LayoutOverlay, ErrLayoutMismatch)
 		}
-		return &Seed{Cache: f, Generation: h.Generation}, seedLayers(h.Layers), nil
+		return &Seed{Cache: f, Generation: h.Generation}, seedLayers(h.Layers, opts.FallbackRepositories[f]), nil
 	}
 	return nil, nil, nil
 }
 
-// seedLayers are a fallback's layers as the seeded cache holds them. The
-// digests go: they name blobs of the fallback's registry repository, not
-// the seeded cache's, so to the seeded cache the layers are unpublished.
-func seedLayers(layers []LayerInfo) []LayerInfo {
+// seedLayers are a fallback's layers as the seeded cache holds them:
+// unpublished, since their digests name blobs of the fallback's registry
+// repository (repo), not the seeded cache's. A digest stays, with
+// MountFrom repo, when repo is known, so the seeded cache's first publish
+// can mount the blob rather than upload it again; a layer the fallback
+// itself holds with MountFrom (seeded and not yet published) keeps its
+// own. Covers go: the runs they name are the fallback's.
+func seedLayers(layers []LayerInfo, repo string) []LayerInfo {
 	out := slices.Clone(layers)
 	for i := range out {
-		out[i].Digest, out[i].Covers = "", nil
+		out[i].Covers = nil
+		switch {
+		case out[i].MountFrom != "":
+		case repo != "" && out[i].Digest != "":
+			out[i].MountFrom = repo
+		default:
+			out[i].Digest = ""
+		}
 	}
 	return out
 }

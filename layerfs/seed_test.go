@@ -481,3 +481,70 @@ func TestSeedWaitsForTheFallbacksLockOnlySoLong(t *testing.T) {
 		t.Errorf("volume %+v not seeded from the unlocked read", v)
 	}
 }
+
+// TestSeedKeepsTheFallbacksBlobs: a seeded layer of a fallback published
+// through a registry keeps its digest with the repository it lives in,
+// and is unpublished to the seeded cache until its own digest is set.
+func TestSeedKeepsTheFallbacksBlobs(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{})
+	main := mustRef(t, "ns/main")
+	commitFile(t, s, "ns/main", "a.txt", "a")
+	commitFile(t, s, "ns/main", "b.txt", "b")
+	commitFile(t, s, "ns/main", "local.txt", "not published")
+	info := mustInspect(t, s, "ns/main")
+	digests := []string{"sha256:" + strings.Repeat("b", 64), "sha256:" + strings.Repeat("a", 64)}
+	for i, l := range info.Layers[1:] { // the newest stays unpublished
+		if err := s.SetLayerDigest(ctx, main, l.ID, digests[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	const repo = "registry.example/caches/ns/main"
+	v, err := s.Mount(ctx, "pr-a", MountOptions{Cache: mustRef(t, "ns/pr-1"), Fallbacks: []CacheRef{main},
+		FallbackRepositories: map[CacheRef]string{main: repo}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(v.MergedPath, "pr.txt"), "pr")
+	mustCommit(t, s, "pr-a")
+
+	pr := mustInspect(t, s, "ns/pr-1")
+	if len(pr.Layers) != 4 {
+		t.Fatalf("pr-1 has %d layers, want its own on main's 3", len(pr.Layers))
+	}
+	want := []LayerInfo{{}, {}, {Digest: digests[0], MountFrom: repo}, {Digest: digests[1], MountFrom: repo}}
+	for i, l := range pr.Layers {
+		if l.Digest != want[i].Digest || l.MountFrom != want[i].MountFrom || l.published() {
+			t.Errorf("pr-1 layer %d: digest %q mountFrom %q published %v; want digest %q mountFrom %q, unpublished",
+				i, l.Digest, l.MountFrom, l.published(), want[i].Digest, want[i].MountFrom)
+		}
+	}
+	// main's own layers are untouched.
+	for _, l := range mustInspect(t, s, "ns/main").Layers {
+		if l.MountFrom != "" {
+			t.Errorf("main's layer %s got MountFrom %q", l.ID, l.MountFrom)
+		}
+	}
+
+	// Publishing it to pr-1's repository clears MountFrom.
+	if err := s.SetLayerDigest(ctx, mustRef(t, "ns/pr-1"), pr.Layers[3].ID, digests[1]); err != nil {
+		t.Fatal(err)
+	}
+	if l := mustInspect(t, s, "ns/pr-1").Layers[3]; l.MountFrom != "" || !l.published() {
+		t.Errorf("after SetLayerDigest: mountFrom %q published %v, want none and published", l.MountFrom, l.published())
+	}
+
+	// Without the fallback's repository, the digests go.
+	v, err = s.Mount(ctx, "pr-b", MountOptions{Cache: mustRef(t, "ns/pr-2"), Fallbacks: []CacheRef{main}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(v.MergedPath, "pr.txt"), "pr 2")
+	mustCommit(t, s, "pr-b")
+	for _, l := range mustInspect(t, s, "ns/pr-2").Layers {
+		if l.Digest != "" || l.MountFrom != "" {
+			t.Errorf("pr-2 (no repository for main) layer %s: digest %q mountFrom %q, want neither", l.ID, l.Digest, l.MountFrom)
+		}
+	}
+}

@@ -287,7 +287,7 @@ func countUnpublished(layers []LayerInfo) int {
 }
 
 func sameLayer(a, b LayerInfo) bool {
-	return a.ID == b.ID && a.Digest == b.Digest && slices.Equal(a.Covers, b.Covers)
+	return a.ID == b.ID && a.Digest == b.Digest && a.MountFrom == b.MountFrom && slices.Equal(a.Covers, b.Covers)
 }
 
 // fetchLayers fetches the chain layers at indexes missing, opts.Parallel
