@@ -12,7 +12,9 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,11 +36,15 @@ type Registry struct {
 	// CA is the PEM certificate its TLS certificate chains to.
 	CA []byte
 
-	down    atomic.Bool
-	corrupt atomic.Bool
-	delay   atomic.Int64
+	down         atomic.Bool
+	corrupt      atomic.Bool
+	refuseMounts atomic.Bool
+	delay        atomic.Int64
 	// Requests counts the requests it served, refused ones included.
 	Requests atomic.Int64
+
+	mu  sync.Mutex
+	log []string
 }
 
 // New starts a registry that stops when the test ends.
@@ -55,8 +61,10 @@ func New(t testing.TB) *Registry {
 	return r
 }
 
-func (r *Registry) serve(inner http.Handler, w http.ResponseWriter, req *http.Request) {
+func (r *Registry) serve(inner http.Handler, rw http.ResponseWriter, req *http.Request) {
 	r.Requests.Add(1)
+	w := &statusWriter{ResponseWriter: rw, status: http.StatusOK}
+	defer func() { r.record(req, w.status) }()
 	if d := time.Duration(r.delay.Load()); d > 0 {
 		select {
 		case <-time.After(d):
@@ -78,8 +86,67 @@ func (r *Registry) serve(inner http.Handler, w http.ResponseWriter, req *http.Re
 		fmt.Fprint(w, "not the blob you asked for")
 		return
 	}
+	if r.mount(inner, w, req) {
+		return
+	}
 	inner.ServeHTTP(w, req)
 }
+
+// mount answers a cross-repository blob mount (POST
+// /v2/<repo>/blobs/uploads/?mount=<digest>&from=<repo>) as the
+// distribution registry does: 201 Created if the source repository has
+// the blob, else nothing here (the inner registry opens an upload
+// session, 202, as a registry that cannot mount does). The inner
+// registry keeps blobs by digest alone, so a mounted blob is in every
+// repository already; what the mount adds is the answer.
+func (r *Registry) mount(inner http.Handler, w http.ResponseWriter, req *http.Request) bool {
+	q := req.URL.Query()
+	digest, from := q.Get("mount"), q.Get("from")
+	repo, ok := strings.CutSuffix(strings.TrimPrefix(req.URL.Path, "/v2/"), "/blobs/uploads/")
+	if req.Method != http.MethodPost || !ok || digest == "" || from == "" || r.refuseMounts.Load() {
+		return false
+	}
+	head := httptest.NewRequest(http.MethodHead, "/v2/"+from+"/blobs/"+url.PathEscape(digest), nil)
+	rec := httptest.NewRecorder()
+	inner.ServeHTTP(rec, head)
+	if rec.Code != http.StatusOK {
+		return false
+	}
+	w.Header().Set("Location", "/v2/"+repo+"/blobs/"+digest)
+	w.Header().Set("Docker-Content-Digest", digest)
+	w.WriteHeader(http.StatusCreated)
+	return true
+}
+
+// statusWriter remembers the status a request was answered with.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (r *Registry) record(req *http.Request, status int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.log = append(r.log, fmt.Sprintf("%s %s %d", req.Method, req.URL.RequestURI(), status))
+}
+
+// Log lists the requests served so far, as "METHOD URI STATUS" (the
+// URI with its query), oldest first, like an access log.
+func (r *Registry) Log() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.log...)
+}
+
+// SetRefuseMounts makes cross-repository blob mounts open an upload
+// session (202) instead of mounting (201), as registries that do not
+// mount, or do not let these credentials read the source, answer.
+func (r *Registry) SetRefuseMounts(refuse bool) { r.refuseMounts.Store(refuse) }
 
 // SetDown makes every request fail with 503 (an outage), or ends it.
 func (r *Registry) SetDown(down bool) { r.down.Store(down) }
