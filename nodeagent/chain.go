@@ -30,25 +30,55 @@ func sameChain(ref layerfs.CacheRef, reg *registryRef, pub *v1alpha1.PublishedCh
 	return checkShape(ref, pub)
 }
 
-// pushLayer pushes one layer and appends it to the chain, then records
-// its digest on the node. In that order: a layer whose digest the node
-// records is always in the chain, so a crash in between only makes the
-// next publish push the same blob again (exports are deterministic) and
-// find it already appended.
-//
-// The append also settles announcements in the same update (see
-// landed): the layer's own goes, and those of gone nodes.
-func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, layer layerfs.LayerInfo, gone []string) (*v1alpha1.PublishedChain, error) {
+// pushed is a layer whose blob is in the cache's repository and not
+// yet in its chain.
+type pushed struct {
+	layer layerfs.LayerInfo
+	blob  remote.Blob
+	// direction is how the blob got there, for the registry metrics:
+	// push (exported), mount or copy (a seeded layer's fallback blob).
+	direction string
+	start     time.Time
+}
+
+// putBlob puts layer's blob into the cache's repository: a seeded
+// layer's by mounting the fallback blob it keeps (or copying it, if the
+// registry will not mount), when sources has that blob from the
+// repository the layer names; any other layer, or one whose mount and
+// copy both fail, by export and push. Exports are deterministic, so a
+// retry pushes the same blob. nil if the layer was squashed away
+// meanwhile (the squash is published instead).
+func (s *syncer) putBlob(ctx context.Context, ref layerfs.CacheRef, target *remote.Target, layer layerfs.LayerInfo, sources map[string]seedSource) (*pushed, error) {
 	start := time.Now()
+	if src, ok := sources[layer.Digest]; ok && layer.MountFrom != "" && src.repository == layer.MountFrom {
+		how, err := target.MountBlob(ctx, src.from, src.blob)
+		if err == nil {
+			return &pushed{layer: layer, blob: src.blob, direction: how, start: start}, nil
+		}
+		log.FromContext(ctx).Info("Could not mount or copy a seeded layer's blob; exporting the layer", "cache", ref.String(),
+			"layer", layer.ID, "digest", layer.Digest, "from", layer.MountFrom, "err", err.Error())
+	}
 	blob, err := target.PushLayer(ctx, s.tmpDir, func(w io.Writer) error {
 		return s.store.ExportLayer(ctx, ref, layer.ID, w)
 	})
 	if errors.Is(err, layerfs.ErrNotFound) {
-		return nil, nil // squashed away meanwhile; the squash is published instead
+		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
+	return &pushed{layer: layer, blob: blob, direction: "push", start: start}, nil
+}
+
+// appendPushed appends the pushed layers (oldest first) to the chain in
+// one update, then records their digests on the node. In that order: a
+// layer whose digest the node records is always in the chain, so a
+// crash in between only makes the next publish put the same blobs again
+// and find them already appended.
+//
+// The append also settles announcements in the same update (see
+// landed): the commit's own goes, and those of gone nodes.
+func (s *syncer) appendPushed(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, ps []pushed, gone []string) (*v1alpha1.PublishedChain, error) {
 	unlock, err := s.locks.lock(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -59,18 +89,26 @@ func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *regis
 		if pub == nil {
 			return pub, false
 		}
-		if slices.ContainsFunc(pub.Layers, func(l v1alpha1.PublishedLayer) bool { return l.Digest == blob.Digest.String() }) {
+		var added []pushed
+		for _, p := range ps {
+			if !slices.ContainsFunc(pub.Layers, func(l v1alpha1.PublishedLayer) bool { return l.Digest == p.blob.Digest.String() }) {
+				added = append(added, p)
+			}
+		}
+		if len(added) == 0 {
 			return pub, false // appended before a crash, with its announcement
 		}
 		if refused = sameChain(ref, reg, pub); refused != nil {
 			return pub, false
 		}
 		pub.Announced = s.landed(ctx, pub.Announced, gone)
-		pub.Generation++
-		pub.Layers = slices.Insert(pub.Layers, 0, v1alpha1.PublishedLayer{
-			Digest: blob.Digest.String(), DiffID: blob.DiffID.String(), MediaType: string(blob.MediaType), Size: blob.Size,
-			Generation: pub.Generation, Node: s.node,
-		})
+		for _, p := range added {
+			pub.Generation++
+			pub.Layers = slices.Insert(pub.Layers, 0, v1alpha1.PublishedLayer{
+				Digest: p.blob.Digest.String(), DiffID: p.blob.DiffID.String(), MediaType: string(p.blob.MediaType), Size: p.blob.Size,
+				Generation: pub.Generation, Node: s.node,
+			})
+		}
 		return pub, true
 	})
 	if err == nil {
@@ -79,16 +117,25 @@ func (s *syncer) pushLayer(ctx context.Context, ref layerfs.CacheRef, reg *regis
 	if err != nil || cache == nil || cache.Status.Published == nil {
 		return nil, err
 	}
-	if err := s.store.SetLayerDigest(ctx, ref, layer.ID, blob.Digest.String()); err != nil && !errors.Is(err, layerfs.ErrNotFound) {
-		return nil, fmt.Errorf("record digest %s of layer %s: %w", blob.Digest, layer.ID, err)
+	for _, p := range ps {
+		if err := s.store.SetLayerDigest(ctx, ref, p.layer.ID, p.blob.Digest.String()); err != nil && !errors.Is(err, layerfs.ErrNotFound) {
+			return nil, fmt.Errorf("record digest %s of layer %s: %w", p.blob.Digest, p.layer.ID, err)
+		}
+		s.published(ctx, ref, p, cache.Status.Published.Generation)
 	}
-	s.metrics.registryLayers.WithLabelValues("push").Inc()
-	s.metrics.registryBytes.WithLabelValues("push").Add(float64(blob.Size))
-	s.metrics.registrySeconds.WithLabelValues("push").Observe(time.Since(start).Seconds())
-	s.metrics.publishLag.Observe(time.Since(layer.Created).Seconds())
-	log.FromContext(ctx).Info("Published", "cache", ref.String(), "layer", layer.ID, "digest", blob.Digest.String(),
-		"generation", cache.Status.Published.Generation, "bytes", blob.Size, "tarBytes", blob.TarBytes, "seconds", time.Since(start).Seconds())
 	return cache.Status.Published, nil
+}
+
+// published counts and logs a layer that is in the chain now.
+func (s *syncer) published(ctx context.Context, ref layerfs.CacheRef, p pushed, generation int64) {
+	s.metrics.registryLayers.WithLabelValues(p.direction).Inc()
+	if p.direction != remote.Mounted {
+		s.metrics.registryBytes.WithLabelValues(p.direction).Add(float64(p.blob.Size))
+	}
+	s.metrics.registrySeconds.WithLabelValues(p.direction).Observe(time.Since(p.start).Seconds())
+	s.metrics.publishLag.Observe(time.Since(p.layer.Created).Seconds())
+	log.FromContext(ctx).Info("Published", "cache", ref.String(), "layer", p.layer.ID, "digest", p.blob.Digest.String(), "how", p.direction,
+		"generation", generation, "bytes", p.blob.Size, "tarBytes", p.blob.TarBytes, "seconds", time.Since(p.start).Seconds())
 }
 
 // publishSquashes publishes the node's squashes of published layers, so

@@ -57,6 +57,9 @@ type volumeRequest struct {
 	// some, but its class cannot seed.
 	Fallbacks       []layerfs.CacheRef
 	FallbackIgnored bool
+	// FallbackRepositories are the registry repositories of fallbacks
+	// whose layers' digests are blobs there (seed.go).
+	FallbackRepositories map[layerfs.CacheRef]string
 }
 
 func (r volumeRequest) mountOptions() layerfs.MountOptions {
@@ -64,7 +67,7 @@ func (r volumeRequest) mountOptions() layerfs.MountOptions {
 		Cache: r.Cache, ReadOnly: r.Mode == v1alpha1.ModeRead,
 		UID: r.UID, GID: r.GID, Mode: r.Perm, Writer: r.Writer,
 		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices, LimitBytes: r.LimitBytes,
-		Layout: r.Layout, Fallbacks: r.Fallbacks,
+		Layout: r.Layout, Fallbacks: r.Fallbacks, FallbackRepositories: r.FallbackRepositories,
 	}
 }
 
@@ -126,7 +129,7 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	if p.Layout, err = parseLayout(class.Name, class.Parameters[paramLayout], p.Registry != nil); err != nil {
 		return p, err
 	}
-	if p.FallbackTemplate, err = parseFallbackClass(class.Name, class.Parameters, p.Registry != nil, p.Layout); err != nil {
+	if p.FallbackTemplate, err = parseFallbackClass(class.Name, class.Parameters, p.Layout); err != nil {
 		return p, err
 	}
 	if text, ok := class.Parameters[paramCache]; ok {

@@ -21,14 +21,20 @@ import (
 // warm as its base branch's. The claim annotation names them, or else the
 // class's fallback template; the annotation wins, as for the cache.
 //
-// Registry classes and the snapshot layout cannot seed yet (cross-node
-// seeding needs the published chains of both caches; btrfs snapshots of
-// another cache are a later step). A class that sets the parameter with
-// either is refused, as snapshot plus registry is: the admin's setting can
-// never work. A claim's annotation on such a class is ignored with a
-// Warning Event instead of refused: a fallback only makes a first build
-// faster, the build is correct without it (a cold start, as before
-// fallbacks existed), and refusing would stop builds over a hint.
+// Across nodes (a class with a registry), a fallback counts only while
+// the cache has no generation anywhere: none on this node and no
+// published chain with layers. The node then pulls the first fallback
+// that has a head here or a trusted published chain, as a read claim of
+// it would, and seeds from it (seed.go); the seeded cache's first
+// publish mounts the fallback's blobs into its own repository.
+//
+// The snapshot layout cannot seed yet (btrfs snapshots of another cache
+// are a later step). A class that sets the parameter with it is refused,
+// as snapshot plus registry is: the admin's setting can never work. A
+// claim's annotation on such a class is ignored with a Warning Event
+// instead of refused: a fallback only makes a first build faster, the
+// build is correct without it (a cold start, as before fallbacks
+// existed), and refusing would stop builds over a hint.
 
 // paramFallback is the StorageClass parameter that lists the fallbacks of
 // claims without the fallback annotation, as a Go template that sees what
@@ -40,14 +46,14 @@ var fallbackFix = fmt.Sprintf("use a comma-separated list of at most %d caches, 
 	v1alpha1.MaxFallbacks, v1alpha1.AnnotationFallback)
 
 // parseFallbackClass validates the class's fallback parameter.
-func parseFallbackClass(class string, params map[string]string, registry bool, layout layerfs.Layout) (*cacheTemplate, error) {
+func parseFallbackClass(class string, params map[string]string, layout layerfs.Layout) (*cacheTemplate, error) {
 	text, ok := params[paramFallback]
 	if !ok {
 		return nil, nil
 	}
-	if registry || layout == layerfs.LayoutSnapshot {
-		return nil, classError(class, "parameter %s is set, but caches of a class with %s or the %s layout cannot start from a fallback yet; remove %s, or use a node-local class of the %s layout",
-			paramFallback, paramRegistry, layerfs.LayoutSnapshot, paramFallback, layerfs.LayoutOverlay)
+	if layout == layerfs.LayoutSnapshot {
+		return nil, classError(class, "parameter %s is set, but caches of the %s layout cannot start from a fallback yet; remove %s, or use a class of the %s layout",
+			paramFallback, layerfs.LayoutSnapshot, paramFallback, layerfs.LayoutOverlay)
 	}
 	return parseTemplate(class, paramFallback, text, `"main" or "{{ .Namespace }}/main"`)
 }
@@ -64,7 +70,7 @@ func claimFallbacks(claim *corev1.PersistentVolumeClaim, class classParams, pod 
 		if refs, err = parseFallbacks(v1alpha1.AnnotationFallback, claim.Namespace, raw); err != nil {
 			return nil, false, err
 		}
-		if class.Registry != nil || class.Layout == layerfs.LayoutSnapshot {
+		if class.Layout == layerfs.LayoutSnapshot {
 			return nil, len(refs) > 0, nil
 		}
 	case class.FallbackTemplate != nil:

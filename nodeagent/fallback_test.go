@@ -52,7 +52,8 @@ func TestClaimFallbacks(t *testing.T) {
 			wantErr: `parameter fallback "{{ .Pod.Labels.base }}" cannot list the fallbacks of this claim (the claim)`},
 		{name: "class template lists an invalid cache", params: map[string]string{paramFallback: "Main"}, reason: reasonCacheTemplate,
 			wantErr: `parameter fallback "Main" listed the fallbacks "Main" for this claim, which are not valid`},
-		{name: "ignored by a registry class", fallback: new("main"), params: map[string]string{paramRegistry: "reg.example/caches"}, wantIgnored: true},
+		{name: "kept by a registry class", fallback: new("main"), params: map[string]string{paramRegistry: "reg.example/caches"}, want: []layerfs.CacheRef{ref("ci", "main")}},
+		{name: "registry class template", params: map[string]string{paramRegistry: "reg.example/caches", paramFallback: "main"}, want: []layerfs.CacheRef{ref("ci", "main")}},
 		{name: "ignored by a snapshot class", fallback: new("main"), params: map[string]string{paramLayout: "snapshot"}, wantIgnored: true},
 		{name: "still validated by a registry class", fallback: new("Main"), params: map[string]string{paramRegistry: "reg.example/caches"},
 			reason: reasonInvalidAnnotation, wantErr: "upper-case"},
@@ -93,9 +94,8 @@ func TestFallbackRefusedByClass(t *testing.T) {
 		params  map[string]string
 		wantErr string
 	}{
-		{"with a registry", map[string]string{paramFallback: "main", paramRegistry: "reg.example/caches"},
-			`StorageClass "layercache": parameter fallback is set, but caches of a class with registry or the snapshot layout cannot start from a fallback yet; remove fallback`},
-		{"with the snapshot layout", map[string]string{paramFallback: "main", paramLayout: "snapshot"}, "cannot start from a fallback yet"},
+		{"with the snapshot layout", map[string]string{paramFallback: "main", paramLayout: "snapshot"},
+			`StorageClass "layercache": parameter fallback is set, but caches of the snapshot layout cannot start from a fallback yet; remove fallback`},
 		{"not a template", map[string]string{paramFallback: "{{ .Namespace "},
 			`parameter fallback has value "{{ .Namespace ", which is not a valid Go template`},
 	} {

@@ -97,11 +97,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result", "trigger"}),
 		registryBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_registry_bytes_total",
-			Help: "Bytes of layers moved between this node and registries, by direction (push: compressed blobs; pull: layers unpacked on disk).",
+			Help: "Bytes of layers moved between this node and registries, by direction (push: compressed blobs; pull: layers unpacked on disk; copy: a seeded layer's blob copied from its fallback's repository; a mount moves none).",
 		}, []string{"direction"}),
 		registryLayers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_registry_layers_total",
-			Help: "Layers moved between this node and registries, by direction (push, pull).",
+			Help: "Layers moved between this node and registries, by direction (push, pull; mount and copy: a seeded layer's blob mounted or copied from its fallback's repository instead of pushed).",
 		}, []string{"direction"}),
 		registrySeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "layercache_registry_duration_seconds", Buckets: buckets,

@@ -118,11 +118,12 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 
 	if req.FallbackIgnored {
 		p.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonFallbackIgnored, actionProvision,
-			"annotation %s is ignored: StorageClass %q syncs through a registry or uses the %s layout, whose caches cannot start from a fallback yet; the first build of cache %s starts from what the cache has. Use a node-local class of the %s layout, or remove the annotation",
+			"annotation %s is ignored: StorageClass %q uses the %s layout, whose caches cannot start from a fallback yet; the first build of cache %s starts from what the cache has. Use a class of the %s layout, or remove the annotation",
 			v1alpha1.AnnotationFallback, opts.StorageClass.Name, layerfs.LayoutSnapshot, req.Cache, layerfs.LayoutOverlay)
 	}
 	if req.Registry != nil {
 		p.sync.pull(ctx, claim, req)
+		req.Fallbacks, req.FallbackRepositories = p.sync.seed(ctx, claim, req)
 	}
 	vol, err := p.store.Mount(ctx, opts.PVName, req.mountOptions())
 	if err != nil {

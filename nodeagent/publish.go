@@ -79,7 +79,11 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 		return err
 	}
 	gone := s.goneNodes(ctx, cache.Status.Published.Announced)
-	pub, err := s.pushPending(ctx, ref, reg, target, pending, gone, cache.Status.Published)
+	// A seeded cache's first publish: its layers go into the chain in
+	// one update, so no node ever sees part of the seed as the cache.
+	seeded := info.SeededFrom != nil && len(cache.Status.Published.Layers) == 0
+	sources := s.seedSources(ctx, ref, info, pending)
+	pub, err := s.pushPending(ctx, ref, reg, target, pending, gone, cache.Status.Published, seeded, sources)
 	if err != nil || pub == nil {
 		return err
 	}
@@ -114,17 +118,31 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 // on top of the chain, so a layer published past an older unpublished
 // one would end up below it on this node. A layer that cannot be
 // published therefore holds back the ones after it.
-func (s *syncer) pushPending(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, pending []layerfs.LayerInfo, gone []string, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
+//
+// Each layer is appended as it is pushed, except in a seeded cache's
+// first publish (batch): there the fallback's layers and the build's are
+// one commit, appended together once all blobs are in the repository.
+// Part of them in the chain would be a generation that never existed,
+// and a node that pulled it would mount half a seed.
+func (s *syncer) pushPending(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, pending []layerfs.LayerInfo, gone []string, pub *v1alpha1.PublishedChain, batch bool, sources map[string]seedSource) (*v1alpha1.PublishedChain, error) {
+	var held []pushed
 	for i, layer := range pending {
-		next, err := s.pushLayer(ctx, ref, reg, target, layer, gone)
+		p, err := s.putBlob(ctx, ref, target, layer, sources)
 		if errors.Is(err, layerfs.ErrUnpublishable) {
 			s.markStuck(ref, pending)
 			return nil, &unpublishableError{cache: ref, layer: layer.ID, held: len(pending) - i - 1, err: err}
 		}
+		if err != nil || p == nil {
+			return nil, err
+		}
+		if held = append(held, *p); batch && i < len(pending)-1 {
+			continue
+		}
+		next, err := s.appendPushed(ctx, ref, reg, held, gone)
 		if err != nil || next == nil {
 			return nil, err
 		}
-		pub = next
+		pub, held = next, nil
 	}
 	return pub, nil
 }
@@ -181,11 +199,12 @@ func needsPublish(info layerfs.CacheInfo, pub *v1alpha1.PublishedChain) bool {
 
 // unpublished lists the layers the node has not pushed, oldest first. A
 // local squash of published layers (Covers) is in the registry as the
-// layers it merged.
+// layers it merged; a seeded layer's digest (MountFrom) is in its
+// fallback's repository, not the cache's.
 func unpublished(info layerfs.CacheInfo) []layerfs.LayerInfo {
 	var out []layerfs.LayerInfo
 	for _, l := range slices.Backward(info.Layers) {
-		if l.Digest == "" && len(l.Covers) == 0 {
+		if (l.Digest == "" || l.MountFrom != "") && len(l.Covers) == 0 {
 			out = append(out, l)
 		}
 	}
