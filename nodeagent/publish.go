@@ -79,9 +79,11 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 		return err
 	}
 	gone := s.goneNodes(ctx, cache.Status.Published.Announced)
-	// A seeded cache's first publish: its layers go into the chain in
-	// one update, so no node ever sees part of the seed as the cache.
-	seeded := info.SeededFrom != nil && len(cache.Status.Published.Layers) == 0
+	// A seeded cache's first publish (nothing of it published yet, or
+	// its seeded layers still keep the fallback's blobs): its layers go
+	// into the chain in one update, so no node ever sees part of the
+	// seed as the cache.
+	seeded := info.SeededFrom != nil && (len(pending) == len(info.Layers) || hasMountFrom(pending))
 	sources := s.seedSources(ctx, ref, info, pending)
 	pub, err := s.pushPending(ctx, ref, reg, target, pending, gone, cache.Status.Published, seeded, sources)
 	if err != nil || pub == nil {
