@@ -6,10 +6,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -103,13 +105,18 @@ func TestSeedAcrossNodes(t *testing.T) {
 			wantFile(t, pr, "main2.txt", "main2.txt from main-2")
 			writeFile(t, pr, "pr.txt", "pr")
 			before := len(c.reg.Log())
+			rec := &chainRecorder{Client: c.client, ref: ciPR1}
+			c.nodes["node-b"].prov.sync.caches.client = rec
 			c.end(t, "node-b", pr)
 			if err := c.nodes["node-b"].prov.sync.publish(context.Background(), ciPR1); err != nil {
 				t.Fatalf("publish pr-1: %v", err)
 			}
 
 			// pr-1's chain: its own layer on exactly main's, in its own
-			// repository, in one append (generation 3 at once).
+			// repository, in one append: no chain ever held part of it.
+			if !slices.Contains(rec.lengths, 3) || slices.ContainsFunc(rec.lengths, func(n int) bool { return n == 1 || n == 2 }) {
+				t.Errorf("pr-1's chain held part of the seed at some point: its lengths were %v, want 0 then 3", rec.lengths)
+			}
 			pub := c.chainOf(t, ciPR1)
 			if pub.Repository != c.reg.Host+"/caches/ci/pr-1" || pub.Generation != 3 || len(pub.Layers) != 3 ||
 				!slices.Equal(digests(pub)[1:], mainChain) || slices.Contains(mainChain, pub.Layers[0].Digest) {
@@ -171,3 +178,29 @@ func TestSeedOnlyWhileTheCacheHasNoGenerationAnywhere(t *testing.T) {
 	wantNoFile(t, pv, "main.txt")
 }
 
+// chainRecorder records the chain lengths of ref's status patches.
+type chainRecorder struct {
+	client.Client
+	ref     layerfs.CacheRef
+	mu      sync.Mutex
+	lengths []int
+}
+
+func (c *chainRecorder) Status() client.SubResourceWriter {
+	return chainRecorderStatus{SubResourceWriter: c.Client.Status(), rec: c}
+}
+
+type chainRecorderStatus struct {
+	client.SubResourceWriter
+	rec *chainRecorder
+}
+
+func (s chainRecorderStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	err := s.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+	if cache, ok := obj.(*v1alpha1.Cache); ok && err == nil && cache.Name == s.rec.ref.Name && cache.Status.Published != nil {
+		s.rec.mu.Lock()
+		s.rec.lengths = append(s.rec.lengths, len(cache.Status.Published.Layers))
+		s.rec.mu.Unlock()
+	}
+	return err
+}
