@@ -59,9 +59,12 @@
 //	SetLayerDigest(ctx, CacheRef, layerID, digest) error
 //	Sync(ctx, CacheRef, Chain, Fetch, SyncOptions) (SyncResult, error)
 //
-// A layer is published once it has a Digest (LayerInfo.Digest); a squash
-// of published layers lists theirs in LayerInfo.Covers and counts as
-// published too. Sync makes a head the cluster-wide chain with the
+// A layer is published once it has a Digest (LayerInfo.Digest) in the
+// cache's own repository; a squash of published layers lists theirs in
+// LayerInfo.Covers and counts as published too. A layer seeded from a
+// fallback may keep the fallback's digest with LayerInfo.MountFrom, its
+// repository: unpublished, until SetLayerDigest records it as the
+// cache's. Sync makes a head the cluster-wide chain with the
 // node's unpublished layers on top.
 //
 // Errors: ErrNotFound (errors.Is) for unknown volumes and caches,

@@ -204,3 +204,52 @@ func (s chainRecorderStatus) Patch(ctx context.Context, obj client.Object, patch
 	}
 	return err
 }
+
+// TestSeededPublishChecksTheFallbacksChain: a seeded layer's blob is
+// mounted only from a fallback chain that still passes the trust rules
+// and the reader grant; otherwise the layers are exported and pushed, as
+// any layer.
+func TestSeededPublishChecksTheFallbacksChain(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(c *syncCluster, pub *v1alpha1.PublishedChain)
+	}{
+		{name: "untrusted secret", change: func(_ *syncCluster, pub *v1alpha1.PublishedChain) { pub.Secret = "admin-creds" }},
+		{name: "another cache's repository", change: func(c *syncCluster, pub *v1alpha1.PublishedChain) {
+			pub.Repository = c.reg.Host + "/caches/victim/main"
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newSyncCluster(t)
+			c.build(t, "node-a", "main-1", ciMain, nil, "main.txt")
+			mainChain := digests(c.chainOf(t, ciMain))
+			pr := c.provisionCache(t, "node-b", "pr-a", "pr-1", map[string]string{v1alpha1.AnnotationFallback: "main"})
+			wantFile(t, pr, "main.txt", "main.txt from main-1")
+			writeFile(t, pr, "pr.txt", "pr")
+			c.end(t, "node-b", pr)
+
+			// main's chain is tampered with before pr-1 publishes.
+			if _, err := c.nodes["node-a"].prov.caches.updatePublished(context.Background(), ciMain, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+				tc.change(c, pub)
+				return pub, true
+			}); err != nil {
+				t.Fatal(err)
+			}
+			before := len(c.reg.Log())
+			if err := c.nodes["node-b"].prov.sync.publish(context.Background(), ciPR1); err != nil {
+				t.Fatalf("publish pr-1: %v", err)
+			}
+			if log := c.reg.Log()[before:]; slices.ContainsFunc(log, func(l string) bool { return strings.Contains(l, "mount=") }) {
+				t.Errorf("pr-1 mounted from a chain that fails the trust rules:\n%s", strings.Join(log, "\n"))
+			}
+			m := c.nodes["node-b"].prov.metrics
+			if got := metricValue(t, m.registryLayers.WithLabelValues("push")); got != 2 {
+				t.Errorf("registry layers push = %v, want 2 (main's, exported, and pr-1's)", got)
+			}
+			// Exports are deterministic: the digest is main's all the same.
+			if pub := c.chainOf(t, ciPR1); len(pub.Layers) != 2 || pub.Layers[1].Digest != mainChain[0] {
+				t.Errorf("pr-1's chain %v, want its layer on main's %v", digests(pub), mainChain)
+			}
+		})
+	}
+}

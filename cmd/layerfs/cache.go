@@ -364,6 +364,8 @@ func cacheNames(caches []layerfs.CacheRef) string {
 // or "-" if only this node has it.
 func published(l layerfs.LayerInfo) string {
 	switch {
+	case l.MountFrom != "":
+		return "-" // its digest is a fallback's blob, not yet the cache's
 	case l.Digest != "":
 		return l.Digest[:min(len(l.Digest), len("sha256:")+12)]
 	case len(l.Covers) > 0:
