@@ -143,8 +143,8 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 			then = "the volume is a read view and creates nothing"
 		}
 		p.events.Eventf(claim, nil, corev1.EventTypeNormal, reasonSeeded, actionProvision,
-			"volume %s of cache %s starts from fallback %s at generation %d: cache %s has no generation on node %s yet; %s, and the fallback is never written",
-			opts.PVName, req.Cache, vol.SeededFrom.Cache, vol.SeededFrom.Generation, req.Cache, p.node, then)
+			"volume %s of cache %s starts from fallback %s at generation %d: cache %s has no generation %s yet; %s, and the fallback is never written",
+			opts.PVName, req.Cache, vol.SeededFrom.Cache, vol.SeededFrom.Generation, req.Cache, noGenerationWhere(req, p.node), then)
 	}
 	logger.Info("Provisioned", "cache", req.Cache.String(), "mode", req.Mode, "commit", req.Commit,
 		"baseGeneration", vol.BaseGeneration, "seededFrom", seededFrom(vol), "path", vol.MergedPath)
@@ -207,4 +207,14 @@ func (p *Provisioner) owningPod(ctx context.Context, claim *corev1.PersistentVol
 		return nil, fmt.Errorf("get pod %s/%s, which owns claim %s, to evaluate the cache template: %w", claim.Namespace, ref.Name, claim.Name, err)
 	}
 	return pod, nil
+}
+
+// noGenerationWhere says where a seeded volume's cache has no generation:
+// on this node for a node-local class, anywhere for a registry class
+// (fallbacks count only while no node has published one).
+func noGenerationWhere(req volumeRequest, node string) string {
+	if req.Registry != nil {
+		return "on any node (nothing published)"
+	}
+	return "on node " + node
 }
