@@ -104,7 +104,7 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 		pub = synced.Status.Published
 	}
 	if len(pending) > 0 || squashed != nil {
-		if err := target.PushManifest(ctx, blobsBaseFirst(pub)); err != nil {
+		if _, err := target.PushManifest(ctx, blobsBaseFirst(pub)); err != nil {
 			// The chain is in the Cache and the blobs are in the registry;
 			// the manifest only tags them, and the next publish retries it.
 			log.FromContext(ctx).Error(err, "Push the cache's manifest", "cache", ref.String())

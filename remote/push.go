@@ -1,6 +1,7 @@
 package remote
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -111,25 +112,30 @@ func (b *fileBlob) Compressed() (io.ReadCloser, error)  { return os.Open(b.path)
 // PushManifest tags "latest" with an OCI image manifest of the chain
 // (base first), whose config lists the layers' diff IDs. The tag keeps the
 // blobs alive through registry garbage collection and lets crane or skopeo
-// inspect a cache; the order that counts is the Cache resource's.
-func (t *Target) PushManifest(ctx context.Context, chainBaseFirst []Blob) error {
+// inspect a cache; the order that counts is the Cache resource's. It
+// returns the manifest's digest.
+func (t *Target) PushManifest(ctx context.Context, chainBaseFirst []Blob) (v1.Hash, error) {
 	config, err := imageConfig(chainBaseFirst)
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	opts := t.options(ggcr.WithContext(ctx))
 	configLayer := static.NewLayer(config, types.OCIConfigJSON)
 	if err := ggcr.WriteLayer(t.Repository, configLayer, opts...); err != nil {
-		return fmt.Errorf("push image config to %s: %w", t.Repository, err)
+		return v1.Hash{}, fmt.Errorf("push image config to %s: %w", t.Repository, err)
 	}
 	manifest, err := imageManifest(configLayer, chainBaseFirst)
 	if err != nil {
-		return err
+		return v1.Hash{}, err
+	}
+	digest, _, err := v1.SHA256(bytes.NewReader(manifest))
+	if err != nil {
+		return v1.Hash{}, err
 	}
 	if err := ggcr.Put(t.Repository.Tag("latest"), manifest, opts...); err != nil {
-		return fmt.Errorf("push manifest to %s: %w", t.Repository.Tag("latest"), err)
+		return v1.Hash{}, fmt.Errorf("push manifest to %s: %w", t.Repository.Tag("latest"), err)
 	}
-	return nil
+	return digest, nil
 }
 
 func imageConfig(chain []Blob) ([]byte, error) {

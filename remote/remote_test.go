@@ -96,7 +96,8 @@ func TestPushManifestListsTheChainBaseFirst(t *testing.T) {
 		}
 		chain = append(chain, b)
 	}
-	if err := tg.PushManifest(ctx, chain); err != nil {
+	digest, err := tg.PushManifest(ctx, chain)
+	if err != nil {
 		t.Fatal(err)
 	}
 	img, err := ggcr.Image(tg.Repository.Tag("latest"), tg.options(ggcr.WithContext(ctx))...)
@@ -106,6 +107,9 @@ func TestPushManifestListsTheChainBaseFirst(t *testing.T) {
 	m, err := img.Manifest()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got, err := img.Digest(); err != nil || got != digest {
+		t.Errorf("latest names manifest %s (%v), PushManifest returned %s", got, err, digest)
 	}
 	cfg, err := img.ConfigFile()
 	if err != nil {

@@ -6,6 +6,7 @@ package registrytest
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -36,12 +37,15 @@ type Registry struct {
 	// CA is the PEM certificate its TLS certificate chains to.
 	CA []byte
 
-	down         atomic.Bool
-	corrupt      atomic.Bool
-	refuseMounts atomic.Bool
-	delay        atomic.Int64
+	down          atomic.Bool
+	corrupt       atomic.Bool
+	refuseMounts  atomic.Bool
+	refuseDeletes atomic.Bool
+	delay         atomic.Int64
 	// Requests counts the requests it served, refused ones included.
 	Requests atomic.Int64
+	// Deletes counts the manifests it deleted.
+	Deletes atomic.Int64
 
 	mu  sync.Mutex
 	log []string
@@ -87,6 +91,10 @@ func (r *Registry) serve(inner http.Handler, rw http.ResponseWriter, req *http.R
 		return
 	}
 	if r.mount(inner, w, req) {
+		return
+	}
+	if req.Method == http.MethodDelete && strings.Contains(req.URL.Path, "/manifests/") {
+		r.deleteManifest(inner, w, req)
 		return
 	}
 	inner.ServeHTTP(w, req)
@@ -147,6 +155,61 @@ func (r *Registry) Log() []string {
 // session (202) instead of mounting (201), as registries that do not
 // mount, or do not let these credentials read the source, answer.
 func (r *Registry) SetRefuseMounts(refuse bool) { r.refuseMounts.Store(refuse) }
+
+// deleteManifest deletes as the distribution registry does: by digest
+// only, and the tags that name the manifest go with it (the in-process
+// registry keeps them); with deletes refused, 405 UNSUPPORTED, as
+// distribution answers without storage.delete.enabled.
+func (r *Registry) deleteManifest(inner http.Handler, w http.ResponseWriter, req *http.Request) {
+	repo, ref, _ := strings.Cut(strings.TrimPrefix(req.URL.Path, "/v2/"), "/manifests/")
+	switch {
+	case r.refuseDeletes.Load():
+		http.Error(w, `{"errors":[{"code":"UNSUPPORTED","message":"The operation is unsupported."}]}`, http.StatusMethodNotAllowed)
+		return
+	case !strings.HasPrefix(ref, "sha256:"):
+		http.Error(w, `{"errors":[{"code":"UNSUPPORTED","message":"delete a manifest by its digest"}]}`, http.StatusMethodNotAllowed)
+		return
+	}
+	for _, tag := range r.tagsOf(inner, repo, ref) {
+		rec := httptest.NewRecorder()
+		inner.ServeHTTP(rec, httptest.NewRequest(http.MethodDelete, "/v2/"+repo+"/manifests/"+tag, nil))
+	}
+	rec := httptest.NewRecorder()
+	inner.ServeHTTP(rec, req)
+	if rec.Code == http.StatusAccepted {
+		r.Deletes.Add(1)
+	}
+	for k, v := range rec.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.Code)
+	w.Write(rec.Body.Bytes())
+}
+
+// tagsOf lists the tags of repo that name manifest digest.
+func (r *Registry) tagsOf(inner http.Handler, repo, digest string) []string {
+	rec := httptest.NewRecorder()
+	inner.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/v2/"+repo+"/tags/list", nil))
+	var list struct {
+		Tags []string `json:"tags"`
+	}
+	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &list) != nil {
+		return nil
+	}
+	var out []string
+	for _, tag := range list.Tags {
+		head := httptest.NewRecorder()
+		inner.ServeHTTP(head, httptest.NewRequest(http.MethodHead, "/v2/"+repo+"/manifests/"+tag, nil))
+		if head.Header().Get("Docker-Content-Digest") == digest {
+			out = append(out, tag)
+		}
+	}
+	return out
+}
+
+// SetDeleteRefused makes manifest deletes answer 405 UNSUPPORTED, as a
+// distribution registry without storage.delete.enabled does.
+func (r *Registry) SetDeleteRefused(refused bool) { r.refuseDeletes.Store(refused) }
 
 // SetDown makes every request fail with 503 (an outage), or ends it.
 func (r *Registry) SetDown(down bool) { r.down.Store(down) }
