@@ -25,12 +25,14 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 	libmetrics "sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller/metrics"
 
@@ -110,6 +112,9 @@ func Run(ctx context.Context, opts Options) error {
 			return o.GetDeletionTimestamp() != nil
 		}))).
 		Named("node-cache-cleanup").
+		// A registry that does not answer is retried with backoff, not
+		// controller-runtime's default of a few milliseconds first.
+		WithOptions(crcontroller.Options{RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](2*time.Second, 5*time.Minute)}).
 		Complete(a.maint)
 	if err != nil {
 		return fmt.Errorf("create Cache cleanup controller: %w", err)
@@ -152,11 +157,13 @@ func newAgent(opts Options, st store, c *caches, events events.EventRecorder, m 
 		node: opts.NodeName, store: st, caches: c, events: events, metrics: m,
 		tmpDir: filepath.Join(opts.Root, "tmp"), compression: remote.Compression(opts.RegistryCompression),
 		failing: map[layerfs.CacheRef]string{}, stuck: map[layerfs.CacheRef]string{}, inFlight: map[string]bool{},
+		deleteFailing: map[layerfs.CacheRef]string{},
 		trust: &trust{},
 	}
 	queues := newWorkQueues(maint, sync)
 	maint.reports, maint.publishes = queues.reports, queues.publishes
 	maint.publishError = sync.publishError
+	maint.unpublish = sync.unpublish
 	sync.reports, sync.squashes, sync.publishes = queues.reports, queues.squashes, queues.publishes
 	prov := &Provisioner{
 		node: opts.NodeName, hostname: opts.NodeName, store: st, caches: c, events: events, metrics: m,

@@ -32,6 +32,8 @@ type maintainer struct {
 	publishes *cacheQueue
 	// publishError is a cache's last publish failure on this node.
 	publishError func(layerfs.CacheRef) string
+	// unpublish deletes a deleted Cache's registry copy (unpublish.go).
+	unpublish func(context.Context, *v1alpha1.Cache) error
 }
 
 // report states this node's view of a cache on its Cache resource.
@@ -100,8 +102,10 @@ func (m *maintainer) remove(ctx context.Context, ref layerfs.CacheRef) (bool, er
 	return err == nil, m.caches.removeStatus(ctx, ref)
 }
 
-// Reconcile clears a Cache that is being deleted from this node; the
-// manager lifts the finalizer once every node's entry is gone.
+// Reconcile clears a Cache that is being deleted from this node (the
+// manager lifts its finalizer once every node's entry is gone) and, if
+// no agent did yet, deletes its registry copy. An error retries with the
+// controller's backoff.
 func (m *maintainer) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var cache v1alpha1.Cache
 	if err := m.caches.client.Get(ctx, req.NamespacedName, &cache); err != nil {
@@ -114,6 +118,9 @@ func (m *maintainer) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	removed, err := m.remove(ctx, ref)
 	if removed {
 		log.FromContext(ctx).Info("Removed cache from node, as its Cache is being deleted", "cache", ref.String())
+	}
+	if m.unpublish != nil {
+		err = errors.Join(err, m.unpublish(ctx, &cache))
 	}
 	return reconcile.Result{}, err
 }
@@ -204,6 +211,10 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 			log.FromContext(ctx).Info("Removed cache by its retention", "cache", info.Cache.String(), "why", why)
 			return nil
 		}
+	}
+	// Caches published before agents held them for their registry copy.
+	if err := m.caches.holdForRegistry(ctx, cache); err != nil {
+		return err
 	}
 	m.reports.Add(info.Cache)
 	if cache.Status.Published != nil && (needsPublish(info, cache.Status.Published) || len(announcedBy(cache.Status.Published, m.node)) > 0) {

@@ -104,10 +104,13 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 		pub = synced.Status.Published
 	}
 	if len(pending) > 0 || squashed != nil {
-		if _, err := target.PushManifest(ctx, blobsBaseFirst(pub)); err != nil {
+		digest, err := target.PushManifest(ctx, blobsBaseFirst(pub))
+		if err != nil {
 			// The chain is in the Cache and the blobs are in the registry;
 			// the manifest only tags them, and the next publish retries it.
 			log.FromContext(ctx).Error(err, "Push the cache's manifest", "cache", ref.String())
+		} else {
+			s.unpushIfDeleting(ctx, ref, target, digest)
 		}
 	}
 	s.reports.Add(ref)

@@ -23,7 +23,9 @@ package nodeagent
 
 // Create a Cache on first use; state the node's own status entry and
 // append to the published chain (status only: the spec is its owner's).
-// +kubebuilder:rbac:groups=layercache.dev,resources=caches,verbs=get;list;watch;create
+// Patch a Cache only to add and lift finalizer layercache.dev/registry,
+// which holds a deleted Cache until its registry copy is deleted.
+// +kubebuilder:rbac:groups=layercache.dev,resources=caches,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=layercache.dev,resources=caches/status,verbs=patch
 
 // Events: the agent's own (events.k8s.io) and the provisioner library's

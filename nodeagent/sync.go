@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -58,6 +59,11 @@ type syncer struct {
 	stuck   map[layerfs.CacheRef]string
 	// inFlight has the volumes announced and not yet committed.
 	inFlight map[string]bool
+	// deleteFailing has each deleted Cache's last failure to delete its
+	// manifest (unpublish.go), so that an outage makes one Event.
+	deleteFailing map[layerfs.CacheRef]string
+	// giveUp overrides unpublishGiveUp (tests).
+	giveUp time.Duration
 }
 
 // queuePublish queues a publish of the cache; a nil syncer (tests) or
@@ -82,13 +88,18 @@ func (s *syncer) prepare(ctx context.Context, claimNamespace string, req volumeR
 		return nil
 	}
 	reg := req.Registry
-	_, err := s.caches.updatePublished(ctx, req.Cache, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+	cache, err := s.caches.updatePublished(ctx, req.Cache, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		if pub != nil && (len(pub.Layers) > 0 || pub.Repository == reg.Repository && pub.Secret == reg.Secret) {
 			return pub, false
 		}
 		return &v1alpha1.PublishedChain{Repository: reg.Repository, Secret: reg.Secret}, true
 	})
-	return err
+	if err != nil || cache == nil {
+		return err
+	}
+	// Before any layer is pushed: deleting the Cache then deletes its
+	// registry copy (unpublish.go).
+	return s.caches.holdForRegistry(ctx, cache)
 }
 
 // target resolves a checked registry's repository and the credentials of

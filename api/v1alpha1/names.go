@@ -81,6 +81,13 @@ const (
 	// FinalizerCleanup on a Cache is added by the manager and removed once no
 	// existing Node holds the cache any more.
 	FinalizerCleanup = "layercache.dev/cleanup"
+
+	// FinalizerRegistry on a Cache with a published chain is added by the
+	// node agents and removed once one of them has deleted the cache's
+	// manifest from its registry (or the registry refused, or did not
+	// answer for an hour), so that the registry's garbage collection
+	// frees the cache's blobs.
+	FinalizerRegistry = "layercache.dev/registry"
 )
 
 // MaxFallbacks is how many caches AnnotationFallback may list.
