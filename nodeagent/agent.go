@@ -158,7 +158,7 @@ func newAgent(opts Options, st store, c *caches, events events.EventRecorder, m 
 		tmpDir: filepath.Join(opts.Root, "tmp"), compression: remote.Compression(opts.RegistryCompression),
 		failing: map[layerfs.CacheRef]string{}, stuck: map[layerfs.CacheRef]string{}, inFlight: map[string]bool{},
 		deleteFailing: map[layerfs.CacheRef]string{},
-		trust: &trust{},
+		trust:         &trust{},
 	}
 	queues := newWorkQueues(maint, sync)
 	maint.reports, maint.publishes = queues.reports, queues.publishes
