@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The e2e cluster's OCI registry, where node agents push and pull caches.
 #
-#   registry.sh start|stop|status
+#   registry.sh start|stop|status|gc-dry-run
 #
 # Debian's docker-registry (distribution v2.8) as a process of its own on
 # https://$REGISTRY_ADDRESS (lib.sh), with a certificate for 127.0.0.1 and
@@ -16,6 +16,14 @@
 #   tests stop the registry to simulate an outage.
 # stop: stops it (TERM, then KILL; bounded) and keeps every file.
 # status: says whether it runs and answers; exits 1 if not.
+# gc-dry-run: runs the registry's garbage collection with --dry-run over
+#   its storage and prints what it would delete ("blob eligible for
+#   deletion: sha256:..." lines): the blobs no manifest of any repository
+#   names. It deletes nothing, so it can run beside the scenarios, whose
+#   blobs wait unnamed until their manifests are pushed (the real
+#   collection would delete those). The config enables deletes
+#   (storage.delete.enabled), so node agents delete the manifests of
+#   deleted Caches.
 #
 # The registry is a host service outside the cluster's cgroup, as a
 # registry is outside a real cluster, and it needs none of the cluster's
@@ -37,7 +45,7 @@ LOG_FILE=$LOG_DIR/registry.log
 START_TIMEOUT=30
 STOP_TIMEOUT=10
 
-usage() { die "usage: registry.sh start|stop|status"; }
+usage() { die "usage: registry.sh start|stop|status|gc-dry-run"; }
 
 install_registry() {
 	[[ -x $REGISTRY_BIN ]] && return
@@ -263,6 +271,13 @@ status() {
 	echo "registry running at https://$REGISTRY_ADDRESS (pid $pids), blobs in $DATA_DIR, log $LOG_FILE"
 }
 
+# gc_dry_run: what the registry's garbage collection would delete now.
+gc_dry_run() {
+	require_root
+	[[ -x $REGISTRY_BIN && -f $CONFIG ]] || die "no registry here ($REGISTRY_BIN, $CONFIG): start it with registry.sh start"
+	"$REGISTRY_BIN" garbage-collect --dry-run "$CONFIG"
+}
+
 (($# == 1)) || usage
 # One start or stop at a time (tests stop and start the registry).
 locked() {
@@ -275,6 +290,7 @@ case $1 in
 start) locked start ;;
 stop) locked stop ;;
 status) status ;;
--h | --help) sed -n '2,23p' "$0" ;;
+gc-dry-run) locked gc_dry_run ;;
+-h | --help) sed -n '2,31p' "$0" ;;
 *) usage ;;
 esac

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -75,6 +77,53 @@ func (c *Cluster) registryScript(ctx context.Context, verb string) error {
 		return fmt.Errorf("%s %s: %w: %s (registry log: %s)", c.Registry.Script, verb, err, strings.TrimSpace(string(out)), c.Registry.Log)
 	}
 	return nil
+}
+
+// gcAttempts bounds the dry runs of RegistryGarbage: a collection that
+// walks the storage while a scenario pushes can trip over a file that
+// appears or goes under it.
+const gcAttempts = 3
+
+// gcEligible is how the registry's garbage collection names a blob it
+// would delete.
+var gcEligible = regexp.MustCompile(`blob eligible for deletion: (sha256:[0-9a-f]{64})`)
+
+// RegistryGarbage runs the registry's garbage collection as a dry run
+// (registry.sh gc-dry-run) and returns the digests of the blobs it would
+// delete: those that no manifest of any repository names. It deletes
+// nothing: the real collection would also take the blobs of parallel
+// scenarios whose manifests are not pushed yet.
+func (c *Cluster) RegistryGarbage(ctx context.Context) (map[string]bool, error) {
+	if c.Registry == nil {
+		return nil, fmt.Errorf("the cluster has no registry in cluster.json: start the cluster with `make up NODES=2` (or e2e/cluster/up.sh --with registry)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, registryScriptTimeout)
+	defer cancel()
+	var err error
+	for range gcAttempts {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.CommandContext(ctx, c.Registry.Script, "gc-dry-run")
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err = cmd.Run(); err != nil {
+			err = fmt.Errorf("%s gc-dry-run: %w: %s", c.Registry.Script, err, lastLines(stderr.String(), 5))
+			continue
+		}
+		garbage := map[string]bool{}
+		for _, m := range gcEligible.FindAllStringSubmatch(stdout.String(), -1) {
+			garbage[m[1]] = true
+		}
+		return garbage, nil
+	}
+	return nil, err
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // TLSConfig trusts the cluster's CA, and only it, as a node agent given the
