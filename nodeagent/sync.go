@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
@@ -98,8 +99,12 @@ func (s *syncer) prepare(ctx context.Context, claimNamespace string, req volumeR
 		return err
 	}
 	// Before any layer is pushed: deleting the Cache then deletes its
-	// registry copy (unpublish.go).
-	return s.caches.holdForRegistry(ctx, cache)
+	// registry copy (unpublish.go). A failure must not make the build
+	// cold; the periodic pass adds it later.
+	if err := s.caches.holdForRegistry(ctx, cache); err != nil {
+		log.FromContext(ctx).Error(err, "Hold the Cache for its registry copy; the periodic pass retries", "cache", req.Cache.String())
+	}
+	return nil
 }
 
 // target resolves a checked registry's repository and the credentials of
