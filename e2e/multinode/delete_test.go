@@ -50,6 +50,7 @@ func TestDeleteACacheDeletesItsRegistryCopy(t *testing.T) {
 		}
 	}
 
+	start := time.Now()
 	if err := e.Caches.Delete(ctx, c); err != nil {
 		t.Fatal(err)
 	}
@@ -61,6 +62,7 @@ func TestDeleteACacheDeletesItsRegistryCopy(t *testing.T) {
 		last, _ := e.cache(ctx, "gone")
 		t.Fatalf("Cache gone still exists %s after its deletion: finalizers %q, status %+v", deleteTimeout, last.Finalizers, last.Status)
 	}
+	t.Logf("Cache gone deleted everywhere in %s", time.Since(start).Round(10*time.Millisecond))
 	for _, node := range []string{a, b} {
 		n, err := e.Cluster.Node(node)
 		if err != nil {
@@ -82,6 +84,7 @@ func TestDeleteACacheDeletesItsRegistryCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("the registry's garbage collection would delete %d blobs", len(garbage))
 	for _, l := range gone.Layers {
 		if !garbage[l.Digest] {
 			t.Errorf("the registry's garbage collection would keep layer %s of the deleted cache (it would delete %d blobs)", l.Digest, len(garbage))
