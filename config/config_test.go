@@ -285,9 +285,12 @@ func TestRBAC(t *testing.T) {
 			{"", "persistentvolumes", "create"}, {"", "persistentvolumes", "delete"}, {"", "persistentvolumes", "patch"},
 			{"storage.k8s.io", "storageclasses", "watch"}, {"", "nodes", "get"},
 			{"layercache.dev", "caches", "create"}, {"layercache.dev", "caches", "watch"}, {"layercache.dev", "caches/status", "patch"},
+			// patch: the registry finalizer, which an agent adds when it
+			// creates a chain and removes once the manifest is deleted.
+			{"layercache.dev", "caches", "patch"},
 			{"", "events", "create"}, {"", "pods", "watch"}, {"", "pods", "get"},
 		},
-		mustNot: []permission{{"", "pods", "delete"}, {"", "pods", "patch"}, {"", "persistentvolumeclaims", "delete"}, {"layercache.dev", "caches", "delete"}, {"layercache.dev", "caches", "patch"}, {"", "secrets", "get"}},
+		mustNot: []permission{{"", "pods", "delete"}, {"", "pods", "patch"}, {"", "persistentvolumeclaims", "delete"}, {"layercache.dev", "caches", "delete"}, {"layercache.dev", "caches", "update"}, {"", "secrets", "get"}},
 	}, {
 		role: "layercache-manager", account: "layercache-manager",
 		must: []permission{
