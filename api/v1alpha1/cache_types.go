@@ -18,13 +18,15 @@ type CacheSpec struct {
 	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	Readers []string `json:"readers,omitempty"`
 
-	// Retention bounds how long and how large the cache is kept on each node.
+	// Retention bounds how long and how large the cache is kept on each node,
+	// and how long in the cluster.
 	// +optional
 	Retention *Retention `json:"retention,omitempty"`
 }
 
-// Retention bounds a cache on each node. Node agents enforce it when they
-// garbage-collect their store.
+// Retention bounds a cache on each node (node agents enforce MaxAge and
+// MaxSize when they garbage-collect their store) and in the cluster (the
+// manager enforces ClusterMaxAge).
 type Retention struct {
 	// MaxAge removes the cache from a node that has not used it for this long,
 	// for example "168h".
@@ -35,6 +37,14 @@ type Retention struct {
 	// this, for example "20Gi".
 	// +optional
 	MaxSize *resource.Quantity `json:"maxSize,omitempty"`
+
+	// ClusterMaxAge deletes the Cache, on every node, once no node has
+	// used it for this long, for example "720h"; "0s" keeps it forever.
+	// Unset, the StorageClass parameter clusterMaxAge of the class that
+	// created the Cache decides, else the manager's --cache-max-age.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="clusterMaxAge must not be negative: use a duration such as 720h, or 0s to keep the cache forever"
+	ClusterMaxAge *metav1.Duration `json:"clusterMaxAge,omitempty"`
 }
 
 // CacheStatus is the cache's state on every node that holds it. Each node

@@ -78,6 +78,21 @@ const (
 	// outcome is known.
 	FinalizerOutcome = "layercache.dev/outcome"
 
+	// LabelStorageClass on a Cache names the StorageClass of the claim
+	// whose node agent created it; the manager reads that class's
+	// ParamClusterMaxAge. Absent on Caches that users created.
+	LabelStorageClass = "layercache.dev/storage-class"
+
+	// ParamClusterMaxAge is the StorageClass parameter that gives the
+	// Caches it creates a cluster-wide max age (ParseClusterMaxAge) when
+	// their spec.retention.clusterMaxAge is unset.
+	ParamClusterMaxAge = "clusterMaxAge"
+
+	// AnnotationMaxCacheSize on a Namespace bounds the total size of its
+	// caches, each counted by its largest node copy, as a quantity such
+	// as "10Gi"; past it the manager deletes the least recently used.
+	AnnotationMaxCacheSize = "layercache.dev/max-cache-size"
+
 	// FinalizerCleanup on a Cache is added by the manager and removed once no
 	// existing Node holds the cache any more.
 	FinalizerCleanup = "layercache.dev/cleanup"

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Mode is how a volume uses its cache: the value of AnnotationMode.
@@ -62,4 +63,15 @@ func oneOf[T ~string](values []T) string {
 	}
 	last := len(quoted) - 1
 	return strings.Join(quoted[:last], ", ") + " or " + quoted[last]
+}
+
+// ParseClusterMaxAge parses a cluster-wide max age, as the StorageClass
+// parameter ParamClusterMaxAge gives it: a Go duration >= 0, where 0 keeps
+// caches forever. Its error names the value and the fix.
+func ParseClusterMaxAge(value string) (time.Duration, error) {
+	d, err := time.ParseDuration(value)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%s has value %q: use a duration of at least 0 such as \"720h\" (30 days), or \"0s\" to keep caches forever", ParamClusterMaxAge, value)
+	}
+	return d, nil
 }

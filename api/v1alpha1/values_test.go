@@ -1,6 +1,9 @@
 package v1alpha1
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestParseMode(t *testing.T) {
 	tests := []struct {
@@ -52,5 +55,31 @@ func checkParse[T ~string](t *testing.T, parse, value string, got T, err error, 
 		t.Errorf("%s(%q) = %q, want %q", parse, value, got, want)
 	case wantErr != "" && (err == nil || err.Error() != wantErr):
 		t.Errorf("%s(%q) = %q, %v; want the error %q", parse, value, got, err, wantErr)
+	}
+}
+
+func TestParseClusterMaxAge(t *testing.T) {
+	const use = `: use a duration of at least 0 such as "720h" (30 days), or "0s" to keep caches forever`
+	tests := []struct {
+		value   string
+		want    time.Duration
+		wantErr string
+	}{
+		{value: "720h", want: 720 * time.Hour},
+		{value: "20s", want: 20 * time.Second},
+		{value: "0s", want: 0},
+		{value: "0", want: 0},
+		{value: "-1h", wantErr: `clusterMaxAge has value "-1h"` + use},
+		{value: "30d", wantErr: `clusterMaxAge has value "30d"` + use},
+		{value: "", wantErr: `clusterMaxAge has value ""` + use},
+	}
+	for _, tt := range tests {
+		got, err := ParseClusterMaxAge(tt.value)
+		switch {
+		case tt.wantErr == "" && (err != nil || got != tt.want):
+			t.Errorf("ParseClusterMaxAge(%q) = %v, %v; want %v", tt.value, got, err, tt.want)
+		case tt.wantErr != "" && (err == nil || err.Error() != tt.wantErr):
+			t.Errorf("ParseClusterMaxAge(%q) = %v, %v; want the error %q", tt.value, got, err, tt.wantErr)
+		}
 	}
 }
