@@ -7,6 +7,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -41,7 +42,7 @@ func (c *caches) authorize(ctx context.Context, namespace string, req volumeRequ
 	err := r.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
 	switch {
 	case apierrors.IsNotFound(err) && ref.Namespace == namespace:
-		return c.create(ctx, ref)
+		return c.create(ctx, ref, req.Class)
 	case apierrors.IsNotFound(err):
 		return missingCacheDenied(ref, namespace)
 	case err != nil:
@@ -73,8 +74,15 @@ func readerDenied(ref layerfs.CacheRef, namespace string) error {
 			ref, namespace, namespace, ref.Namespace, ref.Name, namespace)}
 }
 
-func (c *caches) create(ctx context.Context, ref layerfs.CacheRef) error {
+// create makes the Cache of ref, labelled with the claim's class: the
+// manager takes the cache's cluster-wide max age from that class. A class
+// name too long for a label value (names may have 253 characters, label
+// values 63) leaves the label off, and the manager's default applies.
+func (c *caches) create(ctx context.Context, ref layerfs.CacheRef, class string) error {
 	cache := &v1alpha1.Cache{ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name}}
+	if class != "" && len(validation.IsValidLabelValue(class)) == 0 {
+		cache.Labels = map[string]string{v1alpha1.LabelStorageClass: class}
+	}
 	if err := c.client.Create(ctx, cache, client.FieldOwner(c.fieldManager())); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create Cache %s on first use: %w", ref, err)
 	}

@@ -52,6 +52,9 @@ type volumeRequest struct {
 	Registry *registryRef
 	// Layout is the class's volume layout.
 	Layout layerfs.Layout
+	// Class names the claim's StorageClass, which a Cache created for the
+	// claim is labelled with (v1alpha1.LabelStorageClass).
+	Class string
 	// Fallbacks are the caches to start from while Cache has no
 	// generation (fallback.go); FallbackIgnored tells that the claim named
 	// some, but its class cannot seed.
@@ -114,13 +117,20 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	}
 	var unknown []string
 	for k := range class.Parameters {
-		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout, paramMaxLayerSize, paramLayout, paramFallback}, k) {
+		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout, paramMaxLayerSize, paramLayout, paramFallback, v1alpha1.ParamClusterMaxAge}, k) {
 			unknown = append(unknown, k)
 		}
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, fallback, uid, gid, mode, allowSetuid, allowDevices, layout, registry, registrySecret, syncTimeout and maxLayerSize", unknown)
+		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, fallback, uid, gid, mode, allowSetuid, allowDevices, layout, registry, registrySecret, syncTimeout, maxLayerSize and clusterMaxAge", unknown)
+	}
+	// The manager applies clusterMaxAge; checking it here refuses a class
+	// whose value the manager would have to ignore.
+	if v, ok := class.Parameters[v1alpha1.ParamClusterMaxAge]; ok {
+		if _, err := v1alpha1.ParseClusterMaxAge(v); err != nil {
+			return p, classError(class.Name, "parameter %v", err)
+		}
 	}
 	var err error
 	if p.Registry, err = parseRegistry(class); err != nil {
@@ -218,6 +228,7 @@ func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *cor
 	req := volumeRequest{
 		UID: class.UID, GID: class.GID, Perm: class.Perm, Writer: writerOf(claim),
 		AllowSetuid: class.AllowSetuid, AllowDevices: class.AllowDevices, Layout: class.Layout,
+		Class: class.Name,
 	}
 	if q, ok := claim.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
 		req.LimitBytes = q.Value()

@@ -226,6 +226,10 @@ func TestProvisionOwnCache(t *testing.T) {
 	if err := env.client.Get(ctx, client.ObjectKey{Namespace: "ci", Name: "maven"}, &cache); err != nil {
 		t.Fatalf("Cache ci/maven not created on first use: %v", err)
 	}
+	// Labelled with the class, whose clusterMaxAge the manager reads.
+	if got := cache.Labels[v1alpha1.LabelStorageClass]; got != opts.StorageClass.Name {
+		t.Errorf("Cache label %s = %q, want the claim's class %q", v1alpha1.LabelStorageClass, got, opts.StorageClass.Name)
+	}
 	if got := metricValue(t, env.prov.metrics.misses.WithLabelValues("ci", "maven")); got != 1 {
 		t.Errorf("misses = %v, want 1 (nothing committed yet)", got)
 	}
