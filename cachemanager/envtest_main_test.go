@@ -235,6 +235,9 @@ type apiTest struct {
 	writes *writeLog
 	// metrics is the registry the manager's metrics went to.
 	metrics *prometheus.Registry
+	// lifecycle is what startManager passes to Setup; DefaultLifecycle
+	// unless the test sets it first.
+	lifecycle Lifecycle
 	// clusterScoped lists the PVs and Nodes the test made, for cleanup.
 	clusterScoped []client.Object
 }
@@ -248,7 +251,7 @@ func newAPITest(t *testing.T) *apiTest {
 	if err != nil {
 		t.Fatalf("creating the admin client: %v", err)
 	}
-	a := &apiTest{t: t, ctx: context.Background(), c: c}
+	a := &apiTest{t: t, ctx: context.Background(), c: c, lifecycle: DefaultLifecycle()}
 	namespace := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "envtest-"}}
 	if err := c.Create(a.ctx, namespace); err != nil {
 		t.Fatalf("creating the test's namespace: %v", err)
@@ -353,7 +356,7 @@ func (a *apiTest) startManager() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.metrics = prometheus.NewRegistry()
-	if err := Setup(ctx, mgr, a.metrics); err != nil {
+	if err := Setup(ctx, mgr, a.metrics, a.lifecycle); err != nil {
 		cancel()
 		a.t.Fatalf("Setup: %v", err)
 	}

@@ -16,6 +16,10 @@ const outcomeUnknown = "unknown"
 type Metrics struct {
 	releasedClaims   *prometheus.CounterVec
 	recordedOutcomes *prometheus.CounterVec
+	// The cluster-wide lifecycle of Caches (expire.go, nssize.go).
+	deletedCaches     *prometheus.CounterVec
+	namespaceBytes    *prometheus.GaugeVec
+	namespaceMaxBytes *prometheus.GaugeVec
 }
 
 // NewMetrics registers the manager's metrics with reg.
@@ -29,11 +33,48 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "layercache_manager_recorded_outcomes_total",
 			Help: "Pod outcomes the manager wrote on layercache volumes, by outcome (succeeded, failed).",
 		}, []string{"outcome"}),
+		deletedCaches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "layercache_caches_deleted_total",
+			Help: "Caches the manager deleted, by reason: cluster-max-age (unused on every node for their max age) or namespace-size (least recently used over their namespace's bound).",
+		}, []string{"reason"}),
+		namespaceBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "layercache_namespace_cache_bytes",
+			Help: "Total size of a namespace's caches, each counted by its largest node copy, as the namespace size bound counts it.",
+		}, []string{"namespace"}),
+		namespaceMaxBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "layercache_namespace_max_cache_bytes",
+			Help: "The bound on the total size of a namespace's caches (annotation layercache.dev/max-cache-size or --namespace-max-cache-size); absent for a namespace without a bound.",
+		}, []string{"namespace"}),
 	}
-	for _, c := range []prometheus.Collector{m.releasedClaims, m.recordedOutcomes} {
+	// Both reasons exist from the start, so that rate() sees the first.
+	m.deletedCaches.WithLabelValues(deletedClusterMaxAge)
+	m.deletedCaches.WithLabelValues(deletedNamespaceSize)
+	for _, c := range []prometheus.Collector{m.releasedClaims, m.recordedOutcomes, m.deletedCaches, m.namespaceBytes, m.namespaceMaxBytes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register the manager's metrics: %w", err)
 		}
 	}
 	return m, nil
+}
+
+// setNamespace reports a namespace's total and bound; a namespace without
+// caches or without a bound has no series of that gauge, so that the
+// gauges grow with the namespaces that use caches, not with all.
+func (m *Metrics) setNamespace(namespace string, total int64, bound *sizeBound, hasCaches bool) {
+	if hasCaches {
+		m.namespaceBytes.WithLabelValues(namespace).Set(float64(total))
+	} else {
+		m.namespaceBytes.DeleteLabelValues(namespace)
+	}
+	if bound != nil && hasCaches {
+		m.namespaceMaxBytes.WithLabelValues(namespace).Set(float64(bound.bytes))
+	} else {
+		m.namespaceMaxBytes.DeleteLabelValues(namespace)
+	}
+}
+
+// forgetNamespace drops the series of a deleted namespace.
+func (m *Metrics) forgetNamespace(namespace string) {
+	m.namespaceBytes.DeleteLabelValues(namespace)
+	m.namespaceMaxBytes.DeleteLabelValues(namespace)
 }

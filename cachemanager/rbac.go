@@ -17,11 +17,15 @@ package cachemanager
 // Tell layercache claims from others by their class's provisioner.
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch
 
+// A namespace's layercache.dev/max-cache-size annotation.
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+
 // Metadata only: a deleted Node no longer holds a deleted Cache.
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 
-// The cleanup finalizer and the derived status fields.
-// +kubebuilder:rbac:groups=layercache.dev,resources=caches,verbs=get;list;watch;update;patch
+// The cleanup finalizer and the derived status fields; delete a Cache
+// past its cluster-wide max age or over its namespace's size bound.
+// +kubebuilder:rbac:groups=layercache.dev,resources=caches,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=layercache.dev,resources=caches/status,verbs=get;update;patch
 
 // Events: the controllers' own (events.k8s.io) and leader election's

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -36,6 +38,13 @@ type Options struct {
 	LeaderElectionNamespace string
 	// LeaderElectionID names the leader Lease.
 	LeaderElectionID string
+	// CacheMaxAge deletes a Cache that no node has used for this long,
+	// unless its spec or its StorageClass sets its own; 0 keeps Caches.
+	CacheMaxAge time.Duration
+	// NamespaceMaxCacheSize bounds the total size of the caches of a
+	// namespace without the layercache.dev/max-cache-size annotation, as
+	// a quantity such as "50Gi"; empty is no bound.
+	NamespaceMaxCacheSize string
 }
 
 // DefaultOptions returns the options of a default install. The ports differ
@@ -47,6 +56,7 @@ func DefaultOptions() Options {
 		HealthProbeBindAddress: ":8083",
 		LeaderElect:            true,
 		LeaderElectionID:       "layercache-manager.layercache.dev",
+		CacheMaxAge:            DefaultCacheMaxAge,
 	}
 }
 
@@ -58,6 +68,24 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "elect one active manager among the replicas")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "namespace of the leader Lease; empty means the manager pod's namespace")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "name of the leader Lease")
+	fs.DurationVar(&o.CacheMaxAge, "cache-max-age", o.CacheMaxAge, "delete a Cache that no node has used for this long, unless its spec.retention.clusterMaxAge or its StorageClass's clusterMaxAge says otherwise; 0 keeps Caches forever")
+	fs.StringVar(&o.NamespaceMaxCacheSize, "namespace-max-cache-size", o.NamespaceMaxCacheSize, "bound on the total size of a namespace's caches (each counted by its largest node copy), such as 50Gi, for namespaces without the layercache.dev/max-cache-size annotation; past it the least recently used caches are deleted; empty means no bound")
+}
+
+// Lifecycle returns the validated lifecycle options.
+func (o *Options) Lifecycle() (Lifecycle, error) {
+	lc := Lifecycle{CacheMaxAge: o.CacheMaxAge}
+	if o.CacheMaxAge < 0 {
+		return lc, fmt.Errorf("--cache-max-age %s is negative: use a duration such as 720h, or 0 to keep caches forever", o.CacheMaxAge)
+	}
+	if o.NamespaceMaxCacheSize != "" {
+		q, err := resource.ParseQuantity(o.NamespaceMaxCacheSize)
+		if err != nil || q.Sign() <= 0 {
+			return lc, fmt.Errorf("--namespace-max-cache-size %q: use a quantity above 0 such as 50Gi, or leave it empty for no bound", o.NamespaceMaxCacheSize)
+		}
+		lc.NamespaceMaxCacheSize = &q
+	}
+	return lc, nil
 }
 
 // Validate checks the options and says how to fix each bad one.
@@ -70,6 +98,9 @@ func (o *Options) Validate() error {
 		if err := bootstrap.ValidateBindAddress(a.flag, a.value); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if _, err := o.Lifecycle(); err != nil {
+		errs = append(errs, err)
 	}
 	if o.LeaderElect {
 		if msgs := validation.IsDNS1123Subdomain(o.LeaderElectionID); len(msgs) > 0 {
@@ -87,6 +118,10 @@ func (o *Options) Validate() error {
 // Run runs the controllers until ctx is done. It expects validated options
 // and a logger set with ctrl.SetLogger.
 func Run(ctx context.Context, opts Options) error {
+	lc, err := opts.Lifecycle()
+	if err != nil {
+		return err
+	}
 	cfg, err := bootstrap.RESTConfig(opts.Kubeconfig, Component)
 	if err != nil {
 		return err
@@ -110,7 +145,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
-	if err := Setup(ctx, mgr, crmetrics.Registry); err != nil {
+	if err := Setup(ctx, mgr, crmetrics.Registry, lc); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -119,7 +154,8 @@ func Run(ctx context.Context, opts Options) error {
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("adding the readiness check: %w", err)
 	}
-	log.FromContext(ctx).Info("starting the manager", "metrics", opts.MetricsBindAddress, "health", opts.HealthProbeBindAddress, "leaderElection", opts.LeaderElect)
+	log.FromContext(ctx).Info("starting the manager", "metrics", opts.MetricsBindAddress, "health", opts.HealthProbeBindAddress, "leaderElection", opts.LeaderElect,
+		"cacheMaxAge", opts.CacheMaxAge, "namespaceMaxCacheSize", opts.NamespaceMaxCacheSize)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the controller manager: %w", err)
 	}

@@ -38,8 +38,9 @@ func CacheOptions() cache.Options {
 }
 
 // Setup registers the field indexes and the controllers with mgr, and
-// their metrics with reg.
-func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer) error {
+// their metrics with reg; lc bounds how long and how large Caches are
+// kept in the cluster.
+func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer, lc Lifecycle) error {
 	metrics, err := NewMetrics(reg)
 	if err != nil {
 		return err
@@ -66,6 +67,24 @@ func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer) 
 	}
 	if err := caches.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the cache controller: %w", err)
+	}
+	expiry := &ExpiryReconciler{
+		Client:        mgr.GetClient(),
+		Recorder:      mgr.GetEventRecorder(Component),
+		Metrics:       metrics,
+		DefaultMaxAge: lc.CacheMaxAge,
+	}
+	if err := expiry.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the cache expiry controller: %w", err)
+	}
+	sizes := &NamespaceSizeReconciler{
+		Client:         mgr.GetClient(),
+		Recorder:       mgr.GetEventRecorder(Component),
+		Metrics:        metrics,
+		DefaultMaxSize: lc.NamespaceMaxCacheSize,
+	}
+	if err := sizes.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the namespace cache size controller: %w", err)
 	}
 	return nil
 }

@@ -1,0 +1,96 @@
+package cachemanager
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+// Lifecycle is how long and how large the manager keeps Caches in the
+// cluster, where neither the Cache, its StorageClass nor its Namespace
+// says otherwise (expire.go, nssize.go).
+type Lifecycle struct {
+	// CacheMaxAge deletes a Cache that no node has used for this long; 0
+	// keeps Caches forever.
+	CacheMaxAge time.Duration
+	// NamespaceMaxCacheSize bounds the total size of a namespace's caches;
+	// nil is no bound.
+	NamespaceMaxCacheSize *resource.Quantity
+}
+
+// DefaultCacheMaxAge is --cache-max-age's default: 30 days, beyond the
+// week or two after which hosted CI caches evict entries, so that a cache
+// used once a month still survives.
+const DefaultCacheMaxAge = 720 * time.Hour
+
+// DefaultLifecycle is the lifecycle of a default install.
+func DefaultLifecycle() Lifecycle {
+	return Lifecycle{CacheMaxAge: DefaultCacheMaxAge}
+}
+
+// Reasons of layercache_caches_deleted_total.
+const (
+	deletedClusterMaxAge = "cluster-max-age"
+	deletedNamespaceSize = "namespace-size"
+)
+
+// lastUsed is when the cache was last used on any node: the newest of its
+// status.lastUsed, its node entries' and its creation, so that a cache
+// never used counts from its creation.
+func lastUsed(c *v1alpha1.Cache) time.Time {
+	t := c.CreationTimestamp.Time
+	later := func(u *metav1.Time) {
+		if u != nil && u.After(t) {
+			t = u.Time
+		}
+	}
+	later(c.Status.LastUsed)
+	for i := range c.Status.Nodes {
+		later(c.Status.Nodes[i].LastUsed)
+	}
+	return t
+}
+
+// largestCopy is the size of the cache's largest node copy: what it takes
+// on a node that holds all of it.
+func largestCopy(c *v1alpha1.Cache) int64 {
+	var size int64
+	for _, n := range c.Status.Nodes {
+		size = max(size, n.SizeBytes)
+	}
+	return size
+}
+
+// deleteCache deletes the Cache as the manager saw it: the UID and
+// resourceVersion preconditions make the API server refuse if it was
+// replaced or changed since (a node used it, a user set its retention),
+// so a decision taken on stale data deletes nothing. It returns whether
+// the Cache was deleted; a refusal is no error, as the change that caused
+// it brings the Cache back to the controller.
+func deleteCache(ctx context.Context, c client.Client, cache *v1alpha1.Cache) (bool, error) {
+	uid, rv := cache.UID, cache.ResourceVersion
+	err := c.Delete(ctx, cache, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
+		return false, nil
+	default:
+		return false, fmt.Errorf("deleting Cache %s/%s: %w", cache.Namespace, cache.Name, err)
+	}
+}
+
+// roundAge rounds a duration for messages.
+func roundAge(d time.Duration) time.Duration {
+	if d > time.Hour {
+		return d.Round(time.Minute)
+	}
+	return d.Round(time.Second)
+}
