@@ -183,6 +183,9 @@ func TestDefault(t *testing.T) {
 			t.Errorf("manager args = %q, want %s (the node agent uses 8080 and 8081 on the same host)", mc.Args, want)
 		}
 	}
+	if want := "--cache-max-age=720h"; !slices.Contains(mc.Args, want) {
+		t.Errorf("manager args = %q, want %s, the default said where operators change it", mc.Args, want)
+	}
 	psc, sc2 := dep.Spec.Template.Spec.SecurityContext, mc.SecurityContext
 	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
 		t.Errorf("manager pod security context = %+v, want non-root with a numeric user", psc)
