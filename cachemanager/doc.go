@@ -9,7 +9,11 @@
 //   - the cache controller keeps the derived fields of Cache status (newest
 //     generation, total size, node count, last use) and the
 //     layercache.dev/cleanup finalizer, which it lifts once no existing Node
-//     still holds a deleted cache.
+//     still holds a deleted cache;
+//   - the expiry controller deletes a Cache that no node has used for its
+//     cluster-wide max age (expire.go), and the namespace size controller
+//     the least recently used Caches of a namespace over its size bound
+//     (nssize.go).
 //
 // Everything on the node (mounts, commits, the per-node status entries) is
 // the node agent's; the manager only reads and writes API objects.
