@@ -108,7 +108,7 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 		caches:     []*v1alpha1.Cache{sized("a", 10, mib), sized("b", 20, mib)},
 		gone:       []string{"a"},
 		total:      mib, max: 1.5 * mib,
-		events:     []string{"Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:10Z), the least recently used of namespace builds: its caches took 2.0MiB, over the bound of 1.5MiB from the manager's --namespace-max-cache-size"},
+		events: []string{"Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:10Z), the least recently used of namespace builds: its caches took 2.0MiB, over the bound of 1.5MiB from the manager's --namespace-max-cache-size"},
 	}, {
 		name:       "the annotation wins over the default",
 		ns:         namespace(bounded("10Mi")),
