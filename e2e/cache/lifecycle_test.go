@@ -69,8 +69,8 @@ func TestCacheClusterMaxAge(t *testing.T) {
 	}
 }
 
-// TestNamespaceCacheSizeBound: three caches of about 1 MiB each, used in
-// the order b, c, a; the namespace is then bounded to 2.5 MiB, and the
+// TestNamespaceCacheSizeBound: three caches of about 1 MiB each, built in
+// the order a, b, c, then a again; the namespace is then bounded to 2.5 MiB, and the
 // least recently used cache, b (not the oldest, a), is deleted with an
 // Evicted Event; a and c stay.
 func TestNamespaceCacheSizeBound(t *testing.T) {
@@ -88,9 +88,12 @@ func TestNamespaceCacheSizeBound(t *testing.T) {
 			t.Fatalf("cache %s takes %d bytes on the node, want about 1 MiB (1 MiB to 1.25 MiB)", name, size)
 		}
 	}
-	// A read of a makes it the most recently used.
+	// A second build of a makes it the most recently used. (A commit
+	// records the use at once; a mount only once a minute.)
 	c := e.lastUsed(ctx, "c")
-	e.runPod(ctx, e.cachePod("read-a", cacheAnnotations("a", v1alpha1.AnnotationMode, string(v1alpha1.ModeRead)), "wc -c < /cache/blob"), corev1.PodSucceeded)
+	e.runPod(ctx, e.cachePod("again-a", cacheAnnotations("a"), "echo again > /cache/again"), corev1.PodSucceeded)
+	e.expectVolumeEnd(ctx, "again-a", "Committed")
+	e.waitGeneration(ctx, "a", 2)
 	e.waitUsedAfter(ctx, "a", c)
 
 	ns, err := e.Client.CoreV1().Namespaces().Get(ctx, e.Namespace, metav1.GetOptions{})
