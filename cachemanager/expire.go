@@ -49,6 +49,10 @@ func (r *ExpiryReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
+// busyRecheck is how soon an expired Cache with a running build is looked
+// at again.
+const busyRecheck = 10 * time.Minute
+
 // maxAge is a Cache's cluster-wide max age and the setting that gave it.
 type maxAge struct {
 	age    time.Duration
@@ -73,6 +77,16 @@ func (r *ExpiryReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	now := r.now()
 	if wait := used.Add(limit.age).Sub(now); wait > 0 {
 		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	busy, err := inUse(ctx, r.Client, &c)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if busy {
+		// The build's commit or end brings the Cache back sooner if it
+		// records a use; a discard does not, hence the requeue.
+		log.FromContext(ctx).Info("a cache past its cluster-wide max age has a build running; keeping it", "maxAge", limit.age, "source", limit.source)
+		return reconcile.Result{RequeueAfter: min(limit.age, busyRecheck)}, nil
 	}
 	deleted, err := deleteCache(ctx, r.Client, &c)
 	if err != nil || !deleted {

@@ -2,12 +2,14 @@ package cachemanager
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -59,6 +61,7 @@ func TestExpiryReconcile(t *testing.T) {
 		name       string
 		cache      *v1alpha1.Cache
 		classes    []*storagev1.StorageClass
+		volumes    []*corev1.PersistentVolume
 		defaultAge time.Duration
 		now        int // seconds after t0
 		deleted    bool
@@ -121,6 +124,23 @@ func TestExpiryReconcile(t *testing.T) {
 		defaultAge: 10 * time.Hour, now: 9 * hour,
 		requeue: time.Hour,
 	}, {
+		name:       "a build still running keeps an expired cache",
+		cache:      expiring(),
+		volumes:    []*corev1.PersistentVolume{volumeOf("pv-1", ns+"/maven", "", corev1.VolumeBound)},
+		defaultAge: 720 * time.Hour, now: 800 * hour,
+		requeue: busyRecheck,
+	}, {
+		name:  "ended builds and other caches' builds do not",
+		cache: expiring(),
+		volumes: []*corev1.PersistentVolume{
+			volumeOf("pv-1", ns+"/maven", v1alpha1.ResultCommitted, corev1.VolumeBound),
+			volumeOf("pv-2", ns+"/maven", "", corev1.VolumeReleased),
+			volumeOf("pv-3", ns+"/npm", "", corev1.VolumeBound),
+		},
+		defaultAge: time.Hour, now: 2 * hour,
+		deleted: true,
+		event:   "Normal Expired Deleted the cache: no node has used it for 2h0m0s",
+	}, {
 		name:       "default 0 keeps caches forever",
 		cache:      expiring(),
 		defaultAge: 0, now: 10000 * hour,
@@ -138,6 +158,9 @@ func TestExpiryReconcile(t *testing.T) {
 			objs := []client.Object{tc.cache.DeepCopy()}
 			for _, sc := range tc.classes {
 				objs = append(objs, sc)
+			}
+			for _, pv := range tc.volumes {
+				objs = append(objs, pv)
 			}
 			c := newFakeClient(t, objs...)
 			rec := events.NewFakeRecorder(10)
@@ -241,4 +264,38 @@ func counterValue(t *testing.T, m prometheus.Metric) float64 {
 		return out.Gauge.GetValue()
 	}
 	return out.Counter.GetValue()
+}
+
+// volumeOf is a layercache PV of cache (NAMESPACE/NAME) in phase, with the
+// build's result ("" while it runs).
+func volumeOf(name, cache, result string, phase corev1.PersistentVolumePhase) *corev1.PersistentVolume {
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{
+			v1alpha1.AnnotationCache: cache, v1alpha1.AnnotationNode: "node-a",
+		}},
+		Status: corev1.PersistentVolumeStatus{Phase: phase},
+	}
+	if result != "" {
+		pv.Annotations[v1alpha1.AnnotationResult] = result
+	}
+	return pv
+}
+
+func TestOpenVolumesIndex(t *testing.T) {
+	foreign := volumeOf("pv-x", ns+"/maven", "", corev1.VolumeBound)
+	foreign.Annotations = map[string]string{v1alpha1.AnnotationCache: ns + "/maven"} // not made by a node agent
+	tests := []struct {
+		pv   *corev1.PersistentVolume
+		want []string
+	}{
+		{volumeOf("pv-1", ns+"/maven", "", corev1.VolumeBound), []string{ns + "/maven"}},
+		{volumeOf("pv-2", ns+"/maven", v1alpha1.ResultDiscarded, corev1.VolumeBound), nil},
+		{volumeOf("pv-3", ns+"/maven", "", corev1.VolumeReleased), nil},
+		{foreign, nil},
+	}
+	for _, tt := range tests {
+		if got := openVolumesIndex(tt.pv); !slices.Equal(got, tt.want) {
+			t.Errorf("openVolumesIndex(%s) = %q, want %q", tt.pv.Name, got, tt.want)
+		}
+	}
 }

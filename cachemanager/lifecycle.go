@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -66,6 +67,19 @@ func largestCopy(c *v1alpha1.Cache) int64 {
 		size = max(size, n.SizeBytes)
 	}
 	return size
+}
+
+// inUse tells whether a build has a volume of the cache that has not
+// ended. A build records its use when it mounts, so one that runs longer
+// than a max age would look unused; deleting its cache would drop its
+// commit.
+func inUse(ctx context.Context, c client.Reader, cache *v1alpha1.Cache) (bool, error) {
+	var pvs corev1.PersistentVolumeList
+	ref := cache.Namespace + "/" + cache.Name
+	if err := c.List(ctx, &pvs, client.MatchingFields{indexOpenVolumes: ref}); err != nil {
+		return false, fmt.Errorf("listing the volumes of cache %s: %w", ref, err)
+	}
+	return len(pvs.Items) > 0, nil
 }
 
 // deleteCache deletes the Cache as the manager saw it: the UID and

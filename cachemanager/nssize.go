@@ -63,6 +63,8 @@ type cacheUse struct {
 	cache *v1alpha1.Cache
 	size  int64
 	used  time.Time
+	// busy: a build has a volume of it that has not ended.
+	busy bool
 }
 
 // Reconcile deletes the least recently used caches of a namespace over its
@@ -81,7 +83,10 @@ func (r *NamespaceSizeReconciler) Reconcile(ctx context.Context, req reconcile.R
 	if err := r.Client.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing the Caches of namespace %s: %w", namespace, err)
 	}
-	uses := cacheUses(list.Items)
+	uses, err := r.cacheUses(ctx, list.Items)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 	total := totalSize(uses)
 	if bound != nil {
 		var err error
@@ -122,9 +127,10 @@ func (r *NamespaceSizeReconciler) evict(ctx context.Context, ns *corev1.Namespac
 
 // planEvictions picks the caches to delete, least recently used first,
 // until the rest fit in bound. The most recently used cache is never
-// picked; if it alone is over the bound, it is returned as left. Caches
-// that hold nothing on any node are not picked: deleting them frees
-// nothing.
+// picked; if it alone is over the bound, it is returned as left.
+// Caches that hold nothing on any node are not picked (deleting them frees
+// nothing), nor caches a build is using (its commit would be dropped); the
+// end of that build reconciles the namespace again.
 func planEvictions(uses []cacheUse, bound int64) (victims []cacheUse, left *cacheUse) {
 	if len(uses) == 0 {
 		return nil, nil
@@ -142,29 +148,33 @@ func planEvictions(uses []cacheUse, bound int64) (victims []cacheUse, left *cach
 		if total <= bound {
 			break
 		}
-		if u.size == 0 {
+		if u.size == 0 || u.busy {
 			continue
 		}
 		victims = append(victims, u)
 		total -= u.size
 	}
-	if total > bound {
+	if total > bound && newest.size > bound {
 		left = &newest
 	}
 	return victims, left
 }
 
 // cacheUses are the Caches that count: those not being deleted.
-func cacheUses(caches []v1alpha1.Cache) []cacheUse {
+func (r *NamespaceSizeReconciler) cacheUses(ctx context.Context, caches []v1alpha1.Cache) ([]cacheUse, error) {
 	var uses []cacheUse
 	for i := range caches {
 		c := &caches[i]
 		if !c.DeletionTimestamp.IsZero() {
 			continue
 		}
-		uses = append(uses, cacheUse{cache: c, size: largestCopy(c), used: lastUsed(c)})
+		busy, err := inUse(ctx, r.Client, c)
+		if err != nil {
+			return nil, err
+		}
+		uses = append(uses, cacheUse{cache: c, size: largestCopy(c), used: lastUsed(c), busy: busy})
 	}
-	return uses
+	return uses, nil
 }
 
 func totalSize(uses []cacheUse) int64 {

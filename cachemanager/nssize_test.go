@@ -46,6 +46,7 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 		ns         *corev1.Namespace
 		defaultMax string
 		caches     []*v1alpha1.Cache
+		volumes    []*corev1.PersistentVolume
 		gone       []string
 		total      float64 // the total gauge after
 		max        float64 // the bound gauge; -1 for no series
@@ -97,6 +98,14 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 		total:  mib, max: 1.5 * mib,
 		events: []string{"Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:10Z)"},
 	}, {
+		name:    "a cache a build is using is passed over",
+		ns:      namespace(bounded("1.5Mi")),
+		caches:  []*v1alpha1.Cache{sized("a", 10, mib), sized("b", 20, mib), sized("c", 30, mib)},
+		volumes: []*corev1.PersistentVolume{volumeOf("pv-1", ns+"/a", "", corev1.VolumeBound)},
+		gone:    []string{"b"},
+		total:   2 * mib, max: 1.5 * mib,
+		events: []string{"Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:20Z)"},
+	}, {
 		name:   "caches being deleted do not count",
 		ns:     namespace(bounded("2.5Mi")),
 		caches: []*v1alpha1.Cache{deleting, sized("a", 10, mib), sized("b", 20, mib)},
@@ -139,6 +148,9 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 			objs := []client.Object{tc.ns.DeepCopy()}
 			for _, c := range tc.caches {
 				objs = append(objs, c.DeepCopy())
+			}
+			for _, pv := range tc.volumes {
+				objs = append(objs, pv)
 			}
 			c := newFakeClient(t, objs...)
 			rec := events.NewFakeRecorder(10)

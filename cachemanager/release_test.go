@@ -174,6 +174,7 @@ func newFakeClient(t *testing.T, objs ...client.Object) client.Client {
 		WithStatusSubresource(&v1alpha1.Cache{}).
 		WithIndex(&corev1.Pod{}, indexPodClaims, podClaimsIndex).
 		WithIndex(&v1alpha1.Cache{}, indexCacheNodes, cacheNodesIndex).
+		WithIndex(&corev1.PersistentVolume{}, indexOpenVolumes, openVolumesIndex).
 		Build()
 }
 

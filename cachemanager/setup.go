@@ -22,6 +22,9 @@ const (
 	indexPodClaims = "layercache.dev/claims"
 	// indexCacheNodes indexes Caches by the nodes in their status.
 	indexCacheNodes = "layercache.dev/nodes"
+	// indexOpenVolumes indexes layercache PVs whose build has not ended
+	// by their cache, NAMESPACE/NAME.
+	indexOpenVolumes = "layercache.dev/open-volumes"
 )
 
 // CacheOptions returns the informer cache settings of the manager. In a big
@@ -51,6 +54,9 @@ func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer, 
 	}
 	if err := idx.IndexField(ctx, &v1alpha1.Cache{}, indexCacheNodes, cacheNodesIndex); err != nil {
 		return fmt.Errorf("indexing caches by node: %w", err)
+	}
+	if err := idx.IndexField(ctx, &corev1.PersistentVolume{}, indexOpenVolumes, openVolumesIndex); err != nil {
+		return fmt.Errorf("indexing volumes by cache: %w", err)
 	}
 	release := &ReleaseReconciler{
 		Client:    mgr.GetClient(),
@@ -166,4 +172,22 @@ func cacheNodesIndex(obj client.Object) []string {
 		nodes = append(nodes, n.Node)
 	}
 	return nodes
+}
+
+// openVolumesIndex keys a layercache PV by its cache until the node agent
+// records its build's end (the result annotation).
+func openVolumesIndex(obj client.Object) []string {
+	pv, ok := obj.(*corev1.PersistentVolume)
+	if !ok || !isOurVolume(pv) || pv.Annotations[v1alpha1.AnnotationResult] != "" {
+		return nil
+	}
+	// A released volume's claim is gone: its build has ended, and the
+	// agent records what became of it as it deletes the volume.
+	if pv.Status.Phase == corev1.VolumeReleased || pv.Status.Phase == corev1.VolumeFailed {
+		return nil
+	}
+	if ref := pv.Annotations[v1alpha1.AnnotationCache]; ref != "" {
+		return []string{ref}
+	}
+	return nil
 }
