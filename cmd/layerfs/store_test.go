@@ -14,17 +14,17 @@ import (
 	"github.com/layercache/layercache/layerfs"
 )
 
-// TestCLIWithRealStore drives the CLI in-process, exactly as a user would
-// call it, against a real store in a temp root: real overlay mounts.
-func TestCLIWithRealStore(t *testing.T) {
+// realStoreCLI gives a test a real store in a temp root (real overlay
+// mounts, so root is needed) and a CLI call against it that must succeed.
+func realStoreCLI(t *testing.T) (root string, cli func(args ...string) (stdout, stderr string)) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: this test makes real overlay mounts; run `go test ./cmd/layerfs` as root")
 	}
-	root := t.TempDir()
+	root = t.TempDir()
 	// Registered after TempDir, so it runs before the directory is removed.
 	t.Cleanup(func() { cleanupStore(t, root) })
-
-	cli := func(args ...string) (stdout, stderr string) {
+	return root, func(args ...string) (stdout, stderr string) {
 		t.Helper()
 		code, stdout, stderr := runCLI(t, append([]string{"--root", root}, args...)...)
 		if code != exitOK {
@@ -32,6 +32,12 @@ func TestCLIWithRealStore(t *testing.T) {
 		}
 		return stdout, stderr
 	}
+}
+
+// TestCLIWithRealStore drives the CLI in-process, exactly as a user would
+// call it, against a real store in a temp root: real overlay mounts.
+func TestCLIWithRealStore(t *testing.T) {
+	root, cli := realStoreCLI(t)
 	fails := func(wantCode int, wantStderr string, args ...string) {
 		t.Helper()
 		code, stdout, stderr := runCLI(t, append([]string{"--root", root}, args...)...)
@@ -248,19 +254,7 @@ func cleanupStore(t *testing.T, root string) {
 // fallback's layers; ls counts them in SHARED and inspect names the cache
 // each is shared with, against a real store with real overlay mounts.
 func TestCLISharedLayers(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root: this test makes real overlay mounts; run `go test ./cmd/layerfs` as root")
-	}
-	root := t.TempDir()
-	t.Cleanup(func() { cleanupStore(t, root) })
-	cli := func(args ...string) (stdout, stderr string) {
-		t.Helper()
-		code, stdout, stderr := runCLI(t, append([]string{"--root", root}, args...)...)
-		if code != exitOK {
-			t.Fatalf("layerfs %s: exit status %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout, stderr)
-		}
-		return stdout, stderr
-	}
+	_, cli := realStoreCLI(t)
 	build := func(volume, file string, args ...string) {
 		t.Helper()
 		merged := mountPath(t, cli, append([]string{volume}, args...)...)
