@@ -145,6 +145,11 @@ func (r *CacheReconciler) cachesOnNode(ctx context.Context, obj client.Object) [
 		log.FromContext(ctx).Error(err, "listing the caches of a deleted Node", "node", obj.GetName())
 		return nil
 	}
+	return cacheRequests(caches)
+}
+
+// cacheRequests asks for a reconcile of each of caches.
+func cacheRequests(caches v1alpha1.CacheList) []reconcile.Request {
 	reqs := make([]reconcile.Request, 0, len(caches.Items))
 	for _, c := range caches.Items {
 		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&c)})

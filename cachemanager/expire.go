@@ -147,9 +147,5 @@ func (r *ExpiryReconciler) cachesOfClass(ctx context.Context, obj client.Object)
 		log.FromContext(ctx).Error(err, "listing the Caches of a StorageClass", "class", obj.GetName())
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(caches.Items))
-	for _, c := range caches.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&c)})
-	}
-	return reqs
+	return cacheRequests(caches)
 }
