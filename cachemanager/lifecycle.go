@@ -31,11 +31,6 @@ type Lifecycle struct {
 // used once a month still survives.
 const DefaultCacheMaxAge = 720 * time.Hour
 
-// DefaultLifecycle is the lifecycle of a default install.
-func DefaultLifecycle() Lifecycle {
-	return Lifecycle{CacheMaxAge: DefaultCacheMaxAge}
-}
-
 // Reasons of layercache_caches_deleted_total.
 const (
 	deletedClusterMaxAge = "cluster-max-age"
