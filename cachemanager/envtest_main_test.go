@@ -251,7 +251,7 @@ func newAPITest(t *testing.T) *apiTest {
 	if err != nil {
 		t.Fatalf("creating the admin client: %v", err)
 	}
-	a := &apiTest{t: t, ctx: context.Background(), c: c, lifecycle: DefaultLifecycle()}
+	a := &apiTest{t: t, ctx: context.Background(), c: c, lifecycle: Lifecycle{CacheMaxAge: DefaultCacheMaxAge}}
 	namespace := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "envtest-"}}
 	if err := c.Create(a.ctx, namespace); err != nil {
 		t.Fatalf("creating the test's namespace: %v", err)
