@@ -23,7 +23,7 @@ func fullCache() *Cache {
 			Retention: &Retention{MaxAge: &metav1.Duration{Duration: 168 * 3600e9}, MaxSize: &size},
 		},
 		Status: CacheStatus{
-			Nodes:      []NodeCacheStatus{{Node: "n1", Generation: 2, Layers: 2, SizeBytes: 10, LastUsed: &now, LastWriter: "ci/ws", Unpublished: 1,
+			Nodes: []NodeCacheStatus{{Node: "n1", Generation: 2, Layers: 2, SizeBytes: 10, LastUsed: &now, LastWriter: "ci/ws", Unpublished: 1,
 				SeededFrom: &CacheSeed{Namespace: "ci", Name: "main", Generation: 7}}},
 			Generation: 2, Size: "10B", NodeCount: 1, LastUsed: &now, SeededFrom: "ci/main@7",
 			Published: &PublishedChain{Repository: "reg.example/caches/ci/maven", Secret: "creds", Generation: 1, Layers: []PublishedLayer{{
