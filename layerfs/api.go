@@ -80,7 +80,15 @@ type MountOptions struct {
 	// with it as LayerInfo.MountFrom; the layers of a fallback not named
 	// lose their digests, which name no blob the cache can use.
 	FallbackRepositories map[CacheRef]string
+	// Labels are the caller's, kept with the volume from its creation
+	// (as containerd keeps a snapshot's labels): who it belongs to, what
+	// to do at its end. At most MaxLabelBytes in all.
+	Labels map[string]string
 }
+
+// MaxLabelBytes bounds a volume's labels (keys and values), which every
+// read of its record decodes.
+const MaxLabelBytes = 4096
 
 // Volume is a provisioned copy-on-write view of a cache.
 type Volume struct {
@@ -109,6 +117,8 @@ type Volume struct {
 	// SeededFrom is the fallback the volume started from, when its cache
 	// had no generation; nil if it started from its own cache (or empty).
 	SeededFrom *Seed `json:"seededFrom,omitempty"`
+	// Labels are MountOptions.Labels of the mount that created the volume.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // CommitResult tells what a Commit did.

@@ -79,10 +79,21 @@ func (o MountOptions) Validate() error {
 	if err := o.validateFallbacks(); err != nil {
 		return err
 	}
+	if n := labelBytes(o.Labels); n > MaxLabelBytes {
+		return fmt.Errorf("volume labels take %d bytes, more than %d: keep fewer or shorter labels", n, MaxLabelBytes)
+	}
 	if o.Mode&^rootModeBits != 0 {
 		return fmt.Errorf("volume root mode 0%o is not allowed: use permission bits, optionally with setgid or sticky, like 0777, 0755, 02775 or 01777 (setuid means nothing on a directory)", unixMode(o.Mode))
 	}
 	return nil
+}
+
+func labelBytes(labels map[string]string) int {
+	n := 0
+	for k, v := range labels {
+		n += len(k) + len(v)
+	}
+	return n
 }
 
 // unixMode is m as chmod(2) bits, for messages.
@@ -178,6 +189,7 @@ func (s *Store) newVolume(t *txn, id string, opts MountOptions) (err error) {
 		Volume: Volume{
 			ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
 			Created: time.Now().UTC(), LimitBytes: opts.LimitBytes, MergedPath: s.mergedDir(id),
+			Labels: opts.Labels,
 		},
 		Upper: randomID(), BootID: bootID(),
 		RootMode: opts.Mode, RootUID: opts.UID, RootGID: opts.GID,

@@ -47,6 +47,7 @@ func (s *Store) newSnapshotVolume(t *txn, id string, opts MountOptions) (err err
 			ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
 			BaseGeneration: h.Generation, Layers: h.layerIDs(), Created: time.Now().UTC(),
 			LimitBytes: opts.LimitBytes, MergedPath: s.mergedDir(id), Layout: LayoutSnapshot,
+			Labels: opts.Labels,
 		},
 		CacheUID: h.UID, Upper: randomID(), BootID: bootID(),
 		RootMode: opts.Mode, RootUID: opts.UID, RootGID: opts.GID,

@@ -433,3 +433,27 @@ func TestFullDiskKeepsData(t *testing.T) {
 		t.Fatal("committed data missing")
 	}
 }
+
+func TestVolumeLabelsAreKeptAndBounded(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{})
+	labels := map[string]string{"owner": "ns/pod", "commit": "on-success"}
+	if _, err := s.Mount(ctx, "v", MountOptions{Cache: mustRef(t, "ns/c"), Labels: labels}); err != nil {
+		t.Fatal(err)
+	}
+	// A later mount of the same volume (a retry) keeps the first labels.
+	if _, err := s.Mount(ctx, "v", MountOptions{Cache: mustRef(t, "ns/c"), Labels: map[string]string{"owner": "other"}}); err != nil {
+		t.Fatal(err)
+	}
+	vols, err := s.Volumes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vols) != 1 || vols[0].Labels["owner"] != "ns/pod" || vols[0].Labels["commit"] != "on-success" {
+		t.Fatalf("Volumes = %+v, want v with its first labels", vols)
+	}
+	_, err = s.Mount(ctx, "w", MountOptions{Cache: mustRef(t, "ns/c"), Labels: map[string]string{"big": strings.Repeat("x", MaxLabelBytes)}})
+	if err == nil || !strings.Contains(err.Error(), "labels take 4099 bytes") {
+		t.Fatalf("Mount with oversized labels: %v", err)
+	}
+}
