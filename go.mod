@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/BurntSushi/toml v1.4.0
+	github.com/container-storage-interface/spec v1.13.0
 	github.com/containerd/continuity v0.4.5
 	github.com/go-logr/logr v1.4.4
 	github.com/google/go-containerregistry v0.22.1
@@ -19,12 +20,14 @@ require (
 	golang.org/x/sys v0.49.0
 	golang.org/x/term v0.47.0
 	golang.org/x/time v0.12.0
+	google.golang.org/grpc v1.79.3
 	k8s.io/api v0.35.4
 	k8s.io/apiextensions-apiserver v0.35.0
 	k8s.io/apimachinery v0.35.4
 	k8s.io/client-go v0.35.4
 	k8s.io/component-helpers v0.35.4
 	k8s.io/klog/v2 v2.130.1
+	k8s.io/kubelet v0.35.4
 	sigs.k8s.io/controller-runtime v0.23.3
 	sigs.k8s.io/kind v0.33.0
 	sigs.k8s.io/kustomize/api v0.20.1
@@ -104,8 +107,7 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/tools v0.49.0 // indirect
 	gomodules.xyz/jsonpatch/v2 v2.4.0 // indirect
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20250826171959-ef028d996bc1 // indirect
-	google.golang.org/grpc v1.75.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20251202230838-ff82c1b0f217 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect

@@ -37,9 +37,10 @@ import (
 )
 
 const (
-	namespace = "layercache-system"
-	hostRoot  = "/var/lib/layercache"
-	e2eImage  = "localhost/layercache:dev"
+	namespace  = "layercache-system"
+	hostRoot   = "/var/lib/layercache"
+	kubeletDir = "/var/lib/kubelet"
+	e2eImage   = "localhost/layercache:dev"
 	// releaseImage is what `make image` builds and the package deploys.
 	releaseImage = "ghcr.io/layercache/layercache:v0.1.0"
 )
@@ -160,16 +161,28 @@ func TestDefault(t *testing.T) {
 	if len(c.Env) == 0 || c.Env[0].Name != "NODE_NAME" || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("node agent env = %+v, want NODE_NAME from spec.nodeName", c.Env)
 	}
-	if len(c.VolumeMounts) != 1 || len(spec.Volumes) != 1 {
-		t.Fatalf("node agent mounts %+v volumes %+v, want the host root only", c.VolumeMounts, spec.Volumes)
+	if len(c.VolumeMounts) != 2 || len(spec.Volumes) != 2 {
+		t.Fatalf("node agent mounts %+v volumes %+v, want the host root and the kubelet's directory", c.VolumeMounts, spec.Volumes)
 	}
-	m, v := c.VolumeMounts[0], spec.Volumes[0]
-	// PVs carry host paths, so the agent must see the root where the host does.
-	if m.MountPath != hostRoot || v.HostPath == nil || v.HostPath.Path != hostRoot {
-		t.Errorf("host root mounted at %s from %+v, want %s at the same path", m.MountPath, v.HostPath, hostRoot)
+	// PVs carry host paths, so the agent must see the root where the host
+	// does; the kubelet dials the CSI socket and mounts the targets at the
+	// paths the agent names, so the same holds for the kubelet's directory.
+	for i, want := range []struct{ name, path string }{{"root", hostRoot}, {"kubelet", kubeletDir}} {
+		m, v := c.VolumeMounts[i], spec.Volumes[i]
+		if m.Name != want.name || m.MountPath != want.path || v.HostPath == nil || v.HostPath.Path != want.path {
+			t.Errorf("%s mounted at %s from %+v, want %s at the same path", want.name, m.MountPath, v.HostPath, want.path)
+		}
+		if m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
+			t.Errorf("%s propagation = %v, want Bidirectional so mounts reach the kubelet", want.name, m.MountPropagation)
+		}
 	}
-	if m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
-		t.Errorf("host root propagation = %v, want Bidirectional so mounts reach the kubelet", m.MountPropagation)
+	if want := "--kubelet-dir=" + kubeletDir; !slices.Contains(c.Args, want) {
+		t.Errorf("node agent args = %q, want %s", c.Args, want)
+	}
+	drv := find[*storagev1.CSIDriver](t, r, v1alpha1.CSIDriverName)
+	if drv.Spec.AttachRequired == nil || *drv.Spec.AttachRequired || drv.Spec.PodInfoOnMount == nil || !*drv.Spec.PodInfoOnMount ||
+		!slices.Equal(drv.Spec.VolumeLifecycleModes, []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral}) {
+		t.Errorf("CSIDriver = %+v, want attachRequired false, podInfoOnMount true, Ephemeral only", drv.Spec)
 	}
 	checkProbes(t, "node agent", c, 8081)
 
@@ -455,7 +468,7 @@ func TestSettersAgreeWithValues(t *testing.T) {
 		t.Fatalf("setters.yaml has %d documents, want 1", len(setters))
 	}
 	data, _ := setters[0]["data"].(map[string]any)
-	want := map[string]string{"image": releaseImage, "namespace": namespace, "host-root": hostRoot}
+	want := map[string]string{"image": releaseImage, "namespace": namespace, "host-root": hostRoot, "kubelet-dir": kubeletDir}
 	for k, v := range want {
 		if data[k] != v {
 			t.Errorf("setter %s = %v, want %s", k, data[k], v)

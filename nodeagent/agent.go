@@ -144,6 +144,10 @@ type agent struct {
 	pvs                                       corelisters.PersistentVolumeLister
 	controller                                *controller.ProvisionController
 	ends                                      *buildEnds
+	// csi and csiEnds serve CSI inline volumes; nil unless
+	// Options.KubeletDir is set.
+	csi     *csiDriver
+	csiEnds *csiEnds
 
 	ready atomic.Bool
 }
@@ -250,6 +254,13 @@ func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.S
 	if _, err := podInformer.AddEventHandler(a.ends.handlers()); err != nil {
 		return fmt.Errorf("watch this node's pods: %w", err)
 	}
+	if a.opts.KubeletDir != "" {
+		a.csi = newCSIDriver(a.prov, a.opts.KubeletDir)
+		a.csiEnds = newCSIEnds(a.prov, a.csi, podInformer.GetIndexer())
+		if _, err := podInformer.AddEventHandler(a.csiEnds.handlers()); err != nil {
+			return fmt.Errorf("watch this node's pods for CSI volumes: %w", err)
+		}
+	}
 	_, err := pvInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -303,6 +314,14 @@ func (a *agent) run(ctx context.Context) error {
 	a.queues.run(ctx)
 	go a.periodic(ctx)
 	go a.ends.run(ctx, buildEndWorkers)
+	if a.csi != nil {
+		go a.csiEnds.run(ctx, buildEndWorkers, a.opts.ResyncInterval)
+		go func() {
+			if err := serveCSI(ctx, a.csi, csiSocketsIn(a.opts.KubeletDir)); err != nil {
+				logger.Error(err, "CSI inline volumes are not served")
+			}
+		}()
+	}
 	// On shutdown, let the operations in flight return before the process
 	// exits (the store would recover them, but finishing is cheaper).
 	var workers sync.WaitGroup

@@ -20,6 +20,8 @@ import (
 const (
 	triggerPod     = "pod"
 	triggerRelease = "release"
+	// triggerUnpublish: the kubelet unpublished a CSI volume.
+	triggerUnpublish = "unpublish"
 )
 
 // ended is what end did to a volume.
@@ -45,27 +47,33 @@ type endCause struct {
 // its commit policy and the build's outcome say. A volume that is no
 // longer in the store had already ended, and nothing is done.
 func (p *Provisioner) end(ctx context.Context, pv *corev1.PersistentVolume, cause endCause) (ended, error) {
-	logger := log.FromContext(ctx).WithValues("pv", pv.Name)
 	rec, err := parsePV(pv)
 	if err != nil {
 		p.events.Eventf(pv, nil, corev1.EventTypeWarning, reasonInvalidVolume, actionEnd, "%s", err.Error())
 		p.metrics.fail(opCommit, reasonInvalidVolume)
 		return ended{}, err
 	}
+	return p.endVolume(log.IntoContext(ctx, log.FromContext(ctx).WithValues("pv", pv.Name)), pv.Name, rec, cause)
+}
+
+// endVolume ends a volume of the store, of a PV or of a CSI volume, as
+// rec says.
+func (p *Provisioner) endVolume(ctx context.Context, volume string, rec provisioned, cause endCause) (ended, error) {
 	if cause.Outcome != "" {
 		rec.Outcome = cause.Outcome
 	}
-	if rec.Marker, err = p.readMarker(ctx, pv.Name, rec); errors.Is(err, layerfs.ErrNotFound) {
+	var err error
+	if rec.Marker, err = p.readMarker(ctx, volume, rec); errors.Is(err, layerfs.ErrNotFound) {
 		return ended{}, nil
 	} else if err != nil {
 		return ended{}, err
 	}
-	logger = logger.WithValues("cache", rec.Cache.String(), "mode", rec.Mode, "commit", rec.Commit, "outcome", rec.Outcome)
+	logger := log.FromContext(ctx).WithValues("cache", rec.Cache.String(), "mode", rec.Mode, "commit", rec.Commit, "outcome", rec.Outcome)
 	var res ended
 	if rec.shouldCommit() {
-		res, err = p.commit(ctx, logger, pv.Name, rec, cause.Subject)
+		res, err = p.commit(ctx, logger, volume, rec, cause.Subject)
 	} else {
-		res, err = p.discard(ctx, logger, pv.Name, rec, cause.Subject)
+		res, err = p.discard(ctx, logger, volume, rec, cause.Subject)
 	}
 	if err != nil || res.Result == "" {
 		return res, err

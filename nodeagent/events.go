@@ -6,6 +6,7 @@ import "fmt"
 // (lower-cased), so keep the set small and fixed.
 const (
 	reasonInvalidAnnotation   = "InvalidAnnotation"
+	reasonInvalidAttribute    = "InvalidVolumeAttributes"
 	reasonInvalidStorageClass = "InvalidStorageClass"
 	reasonCacheTemplate       = "CacheTemplateFailed"
 	reasonCacheAccessDenied   = "CacheAccessDenied"

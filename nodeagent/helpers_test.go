@@ -301,6 +301,16 @@ func (s *fakeStore) Volume(_ context.Context, id string) (*layerfs.Volume, error
 	return &c, nil
 }
 
+func (s *fakeStore) Volumes(context.Context) ([]layerfs.Volume, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var vols []layerfs.Volume
+	for _, v := range s.volumes {
+		vols = append(vols, *v)
+	}
+	return vols, nil
+}
+
 func (s *fakeStore) HasControlFile(_ context.Context, id, name string) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

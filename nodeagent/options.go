@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/internal/bootstrap"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/remote"
@@ -68,6 +69,10 @@ type Options struct {
 	SnapshotImageBytes int64
 	// MkfsBtrfs formats that image; the agent's image carries it.
 	MkfsBtrfs string
+	// KubeletDir is the kubelet's root directory (its --root-dir). Set,
+	// the agent serves CSI inline volumes there and registers the driver
+	// with the kubelet; empty, it serves claims only.
+	KubeletDir string
 }
 
 // DefaultOptions returns the defaults, taking root and node name from the
@@ -114,6 +119,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "the agent's own namespace, where StorageClasses' registry Secrets are read (env "+EnvNamespace+")")
 	fs.Var(&bytesFlag{&o.SnapshotImageBytes}, "snapshot-image-size", "size of the sparse btrfs image that holds layout: snapshot volumes when --root is not on btrfs (e.g. 100Gi); it takes disk only as it fills")
 	fs.StringVar(&o.MkfsBtrfs, "mkfs-btrfs", o.MkfsBtrfs, "mkfs.btrfs program that formats that image (a name on PATH or a path)")
+	fs.StringVar(&o.KubeletDir, "kubelet-dir", o.KubeletDir, "the kubelet's root directory (its --root-dir, usually /var/lib/kubelet): serve CSI inline volumes of driver "+v1alpha1.CSIDriverName+" there; empty serves claims only")
 	fs.StringVar(&o.RegistryCompression, "registry-compression", o.RegistryCompression, "compression of the layers pushed to registries: zstd or gzip (for registries that refuse zstd blobs)")
 }
 
@@ -160,6 +166,9 @@ func (o *Options) Validate() error {
 	}
 	if c := remote.Compression(o.RegistryCompression); c != remote.Zstd && c != remote.Gzip {
 		errs = append(errs, fmt.Errorf("--registry-compression %q is not known: use zstd (default) or gzip", o.RegistryCompression))
+	}
+	if o.KubeletDir != "" && (!filepath.IsAbs(o.KubeletDir) || filepath.Clean(o.KubeletDir) != o.KubeletDir) {
+		errs = append(errs, fmt.Errorf("--kubelet-dir %q is not a clean absolute path: pass the kubelet's --root-dir, for example /var/lib/kubelet, or leave it empty to serve no CSI volumes", o.KubeletDir))
 	}
 	if o.ResyncInterval < time.Second {
 		errs = append(errs, fmt.Errorf("--resync-interval %s is too short: use at least 1s, for example 1m", o.ResyncInterval))

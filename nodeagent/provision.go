@@ -27,6 +27,7 @@ type store interface {
 	Commit(ctx context.Context, volumeID string) (layerfs.CommitResult, error)
 	Discard(ctx context.Context, volumeID string) error
 	Volume(ctx context.Context, volumeID string) (*layerfs.Volume, error)
+	Volumes(ctx context.Context) ([]layerfs.Volume, error)
 	Squash(ctx context.Context, cache layerfs.CacheRef, maxLayers int) (layerfs.SquashResult, error)
 	GC(ctx context.Context, opts layerfs.GCOptions) (layerfs.GCResult, error)
 	Remove(ctx context.Context, cache layerfs.CacheRef) error

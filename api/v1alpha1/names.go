@@ -6,6 +6,10 @@ const (
 	// ProvisionerName is the provisioner of layercache StorageClasses.
 	ProvisionerName = "layercache.dev/node"
 
+	// CSIDriverName is the CSI driver of layercache inline volumes: a
+	// pod's spec.volumes[].csi.driver.
+	CSIDriverName = "layercache.dev"
+
 	// StorageClassName is the StorageClass of the default install.
 	StorageClassName = "layercache"
 

@@ -131,6 +131,9 @@ fi
 if [[ -f $STATE_DIR/created-layercache-root ]]; then
 	rmdir "$LAYERCACHE_ROOT" 2>/dev/null || echo "warning: $LAYERCACHE_ROOT is not empty; left in place" >&2
 fi
+if [[ -f $STATE_DIR/created-kubelet-root ]]; then
+	rmdir "$KUBELET_ROOT" 2>/dev/null || echo "warning: $KUBELET_ROOT is not empty; left in place" >&2
+fi
 if [[ -f $STATE_DIR/created-run-containerd ]]; then
 	rmdir /run/containerd 2>/dev/null || true
 fi

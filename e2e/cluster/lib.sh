@@ -33,6 +33,9 @@ CGROUP_NAME=layercache-e2e
 
 # The node's store root, as the project's pods see it (README, "Operating it").
 LAYERCACHE_ROOT=/var/lib/layercache
+# Each node's kubelet directory (node_dir N/kubelet) is bind-mounted here in
+# that node's mount namespace (node.sh).
+KUBELET_ROOT=/var/lib/kubelet
 
 APISERVER_PORT=6443
 ETCD_CLIENT_PORT=12379

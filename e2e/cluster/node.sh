@@ -29,6 +29,13 @@ if [[ $n != 1 ]]; then
 	mount --bind "$store" "$LAYERCACHE_ROOT"
 fi
 
+# The kubelet's directory is at its default path in every node's namespace,
+# as on a real node, so that the deployed CSI driver (whose DaemonSet mounts
+# /var/lib/kubelet) needs no per-node path. Shared, so that the node agent's
+# mounts at CSI volumes' target paths (Bidirectional) reach the kubelet.
+mount --bind "$dir/kubelet" "$KUBELET_ROOT"
+mount --make-rshared "$KUBELET_ROOT"
+
 # Shim sockets go to /run/containerd/s whatever the configuration says.
 mount -t tmpfs -o mode=0711 tmpfs-lce2e /run/containerd
 
@@ -50,7 +57,7 @@ fi
 	--config "$dir/kubelet.yaml" \
 	--kubeconfig "$dir/kubelet.kubeconfig" \
 	--hostname-override "$(node_name "$n")" \
-	--root-dir "$dir/kubelet" \
+	--root-dir "$KUBELET_ROOT" \
 	--v 1 >>"$LOG_DIR/node$n-kubelet.log" 2>&1 &
 
 wait

@@ -315,6 +315,10 @@ prepare_host() {
 		mkdir -p /run/containerd
 		touch "$STATE_DIR/created-run-containerd"
 	fi
+	if [[ ! -d $KUBELET_ROOT ]]; then
+		mkdir -p "$KUBELET_ROOT"
+		touch "$STATE_DIR/created-kubelet-root"
+	fi
 	if [[ ! -d $LAYERCACHE_ROOT ]]; then
 		mkdir -p "$LAYERCACHE_ROOT"
 		touch "$STATE_DIR/created-layercache-root"

@@ -1,0 +1,398 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+)
+
+// The tests in this file drive the CSI Node service as the kubelet does,
+// against a real store with real overlay and bind mounts.
+
+// csiEnv is a CSI driver of node-a over a real store, with the pods the
+// API server has (the informer's and a GET's answer are the same here).
+type csiEnv struct {
+	*testEnv
+	store      *layerfs.Store
+	driver     *csiDriver
+	ends       *csiEnds
+	pods       cache.Indexer
+	kubeletDir string
+}
+
+func newCSIEnv(t *testing.T, objs ...client.Object) *csiEnv {
+	t.Helper()
+	env, st := newRealEnv(t, 8, objs...)
+	e := &csiEnv{testEnv: env, store: st, kubeletDir: t.TempDir(),
+		pods: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
+	t.Cleanup(func() { unmountUnder(t, e.kubeletDir) })
+	e.driver = newCSIDriver(env.prov, e.kubeletDir)
+	e.ends = newCSIEnds(env.prov, e.driver, e.pods)
+	env.prov.getPod = func(_ context.Context, ns, name string) (*corev1.Pod, error) {
+		obj, ok, _ := e.pods.GetByKey(ns + "/" + name)
+		if !ok {
+			return nil, apierrors.NewNotFound(corev1.Resource("pods"), name)
+		}
+		return obj.(*corev1.Pod), nil
+	}
+	return e
+}
+
+// csiPodObject is a pod of namespace ci with a layercache CSI volume.
+func csiPodObject(name string, phase corev1.PodPhase) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ci", Name: name, UID: types.UID("uid-" + name)},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "build"}},
+			Volumes: []corev1.Volume{{Name: "cache", VolumeSource: corev1.VolumeSource{
+				CSI: &corev1.CSIVolumeSource{Driver: v1alpha1.CSIDriverName}}}},
+		},
+		Status: corev1.PodStatus{Phase: phase},
+	}
+}
+
+// setPod is what the API server (and the informer) say of the pod now.
+func (e *csiEnv) setPod(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	if err := e.pods.Update(pod); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *csiEnv) target(pod string) string {
+	return filepath.Join(e.kubeletDir, "pods", "uid-"+pod, "volumes", "kubernetes.io~csi", "cache", "mount")
+}
+
+func (e *csiEnv) publishRequest(pod string, attrs map[string]string) *csi.NodePublishVolumeRequest {
+	ctx := map[string]string{
+		attrPodNamespace: "ci", attrPodName: pod, attrPodUID: "uid-" + pod,
+		attrServiceAccount: "default", attrEphemeral: "true",
+	}
+	for k, v := range attrs {
+		ctx[k] = v
+	}
+	return &csi.NodePublishVolumeRequest{
+		VolumeId: "csi-" + pod, TargetPath: e.target(pod), VolumeContext: ctx,
+		VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
+	}
+}
+
+// publish publishes pod's volume and returns its target, checked mounted.
+func (e *csiEnv) publish(t *testing.T, pod string, attrs map[string]string) string {
+	t.Helper()
+	if _, err := e.driver.NodePublishVolume(context.Background(), e.publishRequest(pod, attrs)); err != nil {
+		t.Fatalf("publish %s: %v", pod, err)
+	}
+	target := e.target(pod)
+	if mounted, err := mountinfo.Mounted(target); err != nil || !mounted {
+		t.Fatalf("target %s mounted = %v, %v", target, mounted, err)
+	}
+	return target
+}
+
+func (e *csiEnv) unpublish(t *testing.T, pod string) {
+	t.Helper()
+	_, err := e.driver.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-" + pod, TargetPath: e.target(pod)})
+	if err != nil {
+		t.Fatalf("unpublish %s: %v", pod, err)
+	}
+	if _, err := os.Stat(e.target(pod)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("target of %s after unpublish: %v, want it removed", pod, err)
+	}
+}
+
+// volumeOpen tells whether pod's volume is still in the store (not ended).
+func (e *csiEnv) volumeOpen(t *testing.T, pod string) bool {
+	t.Helper()
+	_, err := e.store.Volume(context.Background(), csiStoreID("csi-"+pod))
+	if err != nil && !errors.Is(err, layerfs.ErrNotFound) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
+func (e *csiEnv) generation(t *testing.T, name string) int64 {
+	t.Helper()
+	info, err := e.store.Inspect(context.Background(), layerfs.CacheRef{Namespace: "ci", Name: name})
+	if errors.Is(err, layerfs.ErrNotFound) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Generation
+}
+
+func TestCSIVolumeEndsAsItsPod(t *testing.T) {
+	tests := []struct {
+		name  string
+		attrs map[string]string
+		// phase is the pod's at unpublish; "" means the pod is gone.
+		phase      corev1.PodPhase
+		marker     bool
+		readOnly   bool
+		wantCommit bool
+		wantEvent  string
+	}{
+		{name: "succeeded commits", phase: corev1.PodSucceeded, wantCommit: true, wantEvent: "Normal Committed"},
+		{name: "failed discards", phase: corev1.PodFailed, wantEvent: "Normal Discarded"},
+		{name: "gone pod's outcome is unknown: discarded", phase: "", wantEvent: "Normal Discarded"},
+		{name: "always commits a gone pod's volume", attrs: map[string]string{attrCommit: "always"}, phase: "", wantCommit: true, wantEvent: "Normal Committed"},
+		{name: "never discards", attrs: map[string]string{attrCommit: "never"}, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
+		{name: "on-marker with the marker commits a failed pod", attrs: map[string]string{attrCommit: "on-marker"}, phase: corev1.PodFailed, marker: true, wantCommit: true, wantEvent: "Normal Committed"},
+		{name: "on-marker without it discards", attrs: map[string]string{attrCommit: "on-marker"}, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
+		{name: "read mode discards", attrs: map[string]string{attrMode: "read"}, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
+		{name: "a read-only mount is a read view", readOnly: true, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newCSIEnv(t)
+			e.setPod(t, csiPodObject("build", corev1.PodRunning))
+			attrs := map[string]string{attrCache: "maven"}
+			for k, v := range tt.attrs {
+				attrs[k] = v
+			}
+			req := e.publishRequest("build", attrs)
+			req.Readonly = tt.readOnly
+			if _, err := e.driver.NodePublishVolume(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+			target := e.target("build")
+			if !tt.readOnly {
+				writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
+				if tt.marker {
+					writeTestFile(t, filepath.Join(target, layerfs.ControlDir, v1alpha1.MarkerCommit), "")
+				}
+			} else if err := os.WriteFile(filepath.Join(target, "x"), nil, 0o644); err == nil {
+				t.Error("a read-only CSI mount took a write")
+			}
+			e.drainEvents()
+			if tt.phase == "" {
+				if err := e.pods.Delete(csiPodObject("build", "")); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				e.setPod(t, csiPodObject("build", tt.phase))
+			}
+			e.unpublish(t, "build")
+			if e.volumeOpen(t, "build") {
+				t.Fatal("the volume is still open after its pod's unpublish")
+			}
+			if got := e.generation(t, "maven") == 1; got != tt.wantCommit {
+				t.Fatalf("committed = %v, want %v", got, tt.wantCommit)
+			}
+			e.wantEvent(t, tt.wantEvent)
+			// The kubelet retries an unpublish it did not see answered:
+			// nothing happens twice.
+			e.unpublish(t, "build")
+			if evs := e.drainEvents(); len(evs) != 0 {
+				t.Errorf("a second unpublish recorded %q", evs)
+			}
+		})
+	}
+}
+
+func writeTestFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The kubelet unpublishes as soon as the containers stop; the phase may
+// come later. The pod watch then ends the volume, once.
+func TestCSIVolumeEndsWhenThePhaseArrivesAfterUnpublish(t *testing.T) {
+	ctx := context.Background()
+	e := newCSIEnv(t)
+	e.setPod(t, csiPodObject("build", corev1.PodRunning))
+	target := e.publish(t, "build", map[string]string{attrCache: "maven"})
+	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
+	e.unpublish(t, "build")
+	if !e.volumeOpen(t, "build") || e.generation(t, "maven") != 0 {
+		t.Fatal("the volume ended before its pod's outcome was known")
+	}
+	e.setPod(t, csiPodObject("build", corev1.PodSucceeded))
+	for range 2 { // the watch and a sweep: one commit
+		if err := e.ends.endPods(ctx, func(layerfs.Volume) bool { return true }, triggerPod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.volumeOpen(t, "build") || e.generation(t, "maven") != 1 {
+		t.Fatalf("after the phase: open %v, generation %d; want ended and committed once", e.volumeOpen(t, "build"), e.generation(t, "maven"))
+	}
+	e.wantEvent(t, "Normal Committed")
+}
+
+// A pod kept after it completed: the agent ends its volume at once, and
+// unmounts the target itself; the kubelet's later unpublish finds it done.
+// The next pod sees the commit.
+func TestCSIVolumeOfAKeptPodEndsBeforeUnpublish(t *testing.T) {
+	ctx := context.Background()
+	e := newCSIEnv(t)
+	e.setPod(t, csiPodObject("first", corev1.PodRunning))
+	target := e.publish(t, "first", map[string]string{attrCache: "maven"})
+	writeTestFile(t, filepath.Join(target, "built.txt"), "from first")
+	e.setPod(t, csiPodObject("first", corev1.PodSucceeded))
+	if err := e.ends.endPods(ctx, func(layerfs.Volume) bool { return true }, triggerPod); err != nil {
+		t.Fatal(err)
+	}
+	if mounted, _ := mountinfo.Mounted(target); mounted || e.volumeOpen(t, "first") || e.generation(t, "maven") != 1 {
+		t.Fatalf("target mounted %v, volume open %v, generation %d; want unmounted, ended, 1", mounted, e.volumeOpen(t, "first"), e.generation(t, "maven"))
+	}
+	e.unpublish(t, "first")
+
+	e.setPod(t, csiPodObject("second", corev1.PodRunning))
+	next := e.publish(t, "second", map[string]string{attrCache: "maven"})
+	if b, err := os.ReadFile(filepath.Join(next, "built.txt")); err != nil || string(b) != "from first" {
+		t.Fatalf("the next pod reads %q, %v; want the first pod's commit", b, err)
+	}
+}
+
+// A pod force-deleted while it may still run on the node: its volume waits
+// for the kubelet to stop it and unpublish.
+func TestCSIVolumeOfAForceDeletedPodWaitsForUnpublish(t *testing.T) {
+	ctx := context.Background()
+	e := newCSIEnv(t)
+	e.setPod(t, csiPodObject("build", corev1.PodRunning))
+	target := e.publish(t, "build", map[string]string{attrCache: "maven", attrCommit: "always"})
+	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
+	if err := e.pods.Delete(csiPodObject("build", "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ends.endPods(ctx, func(layerfs.Volume) bool { return true }, triggerPod); err != nil {
+		t.Fatal(err)
+	}
+	if !e.volumeOpen(t, "build") {
+		t.Fatal("the volume of a pod that may still run was ended")
+	}
+	e.unpublish(t, "build")
+	if e.volumeOpen(t, "build") || e.generation(t, "maven") != 1 {
+		t.Fatal("unpublish did not end the volume (commit: always)")
+	}
+}
+
+// The agent restarts: a new driver over the same store ends, at its first
+// sweep, the volume of a pod that ended meanwhile.
+func TestCSIVolumeEndsAfterAnAgentRestart(t *testing.T) {
+	ctx := context.Background()
+	e := newCSIEnv(t)
+	e.setPod(t, csiPodObject("build", corev1.PodRunning))
+	target := e.publish(t, "build", map[string]string{attrCache: "maven"})
+	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
+
+	restarted := newCSIDriver(e.prov, e.kubeletDir)
+	ends := newCSIEnds(e.prov, restarted, e.pods)
+	// The kubelet publishes again after its own restart: nothing stacks.
+	if _, err := restarted.NodePublishVolume(ctx, e.publishRequest("build", map[string]string{attrCache: "maven"})); err != nil {
+		t.Fatal(err)
+	}
+	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
+	if err != nil || len(mounts) != 1 {
+		t.Fatalf("mounts at the target after a second publish: %d, %v; want 1", len(mounts), err)
+	}
+	e.setPod(t, csiPodObject("build", corev1.PodSucceeded))
+	if err := ends.endPods(ctx, func(layerfs.Volume) bool { return true }, triggerPod); err != nil {
+		t.Fatal(err)
+	}
+	if e.volumeOpen(t, "build") || e.generation(t, "maven") != 1 {
+		t.Fatal("the restarted agent's sweep did not commit the ended pod's volume")
+	}
+}
+
+func TestCSIPublishRefused(t *testing.T) {
+	tests := []struct {
+		name       string
+		attrs      map[string]string
+		objs       []client.Object
+		wantCode   codes.Code
+		wantReason string
+		want       []string
+	}{
+		{name: "unknown attribute", attrs: map[string]string{attrCache: "maven", "cahce": "x"}, wantCode: codes.InvalidArgument,
+			wantReason: reasonInvalidAttribute, want: []string{`unknown volumeAttributes ["cahce"]`, "cache (required), mode, commit, size and fallback"}},
+		{name: "no cache", attrs: map[string]string{}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+			want: []string{"volumeAttributes has no cache", "cache: maven"}},
+		{name: "bad mode", attrs: map[string]string{attrCache: "maven", attrMode: "rw"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+			want: []string{`volumeAttributes mode has value "rw"`, "remove the attribute"}},
+		{name: "bad commit", attrs: map[string]string{attrCache: "maven", attrCommit: "sometimes"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+			want: []string{`volumeAttributes commit has value "sometimes"`}},
+		{name: "bad size", attrs: map[string]string{attrCache: "maven", attrSize: "lots"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+			want: []string{`size has value "lots"`, "10Gi"}},
+		{name: "bad cache name", attrs: map[string]string{attrCache: "Maven_3"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+			want: []string{"volumeAttributes cache", "Maven_3"}},
+		{name: "write to another namespace", attrs: map[string]string{attrCache: "team/maven", attrMode: "write"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+			want: []string{"volumeAttributes mode", "a pod may only read another namespace's cache", "mode: read"}},
+		{name: "read without a grant", attrs: map[string]string{attrCache: "team/maven"}, objs: []client.Object{cacheObject("team", "maven")},
+			wantCode: codes.FailedPrecondition, wantReason: reasonCacheAccessDenied, want: []string{`does not grant namespace "ci"`, "spec.readers"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newCSIEnv(t, tt.objs...)
+			_, err := e.driver.NodePublishVolume(context.Background(), e.publishRequest("build", tt.attrs))
+			if status.Code(err) != tt.wantCode {
+				t.Fatalf("publish = %v, want code %s", err, tt.wantCode)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			e.wantEvent(t, "Warning "+tt.wantReason, tt.want...)
+			if e.volumeOpen(t, "build") {
+				t.Error("a refused volume is in the store")
+			}
+		})
+	}
+}
+
+func TestCSIRequestsRefusedBeforeTheStore(t *testing.T) {
+	e := newCSIEnv(t)
+	ok := e.publishRequest("build", map[string]string{attrCache: "maven"})
+	tests := []struct {
+		name string
+		edit func(r *csi.NodePublishVolumeRequest)
+		want string
+	}{
+		{"target outside the kubelet's pods", func(r *csi.NodePublishVolumeRequest) { r.TargetPath = "/etc/cron.d" }, "is not a clean path below"},
+		{"target with ..", func(r *csi.NodePublishVolumeRequest) { r.TargetPath = e.kubeletDir + "/pods/../../etc" }, "is not a clean path below"},
+		{"no volume id", func(r *csi.NodePublishVolumeRequest) { r.VolumeId = "" }, "volume id is empty"},
+		{"a persistent volume", func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, attrEphemeral) }, "not a CSI inline (ephemeral) volume"},
+		{"no pod information", func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, attrPodNamespace) }, "podInfoOnMount: true"},
+		{"a block volume", func(r *csi.NodePublishVolumeRequest) {
+			r.VolumeCapability = &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}}
+		}, "not block devices"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &csi.NodePublishVolumeRequest{VolumeId: ok.VolumeId, TargetPath: ok.TargetPath, VolumeCapability: ok.VolumeCapability, VolumeContext: map[string]string{}}
+			for k, v := range ok.VolumeContext {
+				r.VolumeContext[k] = v
+			}
+			tt.edit(r)
+			_, err := e.driver.NodePublishVolume(context.Background(), r)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("publish = %v, want InvalidArgument saying %q", err, tt.want)
+			}
+		})
+	}
+}

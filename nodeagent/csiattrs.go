@@ -1,0 +1,167 @@
+package nodeagent
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+// The volumeAttributes of a layercache CSI inline volume. Each means what
+// the claim annotation of the same name means.
+const (
+	attrCache    = "cache"
+	attrMode     = "mode"
+	attrCommit   = "commit"
+	attrFallback = "fallback"
+	// attrSize is the most the build may add to the cache, as a claim's
+	// storage request is.
+	attrSize = "size"
+)
+
+// The pod information the kubelet adds to the attributes of a driver whose
+// CSIDriver object has podInfoOnMount (it overrides any a pod sets).
+const (
+	attrPodName        = "csi.storage.k8s.io/pod.name"
+	attrPodNamespace   = "csi.storage.k8s.io/pod.namespace"
+	attrPodUID         = "csi.storage.k8s.io/pod.uid"
+	attrServiceAccount = "csi.storage.k8s.io/serviceAccount.name"
+	attrEphemeral      = "csi.storage.k8s.io/ephemeral"
+)
+
+var userAttrs = []string{attrCache, attrMode, attrCommit, attrFallback, attrSize}
+
+// csiPod is the pod a CSI volume was published for.
+type csiPod struct {
+	Namespace, Name string
+	UID             types.UID
+}
+
+func (p csiPod) key() string { return p.Namespace + "/" + p.Name }
+
+// object is a reference to the pod that Events can go on.
+func (p csiPod) object() *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID}}
+}
+
+// parseCSIPod reads the pod information the kubelet passes. Its absence
+// means the volume is not an inline volume of a pod, or the CSIDriver
+// object lost podInfoOnMount: an installation problem, not the pod's.
+func parseCSIPod(attrs map[string]string) (csiPod, error) {
+	if attrs[attrEphemeral] != "true" {
+		return csiPod{}, fmt.Errorf("the volume is not a CSI inline (ephemeral) volume of a pod: %s serves only volumes declared in a pod's spec.volumes[].csi; for a PersistentVolume use a claim of a layercache StorageClass", v1alpha1.CSIDriverName)
+	}
+	p := csiPod{Namespace: attrs[attrPodNamespace], Name: attrs[attrPodName], UID: types.UID(attrs[attrPodUID])}
+	if p.Namespace == "" || p.Name == "" || p.UID == "" {
+		return csiPod{}, fmt.Errorf("the kubelet passed no pod information: the CSIDriver object %s must have spec.podInfoOnMount: true; reinstall layercache's deploy package", v1alpha1.CSIDriverName)
+	}
+	return p, nil
+}
+
+// csiClaim turns a CSI volume's attributes into the claim they stand for,
+// owned by the pod, so that the claim parsers validate them by the same
+// rules. Its errors name annotations; csiMessage renames them.
+func csiClaim(attrs map[string]string, pod csiPod) (*corev1.PersistentVolumeClaim, error) {
+	var unknown []string
+	for k := range attrs {
+		if !slices.Contains(userAttrs, k) && !strings.HasPrefix(k, "csi.storage.k8s.io/") {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return nil, &claimError{Reason: reasonInvalidAttribute, Message: fmt.Sprintf(
+			"unknown volumeAttributes %q of driver %s: the valid ones are cache (required), mode, commit, size and fallback", unknown, v1alpha1.CSIDriverName)}
+	}
+	if attrs[attrCache] == "" {
+		return nil, &claimError{Reason: reasonInvalidAttribute, Message: fmt.Sprintf(
+			"volumeAttributes has no cache: name the cache to use, for example cache: maven (or NAMESPACE/NAME for another namespace's cache, read-only)")}
+	}
+	claim := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:   pod.Namespace,
+			Name:        "csi",
+			Annotations: map[string]string{},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: new(true),
+			}},
+		},
+	}
+	for attr, ann := range map[string]string{attrCache: v1alpha1.AnnotationCache, attrMode: v1alpha1.AnnotationMode,
+		attrCommit: v1alpha1.AnnotationCommit, attrFallback: v1alpha1.AnnotationFallback} {
+		if v, ok := attrs[attr]; ok {
+			claim.Annotations[ann] = v
+		}
+	}
+	if v, ok := attrs[attrSize]; ok {
+		q, err := resource.ParseQuantity(v)
+		if err != nil || q.Sign() < 0 {
+			return nil, &claimError{Reason: reasonInvalidAttribute, Message: fmt.Sprintf(
+				"volumeAttributes size has value %q: use a quantity such as 10Gi, the most the build may add to the cache, or remove it for no limit", v)}
+		}
+		claim.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: q}
+	}
+	return claim, nil
+}
+
+// csiMessage says in a CSI volume's terms what the claim parsers said in a
+// claim's.
+var csiMessage = strings.NewReplacer(
+	"annotation "+v1alpha1.AnnotationCache, "volumeAttributes "+attrCache,
+	"annotation "+v1alpha1.AnnotationMode, "volumeAttributes "+attrMode,
+	"annotation "+v1alpha1.AnnotationCommit, "volumeAttributes "+attrCommit,
+	"annotation "+v1alpha1.AnnotationFallback, "volumeAttributes "+attrFallback,
+	v1alpha1.AnnotationCache+":", attrCache+":",
+	v1alpha1.AnnotationMode+":", attrMode+":",
+	v1alpha1.AnnotationCommit+":", attrCommit+":",
+	v1alpha1.AnnotationFallback+":", attrFallback+":",
+	"remove the annotation", "remove the attribute",
+	"a claim may only", "a pod may only",
+	"the claim's namespace", "the pod's namespace",
+	"annotate the claim with", "set the volume attribute",
+	"for this claim", "for this volume",
+)
+
+// csiRequest validates a CSI volume's attributes as a claim's annotations
+// are, on the defaults of a class without parameters (a node-local overlay
+// cache), and checks access to the caches they name.
+func (p *Provisioner) csiRequest(ctx context.Context, attrs map[string]string, pod csiPod, readOnly bool) (volumeRequest, error) {
+	claim, err := csiClaim(attrs, pod)
+	if err != nil {
+		return volumeRequest{}, err
+	}
+	req, err := parseClaim(claim, classParams{}, nil)
+	if err != nil {
+		return req, renameClaimError(err)
+	}
+	req.Class = ""
+	if readOnly {
+		// The pod mounts the volume read-only: nothing it does can be
+		// committed, so it is a read view.
+		req.Mode = v1alpha1.ModeRead
+	}
+	if err := p.caches.authorize(ctx, pod.Namespace, req); err != nil {
+		return req, renameClaimError(err)
+	}
+	req.Fallbacks, err = p.caches.authorizeFallbacks(ctx, pod.Namespace, req.Fallbacks)
+	return req, renameClaimError(err)
+}
+
+func renameClaimError(err error) error {
+	if ce, ok := err.(*claimError); ok {
+		reason := ce.Reason
+		if reason == reasonInvalidAnnotation {
+			reason = reasonInvalidAttribute
+		}
+		return &claimError{Reason: reason, Message: csiMessage.Replace(ce.Message)}
+	}
+	return err
+}
