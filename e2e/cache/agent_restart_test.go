@@ -29,9 +29,11 @@ const agentRestartTimeout = 3 * time.Minute
 // keeps working through the restart. Then the agent is kept off the node
 // while a pod ends (the commit waits: nothing else may end the volume) and
 // a new pod asks for a volume (the claim waits). Nothing is lost: once the
-// agent is back, it sees the pod that ended while it was away and commits
-// its volume, the new claim completes, the running pod still reads and
-// writes its volume, and the next pod sees every pod's files.
+// agent is back, it sees the pods that ended while it was away and commits
+// their volumes (a claim's, and a CSI volume's whose unpublish the kubelet
+// retried while the driver was gone), the new claim completes, the running
+// pod still reads and writes its volume, and the next pod sees every pod's
+// files.
 //
 // A DaemonSet replaces a deleted pod within a second or two, so deleting
 // the pod alone cannot hold a commit back; the second phase keeps the
@@ -50,12 +52,13 @@ func TestNodeAgentRestart(t *testing.T) {
 	for _, pod := range []*corev1.Pod{
 		e.cachePod("long", cacheAnnotations(cacheName), "echo before > /cache/long-before && "+hold),
 		e.cachePod("short", cacheAnnotations(cacheName), "echo short > /cache/short && "+hold),
+		e.csiPod("csi-short", csiVolume(cacheName), "echo csi > /cache/csi-short && "+hold),
 	} {
 		if _, err := e.CreatePod(ctx, pod); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, pod := range []string{"long", "short"} {
+	for _, pod := range []string{"long", "short", "csi-short"} {
 		if _, err := e.WaitForPodPhase(ctx, pod, corev1.PodRunning); err != nil {
 			t.Fatal(err)
 		}
@@ -72,12 +75,19 @@ func TestNodeAgentRestart(t *testing.T) {
 	if got := e.exec(ctx, "long", "cat /cache/long-before && echo after > /cache/long-after && cat /cache/long-after"); got != "before\nafter\n" {
 		t.Errorf("the running pod's volume after the agent's restart reads %q, want %q", got, "before\nafter\n")
 	}
+	if got := e.exec(ctx, "csi-short", "echo kept > /cache/csi-kept && cat /cache/csi-short /cache/csi-kept"); got != "csi\nkept\n" {
+		t.Errorf("the running pod's CSI volume after the agent's restart reads %q, want %q", got, "csi\nkept\n")
+	}
 
 	// Phase 2: no agent on the node while a pod ends and a new one starts.
 	restore := e.keepAgentOff(ctx)
-	e.exec(ctx, "short", "touch /tmp/go")
-	if _, err := e.WaitForPodPhase(ctx, "short", corev1.PodSucceeded); err != nil {
-		t.Fatal(err)
+	// The pods end with no agent on the node: the kubelet's unpublish of
+	// the CSI volume fails until the agent is back.
+	for _, pod := range []string{"short", "csi-short"} {
+		e.exec(ctx, pod, "touch /tmp/go")
+		if _, err := e.WaitForPodPhase(ctx, pod, corev1.PodSucceeded); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := e.CreatePod(ctx, e.cachePod("late", cacheAnnotations(cacheName), "echo late > /cache/late")); err != nil {
 		t.Fatal(err)
@@ -90,6 +100,9 @@ func TestNodeAgentRestart(t *testing.T) {
 		t.Fatalf("with no node agent, the volume of the ended pod was handled (deleted %v, phase %s, annotations %v); want it Bound and waiting", deleted, pv.Status.Phase, pv.Annotations)
 	}
 	e.expectNoVolume(ctx, "late")
+	if c, err := e.cache(ctx, cacheName); err != nil || c.Status.Generation != 0 {
+		t.Fatalf("with no node agent, cache %s: %v, %s; want generation 0 (nothing may end the volumes)", cacheName, err, statusString(c))
+	}
 	if got := e.exec(ctx, "long", "cat /cache/long-after && echo away > /cache/long-away && cat /cache/long-away"); got != "after\naway\n" {
 		t.Errorf("the running pod's volume without an agent reads %q, want %q", got, "after\naway\n")
 	}
@@ -97,6 +110,7 @@ func TestNodeAgentRestart(t *testing.T) {
 	t.Logf("node agent pod %s is ready", e.agentPod(ctx).Name)
 
 	e.expectVolumeEnd(ctx, "short", "Committed")
+	e.expectCSIEnd(ctx, "csi-short", "Committed")
 	if _, err := e.WaitForPodPhase(ctx, "late", corev1.PodSucceeded); err != nil {
 		t.Fatal(err)
 	}
@@ -108,10 +122,10 @@ func TestNodeAgentRestart(t *testing.T) {
 	}
 	end := e.expectVolumeEnd(ctx, "long", "Committed")
 	checkPVAnnotations(t, end.PV, map[string]string{v1alpha1.AnnotationBaseGeneration: "0"})
-	e.waitGeneration(ctx, cacheName, 3)
+	e.waitGeneration(ctx, cacheName, 4)
 
 	e.runPod(ctx, e.cachePod("check", cacheAnnotations(cacheName), "ls -1A /cache"), corev1.PodSucceeded)
-	want := []string{"late", "long-after", "long-away", "long-before", "short"}
+	want := []string{"csi-kept", "csi-short", "late", "long-after", "long-away", "long-before", "short"}
 	if got := lines(e.logs(ctx, "check")); !slices.Equal(got, want) {
 		t.Errorf("after the agent's restarts the cache holds %q, want %q", got, want)
 	}

@@ -26,10 +26,10 @@ const keptPodWatch = 10 * time.Minute
 // user leaves it; for keptPodWatch the namespace's claims, PVs and Events
 // must stay exactly as they were once the volume ended: the same objects,
 // untouched (same resourceVersion), and no new Event. Both layouts, side
-// by side.
+// by side, and a CSI inline volume (class "csi" here).
 func TestKeptJobPodIsQuiet(t *testing.T) {
 	t.Parallel()
-	for _, class := range []string{v1alpha1.StorageClassName, v1alpha1.SnapshotStorageClassName} {
+	for _, class := range []string{v1alpha1.StorageClassName, v1alpha1.SnapshotStorageClassName, csiClass} {
 		t.Run(class, func(t *testing.T) {
 			t.Parallel()
 			keptJobPodIsQuiet(t, class)
@@ -37,17 +37,30 @@ func TestKeptJobPodIsQuiet(t *testing.T) {
 	}
 }
 
+// csiClass stands for a CSI inline volume among the classes of a
+// scenario.
+const csiClass = "csi"
+
 func keptJobPodIsQuiet(t *testing.T, class string) {
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(t.Context(), keptPodWatch+2*time.Minute+scenarioTimeout)
 	defer cancel()
 	const cacheName = "kept"
 
-	job := e.cacheJob("kept", cacheAnnotations(cacheName), "id -u > /cache/uid && echo built > /cache/out")
+	script := "id -u > /cache/uid && echo built > /cache/out"
+	job := e.cacheJob("kept", cacheAnnotations(cacheName), script)
 	job.Spec.Template.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: new(int64(1000)), RunAsGroup: new(int64(1000)), RunAsNonRoot: new(true)}
-	useClass(&job.Spec.Template.Spec, class, "1Gi")
+	if class == csiClass {
+		job.Spec.Template.Spec = e.csiPod("kept", csiVolume(cacheName), script).Spec
+	} else {
+		useClass(&job.Spec.Template.Spec, class, "1Gi")
+	}
 	pod := e.runJob(ctx, job)
-	e.expectVolumeEnd(ctx, pod.Name, "Committed")
+	if class == csiClass {
+		e.expectCSIEnd(ctx, pod.Name, "Committed")
+	} else {
+		e.expectVolumeEnd(ctx, pod.Name, "Committed")
+	}
 	e.waitGeneration(ctx, cacheName, 1)
 
 	// Kubernetes' own components record their Events about the Job and
@@ -55,7 +68,11 @@ func keptJobPodIsQuiet(t *testing.T, class string) {
 	e.ExpectQuiet(ctx, 2*time.Minute, keptPodWatch)
 
 	check := e.cachePod("check", cacheAnnotations(cacheName), "cat /cache/uid /cache/out")
-	useClass(&check.Spec, class, "1Gi")
+	if class == csiClass {
+		check = e.csiPod("check", csiVolume(cacheName), "cat /cache/uid /cache/out")
+	} else {
+		useClass(&check.Spec, class, "1Gi")
+	}
 	check = e.runPod(ctx, check, corev1.PodSucceeded)
 	if got, want := e.logs(ctx, check.Name), "1000\nbuilt\n"; got != want {
 		t.Errorf("the next pod reads %q from the cache, want %q", got, want)
