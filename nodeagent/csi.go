@@ -146,7 +146,7 @@ func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeReques
 		p.events.Eventf(pod.object(), nil, corev1.EventTypeWarning, refused.Reason, actionProvision, "%s", refused.Message)
 		p.metrics.fail(opProvision, refused.Reason)
 		code := codes.InvalidArgument
-		if refused.Reason == reasonCacheAccessDenied || refused.Reason == reasonCacheDeleting {
+		if refused.Reason == reasonCacheAccessDenied || refused.Reason == reasonCacheDeleting || refused.Reason == reasonRegistryCache {
 			code = codes.FailedPrecondition
 		}
 		return nil, status.Errorf(code, "%s", refused.Message)
@@ -159,13 +159,23 @@ func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeReques
 		labelCommit: string(req.Commit),
 	}
 	vol, err := p.store.Mount(ctx, id, opts)
+	if errors.Is(err, layerfs.ErrLayoutMismatch) {
+		msg := fmt.Sprintf("cache %s was made by a StorageClass of the %s layout and CSI inline volumes are of the %s layout: %v; use a claim of that class, or another cache",
+			req.Cache, layerfs.LayoutSnapshot, layerfs.LayoutOverlay, err)
+		p.events.Eventf(pod.object(), nil, corev1.EventTypeWarning, reasonMountFailed, actionProvision, "%s", msg)
+		p.metrics.fail(opProvision, reasonMountFailed)
+		return nil, status.Error(codes.FailedPrecondition, msg)
+	}
 	if err != nil {
 		p.metrics.fail(opProvision, reasonMountFailed)
 		return nil, status.Errorf(codes.Internal, "mount volume %s of cache %s on node %s: %v", id, req.Cache, p.node, err)
 	}
 	p.metrics.provisionSeconds.WithLabelValues(string(req.Mode)).Observe(time.Since(start).Seconds())
 	p.metrics.provisioned(req.Cache, vol)
-	p.reports.Add(req.Cache)
+	// No status report now: the one at the build's end carries the new
+	// generation, and the periodic pass shows a longer build's open
+	// volume. That keeps a CSI build to two API writes: the end's Event
+	// and its report.
 	if vol.SeededFrom != nil {
 		p.events.Eventf(pod.object(), nil, corev1.EventTypeNormal, reasonSeeded, actionProvision,
 			"volume %s of cache %s starts from fallback %s at generation %d: cache %s has no generation on node %s yet",

@@ -344,6 +344,8 @@ func TestCSIPublishRefused(t *testing.T) {
 			want: []string{"volumeAttributes mode", "a pod may only read another namespace's cache", "mode: read"}},
 		{name: "read without a grant", attrs: map[string]string{attrCache: "team/maven"}, objs: []client.Object{cacheObject("team", "maven")},
 			wantCode: codes.FailedPrecondition, wantReason: reasonCacheAccessDenied, want: []string{`does not grant namespace "ci"`, "spec.readers"}},
+		{name: "a cache that syncs through a registry", attrs: map[string]string{attrCache: "maven"}, objs: []client.Object{publishedCache("ci", "maven")},
+			wantCode: codes.FailedPrecondition, wantReason: reasonRegistryCache, want: []string{"syncs across nodes through registry", "use a claim of the cache's StorageClass"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -395,4 +397,10 @@ func TestCSIRequestsRefusedBeforeTheStore(t *testing.T) {
 			}
 		})
 	}
+}
+
+func publishedCache(ns, name string) *v1alpha1.Cache {
+	c := cacheObject(ns, name)
+	c.Status.Published = &v1alpha1.PublishedChain{Repository: "registry.example/caches/" + ns + "-" + name}
+	return c
 }

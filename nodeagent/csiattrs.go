@@ -151,6 +151,9 @@ func (p *Provisioner) csiRequest(ctx context.Context, attrs map[string]string, p
 	if err := p.caches.authorize(ctx, pod.Namespace, req); err != nil {
 		return req, renameClaimError(err)
 	}
+	if err := p.refuseRegistryCache(ctx, req); err != nil {
+		return req, err
+	}
 	req.Fallbacks, err = p.caches.authorizeFallbacks(ctx, pod.Namespace, req.Fallbacks)
 	return req, renameClaimError(err)
 }
@@ -164,4 +167,18 @@ func renameClaimError(err error) error {
 		return &claimError{Reason: reason, Message: csiMessage.Replace(ce.Message)}
 	}
 	return err
+}
+
+// refuseRegistryCache refuses a CSI volume of a cache that syncs through a
+// registry: a CSI volume is node-local, so it would neither pull the
+// published generations first nor publish in step, and the node's chain
+// would part from the cluster's.
+func (p *Provisioner) refuseRegistryCache(ctx context.Context, req volumeRequest) error {
+	cache, err := p.caches.get(ctx, req.Cache)
+	if err != nil || cache == nil || cache.Status.Published == nil {
+		return err
+	}
+	return &claimError{Reason: reasonRegistryCache, Message: fmt.Sprintf(
+		"cache %s syncs across nodes through registry %s, and CSI inline volumes are node-local; use a claim of the cache's StorageClass (label %s on the Cache), or another cache",
+		req.Cache, cache.Status.Published.Repository, v1alpha1.LabelStorageClass)}
 }

@@ -7,6 +7,7 @@ import "fmt"
 const (
 	reasonInvalidAnnotation   = "InvalidAnnotation"
 	reasonInvalidAttribute    = "InvalidVolumeAttributes"
+	reasonRegistryCache       = "RegistryCacheNotInline"
 	reasonInvalidStorageClass = "InvalidStorageClass"
 	reasonCacheTemplate       = "CacheTemplateFailed"
 	reasonCacheAccessDenied   = "CacheAccessDenied"
