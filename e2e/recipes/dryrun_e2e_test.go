@@ -15,8 +15,9 @@ import (
 
 // TestRecipesDryRun has the API server of the local cluster validate the
 // recipes' objects (server-side dry run): the pods each CI system would
-// run and the StorageClasses. ARC's AutoscalingRunnerSet and GitLab's and
-// Jenkins' own configuration are not Kubernetes objects here; the unit
+// run, with a claim or a CSI inline volume, and the StorageClasses. ARC's
+// AutoscalingRunnerSet, GitLab's and Jenkins' own configuration, Tekton's
+// TaskRun and Argo's Workflow are not Kubernetes objects here; the unit
 // tests parse those.
 func TestRecipesDryRun(t *testing.T) {
 	t.Parallel()
@@ -25,7 +26,11 @@ func TestRecipesDryRun(t *testing.T) {
 	defer cancel()
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 
-	for system, pod := range recipePods(t) {
+	pods := recipePods(t)
+	for system, pod := range csiRecipePods(t) {
+		pods[system] = pod
+	}
+	for system, pod := range pods {
 		pod.Name = "recipe-" + system
 		pod.Namespace = f.Namespace
 		if _, err := f.Client.CoreV1().Pods(f.Namespace).Create(ctx, pod, dryRun); err != nil {
