@@ -73,7 +73,7 @@ func (r *CacheReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		}
 	}
 
-	want := derivedStatus(c.Status, gone)
+	want := c.Status.Summarized(gone)
 	if equality.Semantic.DeepEqual(want, c.Status) {
 		return reconcile.Result{}, nil
 	}
@@ -162,38 +162,4 @@ var nodeDeleted = predicate.Funcs{
 	UpdateFunc:  func(event.UpdateEvent) bool { return false },
 	DeleteFunc:  func(event.DeleteEvent) bool { return true },
 	GenericFunc: func(event.GenericEvent) bool { return false },
-}
-
-// derivedStatus drops the entries of gone nodes and derives the summary
-// fields from the rest. The published chain is the node agents' and is
-// kept as it is: left out, the status patch would delete it. LastUsed
-// keeps the newest time ever seen, so a cache that every node evicted
-// still says when it was last used (what cluster-wide retention reads).
-func derivedStatus(in v1alpha1.CacheStatus, gone map[string]bool) v1alpha1.CacheStatus {
-	out := v1alpha1.CacheStatus{Published: in.Published.DeepCopy(), LastUsed: in.LastUsed.DeepCopy()}
-	var total int64
-	var seeds []string
-	for _, n := range in.Nodes {
-		if gone[n.Node] {
-			continue
-		}
-		out.Nodes = append(out.Nodes, *n.DeepCopy())
-		out.Generation = max(out.Generation, n.Generation)
-		total += n.SizeBytes
-		if n.LastUsed != nil && (out.LastUsed == nil || n.LastUsed.After(out.LastUsed.Time)) {
-			out.LastUsed = n.LastUsed.DeepCopy()
-		}
-		if n.SeededFrom != nil {
-			seeds = append(seeds, n.SeededFrom.String())
-		}
-	}
-	out.NodeCount = int32(len(out.Nodes))
-	if len(out.Nodes) > 0 {
-		out.Size = v1alpha1.FormatSize(total)
-	}
-	// Nodes that seeded their copies apart (node-local classes) may have
-	// started from different generations of the fallback: name each once.
-	slices.Sort(seeds)
-	out.SeededFrom = strings.Join(slices.Compact(seeds), ", ")
-	return out
 }

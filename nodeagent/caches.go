@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -138,6 +139,19 @@ func statusApply(ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) *v1alpha
 	return b
 }
 
+// withSummary adds the summary fields as they are with this node's entry
+// stated (or withdrawn, entry nil), from the informer's view of the
+// others: one write per report instead of the agent's and then the
+// manager's.
+func withSummary(b *v1alpha1.CacheApplyConfiguration, cache *v1alpha1.Cache, node string, entry *v1alpha1.NodeCacheStatus) *v1alpha1.CacheApplyConfiguration {
+	st := *cache.Status.DeepCopy()
+	st.Nodes = slices.DeleteFunc(st.Nodes, func(n v1alpha1.NodeCacheStatus) bool { return n.Node == node })
+	if entry != nil {
+		st.Nodes = append(st.Nodes, *entry)
+	}
+	return b.WithSummary(st.Summarized(nil))
+}
+
 // applyStatus states this node's entry on the Cache. A Cache that does not
 // exist is left alone: the agent creates Caches only for claims.
 func (c *caches) applyStatus(ctx context.Context, info layerfs.CacheInfo, synced *syncStatus) error {
@@ -151,8 +165,11 @@ func (c *caches) removeStatus(ctx context.Context, ref layerfs.CacheRef) error {
 }
 
 func (c *caches) apply(ctx context.Context, ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) error {
-	err := c.client.Status().Apply(ctx, statusApply(ref, entry),
-		client.FieldOwner(c.fieldManager()), client.ForceOwnership)
+	b := statusApply(ref, entry)
+	if cache, err := c.get(ctx, ref); err == nil && cache != nil {
+		b = withSummary(b, cache, c.node, entry)
+	}
+	err := c.client.Status().Apply(ctx, b, client.FieldOwner(c.fieldManager()), client.ForceOwnership)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

@@ -89,6 +89,36 @@ func TestReportAppliesAndWithdrawsStatus(t *testing.T) {
 	}
 }
 
+// A report states the summary fields with the node's entry, as the
+// manager would derive them from the whole status, so the manager has
+// nothing left to write. (The fake client's server-side apply replaces
+// lists whole, so the pure part is tested here and the merge in e2e.)
+func TestReportStatesTheSummary(t *testing.T) {
+	used := metav1.NewTime(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	cache := cacheObject("ci", "maven")
+	cache.Status.Nodes = []v1alpha1.NodeCacheStatus{{Node: "node-b", Generation: 3, SizeBytes: 1024, LastUsed: &used},
+		{Node: "node-a", Generation: 4, SizeBytes: 1}}
+	mine := v1alpha1.NodeCacheStatus{Node: "node-a", Generation: 5, SizeBytes: 2048}
+	whole := v1alpha1.CacheStatus{Nodes: []v1alpha1.NodeCacheStatus{cache.Status.Nodes[0], mine}}
+	tests := []struct {
+		name  string
+		entry *v1alpha1.NodeCacheStatus
+		want  v1alpha1.CacheStatus
+	}{
+		{"stated", &mine, whole.Summarized(nil)},
+		{"withdrawn", nil, v1alpha1.CacheStatus{Nodes: whole.Nodes[:1]}.Summarized(nil)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := withSummary(statusApply(maven, tt.entry), cache, "node-a", tt.entry).Status
+			if got.Generation != tt.want.Generation || got.Size != tt.want.Size || got.NodeCount != tt.want.NodeCount ||
+				!got.LastUsed.Equal(tt.want.LastUsed) || got.SeededFrom != tt.want.SeededFrom {
+				t.Errorf("summary stated %+v, want that of %+v", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestReportWithoutCacheResource(t *testing.T) {
 	// Caches made with the layerfs CLI have no resource; reporting them
 	// must neither fail nor create one.
