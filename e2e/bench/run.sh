@@ -158,7 +158,7 @@ run_benchmark() {
 		tee "$BENCH_OUT/test.log" || rc=$?
 	# The CSI figures need no peer; they run in a go test of their own, so
 	# that each has the whole of its -timeout.
-	log "running TestBenchCSI: ${BENCH_RUNS:-5} runs per variant (about 5 to 10 minutes); log: $BENCH_OUT/csi-test.log"
+	log "running TestBenchCSI: ${BENCH_RUNS:-5} runs per variant (about 4 to 10 minutes); log: $BENCH_OUT/csi-test.log"
 	(cd "$REPO_DIR" && BENCH_OUTPUT="$BENCH_OUT" KUBECONFIG="$KUBECONFIG_FILE" \
 		go test -tags e2e,benchpeer -run '^TestBenchCSI$' -count=1 -v -timeout "${BENCH_CSI_TIMEOUT:-30m}" ./e2e/bench/) 2>&1 |
 		tee "$BENCH_OUT/csi-test.log" || csi_rc=$?
