@@ -243,6 +243,32 @@ func TestCSIVolumeEndsWhenThePhaseArrivesAfterUnpublish(t *testing.T) {
 	e.wantEvent(t, "Normal Committed")
 }
 
+// The kubelet unpublished while the pod still showed running, then the pod
+// went away and the kubelet removed its directory: the sweep ends the
+// volume (its outcome unknown: discarded).
+func TestCSIVolumeOfAPodGoneAfterUnpublishIsDiscarded(t *testing.T) {
+	ctx := context.Background()
+	e := newCSIEnv(t)
+	e.setPod(t, csiPodObject("build", corev1.PodRunning))
+	target := e.publish(t, "build", map[string]string{attrCache: "maven"})
+	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
+	e.unpublish(t, "build")
+	if err := e.pods.Delete(csiPodObject("build", "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(e.kubeletDir, "pods", "uid-build")); err != nil {
+		t.Fatal(err)
+	}
+	e.drainEvents()
+	if err := e.ends.endPods(ctx, func(layerfs.Volume) bool { return true }, triggerPod); err != nil {
+		t.Fatalf("sweep: %v", err)
+	}
+	if e.volumeOpen(t, "build") || e.generation(t, "maven") != 0 {
+		t.Fatal("the volume of a pod gone after unpublish was not discarded")
+	}
+	e.wantEvent(t, "Normal Discarded", "outcome is unknown")
+}
+
 // A pod kept after it completed: the agent ends its volume at once, and
 // unmounts the target itself; the kubelet's later unpublish finds it done.
 // The next pod sees the commit.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"strings"
 	"time"
 
@@ -179,8 +180,14 @@ func (e *csiEnds) endIfDecided(ctx context.Context, vol *layerfs.Volume, trigger
 		if state == podGone {
 			// A pod deleted with --force may still run on the node until the
 			// kubelet has stopped it and unpublished the volume.
-			if mounted, err := mountinfo.Mounted(target); err != nil || mounted {
+			// The kubelet removes the pod's directory once it has
+			// unpublished: a target that is gone is not mounted.
+			mounted, err := mountinfo.Mounted(target)
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return err
+			}
+			if mounted {
+				return nil
 			}
 		}
 		// The pod has stopped for good, but the kubelet has not unpublished
