@@ -6,7 +6,8 @@
 // name a cache, run again warm; what Argo's default volumeClaimGC
 // (OnWorkflowSuccess) makes of a successful and of a failed Workflow's
 // claim, and OnWorkflowCompletion; a per-step cache from a generic
-// ephemeral volume; a completed Workflow's namespace left quiet. The build is real: the step compiles
+// ephemeral volume, and from a CSI inline volume in the step's template; a
+// completed Workflow's namespace left quiet. The build is real: the step compiles
 // e2e/framework/testdata/hello with GOCACHE and GOMODCACHE on the cache,
 // as a non-root user, with this machine's Go toolchain and module download
 // cache as read-only hostPaths (see e2e/framework/gobuild.go, shared with

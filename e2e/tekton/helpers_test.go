@@ -5,7 +5,8 @@
 // e2e/cluster/tekton.sh (make up WITH=tekton; make e2e asks for it):
 // PipelineRun workspaces from a volumeClaimTemplate that names a cache,
 // shared by two Tasks and warm in the next run; a failed PipelineRun; a
-// Task-level generic ephemeral cache volume. The build is real: the step
+// Task-level generic ephemeral cache volume; a TaskRun's workspace as a
+// CSI inline volume of layercache's driver. The build is real: the step
 // compiles e2e/framework/testdata/hello with GOCACHE and GOMODCACHE on the
 // cache, as a non-root user, with this machine's Go toolchain and module
 // download cache as read-only hostPaths (see e2e/framework/gobuild.go,
