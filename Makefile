@@ -112,6 +112,18 @@ e2e-multinode: ## a fresh two-node cluster with the registry, and the scenarios 
 	$(MAKE) up NODES=2 WITH=
 	e2e/cluster/run-e2e.sh --multinode
 
+# The load test of e2e/soak at full size; its short version (10 at once,
+# 40 builds) runs in make e2e. SOAK_* variables override the sizes.
+SOAK_CONCURRENT ?= 50
+SOAK_BUILDS ?= 500
+SOAK_DURATION ?= 60m
+
+.PHONY: soak
+soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUILDS=500 more; checks every cache and prints the report (_output/soak/report.md)
+	rm -f "$${SOAK_OUTPUT:-_output/soak}/report.md"; rc=0; SOAK_CONCURRENT=$(SOAK_CONCURRENT) SOAK_BUILDS=$(SOAK_BUILDS) SOAK_DURATION=$(SOAK_DURATION) \
+		e2e/cluster/run-e2e.sh -run '^TestLoad$$' -v -timeout 90m ./e2e/soak/ 2>&1 | tee _output/soak.log || rc=$$?; \
+		echo; cat "$${SOAK_OUTPUT:-_output/soak}/report.md" || echo "no report: see _output/soak.log"; exit $$rc
+
 .PHONY: demo
 demo: DEPLOY = kubectl
 demo: up ## quick start: a cache reused by a second build pod
