@@ -9,10 +9,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/e2e/framework"
 )
@@ -125,8 +121,8 @@ func TestWorkflowCSIVolumeCache(t *testing.T) {
 			t.Errorf("warm build found GOCACHE empty: the cold Workflow's commit did not reach it")
 		}
 		pod := e.stepPod(ctx, name)
-		e.expectCSIVolume(ctx, pod, cache)
-		reason, msg := e.podVolumeEnd(ctx, pod)
+		e.ExpectCSIVolume(ctx, pod, cache)
+		reason, msg := e.CSIVolumeEnd(ctx, pod)
 		want := fmt.Sprintf("as generation %d of cache %s/%s", i+1, e.Namespace, cache)
 		if reason != "Committed" || !strings.HasPrefix(msg, "committed volume csi-") || !strings.Contains(msg, want) {
 			t.Fatalf("volume of Workflow %s (pod %s): %s: %q, want Committed: \"committed volume csi-... %s ...\"", name, pod, reason, msg, want)
@@ -135,7 +131,7 @@ func TestWorkflowCSIVolumeCache(t *testing.T) {
 		if g := e.CacheGeneration(ctx, e.Node, cache); g != i+1 {
 			t.Errorf("cache %s is at generation %d after Workflow %s, want %d", cache, g, name, i+1)
 		}
-		e.expectNoClaims(ctx)
+		e.ExpectNoClaims(ctx)
 	}
 	cold, warm := seconds[0], seconds[1]
 	t.Logf("Argo build step on a CSI volume: cold %.2fs, warm %.2fs (%.1fx)", cold.Seconds(), warm.Seconds(), cold.Seconds()/warm.Seconds())
@@ -150,7 +146,7 @@ func TestWorkflowCSIVolumeCache(t *testing.T) {
 		t.Fatalf("Workflow failed is %s, want Failed: its step exits 1", w.Phase)
 	}
 	pod := e.stepPod(ctx, "failed")
-	reason, msg := e.podVolumeEnd(ctx, pod)
+	reason, msg := e.CSIVolumeEnd(ctx, pod)
 	if reason != "Discarded" || !strings.Contains(msg, "its pod failed") {
 		t.Errorf("volume of the failed Workflow (pod %s): %s: %q, want Discarded because its pod failed", pod, reason, msg)
 	}
@@ -158,79 +154,5 @@ func TestWorkflowCSIVolumeCache(t *testing.T) {
 	if g := e.CacheGeneration(ctx, e.Node, cache); g != 2 {
 		t.Errorf("cache %s is at generation %d after a failed Workflow, want 2", cache, g)
 	}
-	e.expectNoClaims(ctx)
-}
-
-// expectCSIVolume checks that the pod has the layercache CSI inline volume
-// of cache, as Argo made it from the template's volumes.
-func (e *env) expectCSIVolume(ctx context.Context, pod, cache string) {
-	e.t.Helper()
-	p, err := e.Client.CoreV1().Pods(e.Namespace).Get(ctx, pod, metav1.GetOptions{})
-	if err != nil {
-		e.t.Fatalf("pod %s: %v", pod, err)
-	}
-	var found []string
-	for _, v := range p.Spec.Volumes {
-		if v.CSI != nil {
-			found = append(found, fmt.Sprintf("%s: driver %s, attributes %v", v.Name, v.CSI.Driver, v.CSI.VolumeAttributes))
-			if v.CSI.Driver == v1alpha1.CSIDriverName && v.CSI.VolumeAttributes["cache"] == cache {
-				return
-			}
-		}
-	}
-	e.t.Fatalf("pod %s has no %s CSI volume of cache %s; its CSI volumes: %q", pod, v1alpha1.CSIDriverName, cache, found)
-}
-
-// endReasons are the node agent's Events that end a volume.
-var endReasons = []string{"Committed", "Discarded", "CommitDropped", "CommitTorn", "CommitOverLimit"}
-
-// podVolumeEnd waits for the node agent's Event on the pod that ends its
-// CSI volume (the pod has one) and returns its reason and message.
-func (e *env) podVolumeEnd(ctx context.Context, pod string) (reason, message string) {
-	e.t.Helper()
-	sel := fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod}.AsSelector().String()
-	var seen []string
-	err := wait.PollUntilContextTimeout(ctx, pollInterval, framework.VolumeTimeout, true, func(ctx context.Context) (bool, error) {
-		list, err := e.Client.CoreV1().Events(e.Namespace).List(ctx, metav1.ListOptions{FieldSelector: sel})
-		if err != nil {
-			return false, err
-		}
-		seen = seen[:0]
-		for _, ev := range list.Items {
-			seen = append(seen, ev.Reason+": "+ev.Message)
-			for _, r := range endReasons {
-				if ev.Reason == r {
-					reason, message = ev.Reason, ev.Message
-					return true, nil
-				}
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		e.t.Fatalf("the CSI volume of pod %s did not end within %s: %v; the pod's events: %q", pod, framework.VolumeTimeout, err, seen)
-	}
-	return reason, message
-}
-
-// expectNoClaims checks that the namespace has no claim and no PV is
-// bound to one of it: a CSI inline volume makes neither.
-func (e *env) expectNoClaims(ctx context.Context) {
-	e.t.Helper()
-	pvcs, err := e.Client.CoreV1().PersistentVolumeClaims(e.Namespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, c := range pvcs.Items {
-		e.t.Errorf("claim %s exists (volume %s); a CSI volume makes none", c.Name, c.Spec.VolumeName)
-	}
-	pvs, err := e.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, pv := range pvs.Items {
-		if pv.Spec.ClaimRef != nil && pv.Spec.ClaimRef.Namespace == e.Namespace {
-			e.t.Errorf("PV %s exists for claim %s; a CSI volume makes none", pv.Name, pv.Spec.ClaimRef.Name)
-		}
-	}
+	e.ExpectNoClaims(ctx)
 }

@@ -9,10 +9,7 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/e2e/framework"
@@ -122,8 +119,8 @@ func TestTaskRunCSIWorkspace(t *testing.T) {
 		if pod == "" {
 			t.Fatalf("TaskRun %s has no status.podName", name)
 		}
-		e.expectCSIVolume(ctx, pod, cache)
-		reason, msg := e.podVolumeEnd(ctx, pod)
+		e.ExpectCSIVolume(ctx, pod, cache)
+		reason, msg := e.CSIVolumeEnd(ctx, pod)
 		want := fmt.Sprintf("as generation %d of cache %s/%s", i+1, e.Namespace, cache)
 		if reason != "Committed" || !strings.HasPrefix(msg, "committed volume csi-") || !strings.Contains(msg, want) {
 			t.Fatalf("volume of TaskRun %s (pod %s): %s: %q, want Committed: \"committed volume csi-... %s ...\"", name, pod, reason, msg, want)
@@ -132,85 +129,11 @@ func TestTaskRunCSIWorkspace(t *testing.T) {
 		if g := e.CacheGeneration(ctx, e.Node, cache); g != i+1 {
 			t.Errorf("cache %s is at generation %d after TaskRun %s, want %d", cache, g, name, i+1)
 		}
-		e.expectNoClaims(ctx)
+		e.ExpectNoClaims(ctx)
 	}
 	cold, warm := seconds[0], seconds[1]
 	t.Logf("Tekton build step on a CSI workspace: cold %.2fs, warm %.2fs (%.1fx)", cold.Seconds(), warm.Seconds(), cold.Seconds()/warm.Seconds())
 	if warm*3 > cold {
 		t.Errorf("warm build took %s, cold %s: the warm build should be several times faster", warm, cold)
-	}
-}
-
-// expectCSIVolume checks that the pod has the layercache CSI inline volume
-// of cache, as Tekton made it from the workspace binding.
-func (e *env) expectCSIVolume(ctx context.Context, pod, cache string) {
-	e.t.Helper()
-	p, err := e.Client.CoreV1().Pods(e.Namespace).Get(ctx, pod, metav1.GetOptions{})
-	if err != nil {
-		e.t.Fatalf("pod %s: %v", pod, err)
-	}
-	var found []string
-	for _, v := range p.Spec.Volumes {
-		if v.CSI != nil {
-			found = append(found, fmt.Sprintf("%s: driver %s, attributes %v", v.Name, v.CSI.Driver, v.CSI.VolumeAttributes))
-			if v.CSI.Driver == v1alpha1.CSIDriverName && v.CSI.VolumeAttributes["cache"] == cache {
-				return
-			}
-		}
-	}
-	e.t.Fatalf("pod %s has no %s CSI volume of cache %s; its CSI volumes: %q", pod, v1alpha1.CSIDriverName, cache, found)
-}
-
-// endReasons are the node agent's Events that end a volume.
-var endReasons = []string{"Committed", "Discarded", "CommitDropped", "CommitTorn", "CommitOverLimit"}
-
-// podVolumeEnd waits for the node agent's Event on the pod that ends its
-// CSI volume (the pod has one) and returns its reason and message.
-func (e *env) podVolumeEnd(ctx context.Context, pod string) (reason, message string) {
-	e.t.Helper()
-	sel := fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod}.AsSelector().String()
-	var seen []string
-	err := wait.PollUntilContextTimeout(ctx, pollInterval, framework.VolumeTimeout, true, func(ctx context.Context) (bool, error) {
-		list, err := e.Client.CoreV1().Events(e.Namespace).List(ctx, metav1.ListOptions{FieldSelector: sel})
-		if err != nil {
-			return false, err
-		}
-		seen = seen[:0]
-		for _, ev := range list.Items {
-			seen = append(seen, ev.Reason+": "+ev.Message)
-			for _, r := range endReasons {
-				if ev.Reason == r {
-					reason, message = ev.Reason, ev.Message
-					return true, nil
-				}
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		e.t.Fatalf("the CSI volume of pod %s did not end within %s: %v; the pod's events: %q", pod, framework.VolumeTimeout, err, seen)
-	}
-	return reason, message
-}
-
-// expectNoClaims checks that the namespace has no claim and no PV is
-// bound to one of it: a CSI inline volume makes neither.
-func (e *env) expectNoClaims(ctx context.Context) {
-	e.t.Helper()
-	pvcs, err := e.Client.CoreV1().PersistentVolumeClaims(e.Namespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, c := range pvcs.Items {
-		e.t.Errorf("claim %s exists (volume %s); a CSI workspace makes none", c.Name, c.Spec.VolumeName)
-	}
-	pvs, err := e.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, pv := range pvs.Items {
-		if pv.Spec.ClaimRef != nil && pv.Spec.ClaimRef.Namespace == e.Namespace {
-			e.t.Errorf("PV %s exists for claim %s; a CSI workspace makes none", pv.Name, pv.Spec.ClaimRef.Name)
-		}
 	}
 }
