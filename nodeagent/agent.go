@@ -311,6 +311,10 @@ func (a *agent) run(ctx context.Context) error {
 	n := remount(ctx, a.store, a.prov.events, a.prov.metrics, a.opts.NodeName, pvs)
 	logger.Info("Checked mounts of this node's PVs", "pvs", len(pvs), "remounted", n)
 
+	// An agent that cannot serve CSI volumes stops, loudly (its pod
+	// restarts), rather than leave their pods waiting for a driver.
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
 	a.queues.run(ctx)
 	go a.periodic(ctx)
 	go a.ends.run(ctx, buildEndWorkers)
@@ -318,7 +322,7 @@ func (a *agent) run(ctx context.Context) error {
 		go a.csiEnds.run(ctx, buildEndWorkers, a.opts.ResyncInterval)
 		go func() {
 			if err := serveCSI(ctx, a.csi, csiSocketsIn(a.opts.KubeletDir)); err != nil {
-				logger.Error(err, "CSI inline volumes are not served")
+				stop(fmt.Errorf("CSI inline volumes (--kubelet-dir %s): %w", a.opts.KubeletDir, err))
 			}
 		}()
 	}
@@ -329,6 +333,9 @@ func (a *agent) run(ctx context.Context) error {
 	a.ready.Store(true)
 	a.controller.Run(ctx)
 	workers.Wait()
+	if err := context.Cause(ctx); !errors.Is(err, context.Canceled) {
+		return err
+	}
 	return nil
 }
 

@@ -7,16 +7,20 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -429,4 +433,67 @@ func publishedCache(ns, name string) *v1alpha1.Cache {
 	c := cacheObject(ns, name)
 	c.Status.Published = &v1alpha1.PublishedChain{Repository: "registry.example/caches/" + ns + "-" + name}
 	return c
+}
+
+// The kubelet's view: it finds the registration socket, asks it for the
+// driver's endpoint, and calls the driver there; a second agent replaces
+// the sockets a killed one left behind.
+func TestCSIServesAndRegisters(t *testing.T) {
+	e := newCSIEnv(t)
+	dir, err := os.MkdirTemp("", "csi") // short: socket paths have a 108-byte bound
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sockets := csiSocketsIn(dir)
+	for range 2 {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- serveCSI(ctx, e.driver, sockets) }()
+		info := dialRegistration(t, sockets.Registration)
+		if info.Type != "CSIPlugin" || info.Name != v1alpha1.CSIDriverName || info.Endpoint != sockets.Endpoint {
+			t.Fatalf("registration = %+v, want a CSIPlugin %s at %s", info, v1alpha1.CSIDriverName, sockets.Endpoint)
+		}
+		conn, err := grpc.NewClient("unix://"+info.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodeInfo, err := csi.NewNodeClient(conn).NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+		conn.Close()
+		if err != nil || nodeInfo.NodeId != "node-a" {
+			t.Fatalf("NodeGetInfo = %v, %v; want node-a", nodeInfo, err)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("serveCSI: %v", err)
+		}
+		// What a killed agent leaves behind.
+		for _, p := range []string{sockets.Endpoint, sockets.Registration} {
+			if err := os.WriteFile(p, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+func dialRegistration(t *testing.T, path string) *registerapi.PluginInfo {
+	t.Helper()
+	for i := 0; ; i++ { // until the server listens
+		if _, err := os.Stat(path); err == nil {
+			break
+		} else if i == 100 {
+			t.Fatalf("no registration socket at %s: %v", path, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	info, err := registerapi.NewRegistrationClient(conn).GetInfo(context.Background(), &registerapi.InfoRequest{})
+	if err != nil {
+		t.Fatalf("registration GetInfo at %s: %v", path, err)
+	}
+	return info
 }
