@@ -478,22 +478,20 @@ func TestCSIServesAndRegisters(t *testing.T) {
 
 func dialRegistration(t *testing.T, path string) *registerapi.PluginInfo {
 	t.Helper()
-	for i := 0; ; i++ { // until the server listens
-		if _, err := os.Stat(path); err == nil {
-			break
-		} else if i == 100 {
-			t.Fatalf("no registration socket at %s: %v", path, err)
+	var err error
+	for range 100 { // until the server listens; a fresh client each time, which does not back off
+		var conn *grpc.ClientConn
+		if conn, err = grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			t.Fatal(err)
+		}
+		var info *registerapi.PluginInfo
+		info, err = registerapi.NewRegistrationClient(conn).GetInfo(context.Background(), &registerapi.InfoRequest{})
+		conn.Close()
+		if err == nil {
+			return info
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	info, err := registerapi.NewRegistrationClient(conn).GetInfo(context.Background(), &registerapi.InfoRequest{})
-	if err != nil {
-		t.Fatalf("registration GetInfo at %s: %v", path, err)
-	}
-	return info
+	t.Fatalf("registration GetInfo at %s: %v", path, err)
+	return nil
 }
