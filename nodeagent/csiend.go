@@ -104,9 +104,10 @@ func (e *csiEnds) run(ctx context.Context, workers int, interval time.Duration) 
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if err := e.endPods(ctx, func(layerfs.Volume) bool { return true }, triggerPod); err != nil {
+		if err := e.endPods(ctx, func(layerfs.Volume) bool { return true }); err != nil {
 			log.FromContext(ctx).Error(err, "Sweeping CSI volumes")
 		}
+		e.pruneSeen(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -123,7 +124,7 @@ func (e *csiEnds) next(ctx context.Context) bool {
 	defer e.queue.Done(key)
 	err := e.endPods(ctx, func(v layerfs.Volume) bool {
 		return v.Labels[labelPodNamespace]+"/"+v.Labels[labelPodName] == key
-	}, triggerPod)
+	})
 	if err != nil {
 		log.FromContext(ctx).Error(err, "Ending the CSI volumes of a pod; retrying", "pod", key)
 		e.queue.AddRateLimited(key)
@@ -135,7 +136,7 @@ func (e *csiEnds) next(ctx context.Context) bool {
 
 // endPods ends the store's CSI volumes that match and whose pods are
 // decided.
-func (e *csiEnds) endPods(ctx context.Context, match func(layerfs.Volume) bool, trigger string) error {
+func (e *csiEnds) endPods(ctx context.Context, match func(layerfs.Volume) bool) error {
 	vols, err := e.prov.store.Volumes(ctx)
 	if err != nil {
 		return fmt.Errorf("list volumes: %w", err)
@@ -145,7 +146,7 @@ func (e *csiEnds) endPods(ctx context.Context, match func(layerfs.Volume) bool, 
 		if !strings.HasPrefix(v.ID, csiVolumePrefix) || v.Labels[labelCSIVolume] == "" || !match(v) {
 			continue
 		}
-		errs = append(errs, e.endLocked(ctx, v.ID, trigger))
+		errs = append(errs, e.endLocked(ctx, v.ID, triggerPod))
 	}
 	return errors.Join(errs...)
 }
@@ -207,6 +208,20 @@ func (e *csiEnds) endIfDecided(ctx context.Context, vol *layerfs.Volume, trigger
 	}
 	e.seen.forget(string(pod.UID))
 	return nil
+}
+
+// pruneSeen forgets the outcomes of pods that have no CSI volume left: a
+// pod deleted after its volume ended leaves one behind.
+func (e *csiEnds) pruneSeen(ctx context.Context) {
+	vols, err := e.prov.store.Volumes(ctx)
+	if err != nil {
+		return // the next sweep prunes
+	}
+	open := map[string]bool{}
+	for _, v := range vols {
+		open[v.Labels[labelPodUID]] = true
+	}
+	e.seen.retain(func(uid string) bool { return open[uid] })
 }
 
 // What the agent knows of a CSI volume's pod.

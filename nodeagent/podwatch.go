@@ -76,6 +76,17 @@ func (o *outcomes) get(claim string) string {
 	return o.m[claim]
 }
 
+// retain keeps only the outcomes whose keys keep accepts.
+func (o *outcomes) retain(keep func(key string) bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k := range o.m {
+		if !keep(k) {
+			delete(o.m, k)
+		}
+	}
+}
+
 func (o *outcomes) forget(claim string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
