@@ -82,8 +82,8 @@ func csiClaim(attrs map[string]string, pod csiPod) (*corev1.PersistentVolumeClai
 			"unknown volumeAttributes %q of driver %s: the valid ones are cache (required), mode, commit, size and fallback", unknown, v1alpha1.CSIDriverName)}
 	}
 	if attrs[attrCache] == "" {
-		return nil, &claimError{Reason: reasonInvalidAttribute, Message: fmt.Sprintf(
-			"volumeAttributes has no cache: name the cache to use, for example cache: maven (or NAMESPACE/NAME for another namespace's cache, read-only)")}
+		return nil, &claimError{Reason: reasonInvalidAttribute,
+			Message: "volumeAttributes has no cache: name the cache to use, for example cache: maven (or NAMESPACE/NAME for another namespace's cache, read-only)"}
 	}
 	claim := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{
