@@ -1,7 +1,9 @@
 package nodeagent
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -139,6 +141,19 @@ func statusApply(ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) *v1alpha
 	return b
 }
 
+// holdsEntry tells whether the Cache's status has node's entry exactly as
+// entry would be stored (nil: has none). The comparison goes through JSON,
+// which keeps times to the second as the API server does.
+func holdsEntry(cache *v1alpha1.Cache, node string, entry *v1alpha1.NodeCacheStatus) bool {
+	i := slices.IndexFunc(cache.Status.Nodes, func(n v1alpha1.NodeCacheStatus) bool { return n.Node == node })
+	if entry == nil || i < 0 {
+		return entry == nil && i < 0
+	}
+	have, err1 := json.Marshal(cache.Status.Nodes[i])
+	want, err2 := json.Marshal(entry)
+	return err1 == nil && err2 == nil && bytes.Equal(have, want)
+}
+
 // withSummary adds the summary fields as they are with this node's entry
 // stated (or withdrawn, entry nil), from the informer's view of the
 // others: one write per report instead of the agent's and then the
@@ -164,9 +179,16 @@ func (c *caches) removeStatus(ctx context.Context, ref layerfs.CacheRef) error {
 	return c.apply(ctx, ref, nil)
 }
 
+// apply states entry (nil: none) with the summary fields, unless the
+// Cache already holds exactly that entry: then nothing is sent. A node
+// that states a summary another node has since changed would take a share
+// of its fields, a write to a Cache where nothing happened.
 func (c *caches) apply(ctx context.Context, ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) error {
 	b := statusApply(ref, entry)
 	if cache, err := c.get(ctx, ref); err == nil && cache != nil {
+		if holdsEntry(cache, c.node, entry) {
+			return nil
+		}
 		b = withSummary(b, cache, c.node, entry)
 	}
 	err := c.client.Status().Apply(ctx, b, client.FieldOwner(c.fieldManager()), client.ForceOwnership)

@@ -329,3 +329,36 @@ func TestPassWithdrawsStaleEntries(t *testing.T) {
 		t.Errorf("entry of a cache on the node was withdrawn: %+v", nodes)
 	}
 }
+
+// A report sends nothing when the Cache already holds the node's entry as
+// the API server stores it (times to the second): the periodic pass then
+// writes nothing, and takes no share of a summary another node changed.
+func TestHoldsEntry(t *testing.T) {
+	used := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	stored := v1alpha1.NodeCacheStatus{Node: "node-a", Generation: 2, SizeBytes: 512, LastUsed: &metav1.Time{Time: used}}
+	cache := cacheObject("ci", "maven")
+	cache.Status.Nodes = []v1alpha1.NodeCacheStatus{{Node: "node-b", Generation: 2}, stored}
+	same := stored
+	same.LastUsed = &metav1.Time{Time: used.Add(999 * time.Millisecond)}
+	newer := stored
+	newer.Generation = 3
+	tests := []struct {
+		name  string
+		node  string
+		entry *v1alpha1.NodeCacheStatus
+		want  bool
+	}{
+		{"the stored entry, to the second", "node-a", &same, true},
+		{"a new generation", "node-a", &newer, false},
+		{"withdrawing a stored entry", "node-a", nil, false},
+		{"withdrawing an entry that is not there", "node-c", nil, true},
+		{"an entry that is not there", "node-c", &v1alpha1.NodeCacheStatus{Node: "node-c"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := holdsEntry(cache, tt.node, tt.entry); got != tt.want {
+				t.Errorf("holdsEntry = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
