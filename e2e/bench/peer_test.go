@@ -9,7 +9,6 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -376,63 +375,33 @@ func (b *bench) scrapeRequests(ctx context.Context) (map[string]Requests, map[st
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	got, errs := map[string]Requests{}, map[string]string{}
-	pods, err := b.f.Client.CoreV1().Pods(framework.SystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=layercache"})
-	if err != nil {
-		for _, c := range Components {
-			errs[c] = fmt.Sprintf("listing the pods of %s: %v", framework.SystemNamespace, err)
-		}
-		return got, errs
-	}
 	for _, comp := range Components {
-		label := map[string]string{ComponentNode: "node", ComponentManager: "manager"}[comp]
-		sum, n := Requests{}, 0
-		for _, p := range pods.Items {
-			if p.Labels["app.kubernetes.io/component"] != label || p.Status.Phase != corev1.PodRunning ||
-				(comp == ComponentNode && p.Spec.NodeName != b.node.Name) {
-				continue
-			}
-			port := metricsPort(&p)
-			if port == 0 {
-				errs[comp] = fmt.Sprintf("pod %s declares no metrics port (the multi-node overlay turns the node agents' metrics off)", p.Name)
-				break
-			}
-			raw, err := b.f.Client.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, strconv.Itoa(int(port)), "metrics", nil).DoRaw(ctx)
+		label := map[string]string{ComponentNode: framework.ComponentNode, ComponentManager: framework.ComponentManager}[comp]
+		node := ""
+		if comp == ComponentNode {
+			node = b.node.Name
+		}
+		pages, err := b.f.ComponentMetrics(ctx, label, node)
+		if err != nil {
+			errs[comp] = err.Error()
+			continue
+		}
+		sum := Requests{}
+		for pod, page := range pages {
+			r, err := ParseRequests(page)
 			if err != nil {
-				errs[comp] = fmt.Sprintf("reading the metrics of pod %s on port %d through the API server: %v", p.Name, port, err)
-				break
-			}
-			r, err := ParseRequests(string(raw))
-			if err != nil {
-				errs[comp] = fmt.Sprintf("pod %s: %v", p.Name, err)
+				errs[comp] = fmt.Sprintf("pod %s: %v", pod, err)
 				break
 			}
 			for k, v := range r {
 				sum[k] += v
 			}
-			n++
 		}
-		if errs[comp] != "" {
-			continue
+		if errs[comp] == "" {
+			got[comp] = sum
 		}
-		if n == 0 {
-			errs[comp] = fmt.Sprintf("no running %s pod in %s", comp, framework.SystemNamespace)
-			continue
-		}
-		got[comp] = sum
 	}
 	return got, errs
-}
-
-// metricsPort is the container port named metrics; 0 if there is none.
-func metricsPort(p *corev1.Pod) int32 {
-	for _, c := range p.Spec.Containers {
-		for _, port := range c.Ports {
-			if port.Name == "metrics" {
-				return port.ContainerPort
-			}
-		}
-	}
-	return 0
 }
 
 // waitEnded watches the pod until it has succeeded with no container

@@ -36,7 +36,7 @@ func (f *Framework) ComponentMetrics(ctx context.Context, component, node string
 		}
 		port := metricsPort(&p)
 		if port == 0 {
-			return nil, fmt.Errorf("pod %s declares no container port named metrics", p.Name)
+			return nil, fmt.Errorf("pod %s declares no container port named metrics (the multi-node overlay turns the node agents' metrics off)", p.Name)
 		}
 		raw, err := f.Client.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, strconv.Itoa(int(port)), "metrics", nil).DoRaw(ctx)
 		if err != nil {
