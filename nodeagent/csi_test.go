@@ -237,7 +237,7 @@ func TestCSIVolumeEndsWhenThePhaseArrivesAfterUnpublish(t *testing.T) {
 	}
 	e.setPod(t, csiPodObject("build", corev1.PodSucceeded))
 	for range 2 { // the watch and a sweep: one commit
-		if err := e.ends.endPods(ctx, func(layerfs.Volume) bool { return true }); err != nil {
+		if err := e.ends.sweep(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -264,7 +264,7 @@ func TestCSIVolumeOfAPodGoneAfterUnpublishIsDiscarded(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.drainEvents()
-	if err := e.ends.endPods(ctx, func(layerfs.Volume) bool { return true }); err != nil {
+	if err := e.ends.sweep(ctx); err != nil {
 		t.Fatalf("sweep: %v", err)
 	}
 	if e.volumeOpen(t, "build") || e.generation(t, "maven") != 0 {
@@ -283,7 +283,7 @@ func TestCSIVolumeOfAKeptPodEndsBeforeUnpublish(t *testing.T) {
 	target := e.publish(t, "first", map[string]string{attrCache: "maven"})
 	writeTestFile(t, filepath.Join(target, "built.txt"), "from first")
 	e.setPod(t, csiPodObject("first", corev1.PodSucceeded))
-	if err := e.ends.endPods(ctx, func(layerfs.Volume) bool { return true }); err != nil {
+	if err := e.ends.sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if mounted, _ := mountinfo.Mounted(target); mounted || e.volumeOpen(t, "first") || e.generation(t, "maven") != 1 {
@@ -309,7 +309,7 @@ func TestCSIVolumeOfAForceDeletedPodWaitsForUnpublish(t *testing.T) {
 	if err := e.pods.Delete(csiPodObject("build", "")); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.ends.endPods(ctx, func(layerfs.Volume) bool { return true }); err != nil {
+	if err := e.ends.sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !e.volumeOpen(t, "build") {
@@ -341,7 +341,7 @@ func TestCSIVolumeEndsAfterAnAgentRestart(t *testing.T) {
 		t.Fatalf("mounts at the target after a second publish: %d, %v; want 1", len(mounts), err)
 	}
 	e.setPod(t, csiPodObject("build", corev1.PodSucceeded))
-	if err := ends.endPods(ctx, func(layerfs.Volume) bool { return true }); err != nil {
+	if err := ends.sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if e.volumeOpen(t, "build") || e.generation(t, "maven") != 1 {
@@ -504,7 +504,9 @@ func TestCSISweepForgetsOutcomesOfEndedVolumes(t *testing.T) {
 	e.publish(t, "open", map[string]string{attrCache: "maven"})
 	e.ends.seen.set("uid-open", v1alpha1.OutcomeSucceeded)
 	e.ends.seen.set("uid-ended-long-ago", v1alpha1.OutcomeSucceeded)
-	e.ends.pruneSeen(context.Background())
+	if err := e.ends.sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if e.ends.seen.get("uid-ended-long-ago") != "" || e.ends.seen.get("uid-open") != v1alpha1.OutcomeSucceeded {
 		t.Errorf("after the sweep: %v", e.ends.seen.m)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strings"
 	"time"
 
@@ -104,10 +105,9 @@ func (e *csiEnds) run(ctx context.Context, workers int, interval time.Duration) 
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if err := e.endPods(ctx, func(layerfs.Volume) bool { return true }); err != nil {
+		if err := e.sweep(ctx); err != nil {
 			log.FromContext(ctx).Error(err, "Sweeping CSI volumes")
 		}
-		e.pruneSeen(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -137,18 +137,48 @@ func (e *csiEnds) next(ctx context.Context) bool {
 // endPods ends the store's CSI volumes that match and whose pods are
 // decided.
 func (e *csiEnds) endPods(ctx context.Context, match func(layerfs.Volume) bool) error {
-	vols, err := e.prov.store.Volumes(ctx)
+	vols, err := e.csiVolumes(ctx)
 	if err != nil {
-		return fmt.Errorf("list volumes: %w", err)
+		return err
 	}
 	var errs []error
 	for _, v := range vols {
-		if !strings.HasPrefix(v.ID, csiVolumePrefix) || v.Labels[labelCSIVolume] == "" || !match(v) {
-			continue
+		if match(v) {
+			errs = append(errs, e.endLocked(ctx, v.ID, triggerPod))
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// sweep ends every CSI volume whose pod is decided, and forgets the
+// outcomes of pods with no volume in the store: a pod deleted after its
+// volume ended leaves one behind.
+func (e *csiEnds) sweep(ctx context.Context) error {
+	vols, err := e.csiVolumes(ctx)
+	if err != nil {
+		return err
+	}
+	open := map[string]bool{}
+	for _, v := range vols {
+		open[v.Labels[labelPodUID]] = true
+	}
+	e.seen.retain(func(uid string) bool { return open[uid] })
+	var errs []error
+	for _, v := range vols {
 		errs = append(errs, e.endLocked(ctx, v.ID, triggerPod))
 	}
 	return errors.Join(errs...)
+}
+
+// csiVolumes lists the store's CSI volumes.
+func (e *csiEnds) csiVolumes(ctx context.Context) ([]layerfs.Volume, error) {
+	vols, err := e.prov.store.Volumes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list volumes: %w", err)
+	}
+	return slices.DeleteFunc(vols, func(v layerfs.Volume) bool {
+		return !strings.HasPrefix(v.ID, csiVolumePrefix) || v.Labels[labelCSIVolume] == ""
+	}), nil
 }
 
 // endLocked ends one volume under its lock, read again there: the
@@ -208,20 +238,6 @@ func (e *csiEnds) endIfDecided(ctx context.Context, vol *layerfs.Volume, trigger
 	}
 	e.seen.forget(string(pod.UID))
 	return nil
-}
-
-// pruneSeen forgets the outcomes of pods that have no CSI volume left: a
-// pod deleted after its volume ended leaves one behind.
-func (e *csiEnds) pruneSeen(ctx context.Context) {
-	vols, err := e.prov.store.Volumes(ctx)
-	if err != nil {
-		return // the next sweep prunes
-	}
-	open := map[string]bool{}
-	for _, v := range vols {
-		open[v.Labels[labelPodUID]] = true
-	}
-	e.seen.retain(func(uid string) bool { return open[uid] })
 }
 
 // What the agent knows of a CSI volume's pod.
