@@ -19,6 +19,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -305,8 +306,11 @@ func TestRBAC(t *testing.T) {
 			// creates a chain and removes once the manifest is deleted.
 			{"layercache.dev", "caches", "patch"},
 			{"", "events", "create"}, {"", "pods", "watch"}, {"", "pods", "get"},
+			// patch: finalizer layercache.dev/build-end only, as the
+			// ValidatingAdmissionPolicy layercache-node-pods enforces.
+			{"", "pods", "patch"},
 		},
-		mustNot: []permission{{"", "pods", "delete"}, {"", "pods", "patch"}, {"", "persistentvolumeclaims", "delete"}, {"layercache.dev", "caches", "delete"}, {"layercache.dev", "caches", "update"}, {"", "secrets", "get"}},
+		mustNot: []permission{{"", "pods", "delete"}, {"", "pods", "update"}, {"", "pods/status", "patch"}, {"", "persistentvolumeclaims", "delete"}, {"layercache.dev", "caches", "delete"}, {"layercache.dev", "caches", "update"}, {"", "secrets", "get"}},
 	}, {
 		role: "layercache-manager", account: "layercache-manager",
 		must: []permission{
@@ -514,5 +518,20 @@ func TestSettersAgreeWithValues(t *testing.T) {
 		if !used[name] {
 			t.Errorf("setter %s is used by no field", name)
 		}
+	}
+}
+
+// The node agent may patch pods only through the policy that keeps it to
+// its finalizer (e2e's TestNodeAgentPodPolicy checks the API server
+// enforces it).
+func TestNodeAgentPodPolicy(t *testing.T) {
+	r := render(t, "default")
+	policy := find[*admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "layercache-node-pods")
+	if policy.Spec.FailurePolicy == nil || *policy.Spec.FailurePolicy != admissionregistrationv1.Fail || len(policy.Spec.Validations) == 0 {
+		t.Errorf("policy %s: failurePolicy %v, %d validations; want Fail and some", policy.Name, policy.Spec.FailurePolicy, len(policy.Spec.Validations))
+	}
+	binding := find[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, r, "layercache-node-pods")
+	if binding.Spec.PolicyName != policy.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+		t.Errorf("binding %+v, want policy %s with Deny", binding.Spec, policy.Name)
 	}
 }

@@ -144,6 +144,7 @@ type agent struct {
 	pvs                                       corelisters.PersistentVolumeLister
 	controller                                *controller.ProvisionController
 	ends                                      *buildEnds
+	holds                                     *podHolds
 	// csi and csiEnds serve CSI inline volumes; nil unless
 	// Options.KubeletDir is set.
 	csi     *csiDriver
@@ -254,6 +255,11 @@ func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.S
 	if _, err := podInformer.AddEventHandler(a.ends.handlers()); err != nil {
 		return fmt.Errorf("watch this node's pods: %w", err)
 	}
+	a.holds = newPodHolds(a.store, clientset, podInformer.GetIndexer(), claims, a.ends.pvs)
+	a.prov.holds = a.holds
+	if _, err := podInformer.AddEventHandler(a.holds.handlers()); err != nil {
+		return fmt.Errorf("watch this node's pods to hold them: %w", err)
+	}
 	if a.opts.KubeletDir != "" {
 		a.csi = newCSIDriver(a.prov, a.opts.KubeletDir)
 		a.csiEnds = newCSIEnds(a.prov, a.csi, podInformer.GetIndexer())
@@ -318,6 +324,7 @@ func (a *agent) run(ctx context.Context) error {
 	a.queues.run(ctx)
 	go a.periodic(ctx)
 	go a.ends.run(ctx, buildEndWorkers)
+	go a.holds.run(ctx, buildEndWorkers)
 	if a.csi != nil {
 		go a.csiEnds.run(ctx, buildEndWorkers, a.opts.ResyncInterval)
 		go func() {

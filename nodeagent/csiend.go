@@ -236,6 +236,7 @@ func (e *csiEnds) endIfDecided(ctx context.Context, vol *layerfs.Volume, trigger
 	if _, err := e.prov.endVolume(ctx, vol.ID, rec, endCause{Outcome: outcome, Trigger: trigger, Subject: pod.object()}); err != nil {
 		return err
 	}
+	e.prov.holds.released(pod.Namespace, pod.Name)
 	e.seen.forget(string(pod.UID))
 	return nil
 }

@@ -12,7 +12,9 @@
 //     that use it have ended (podwatch.go watches them), any other claim's
 //     when its PV is released (Delete); either way buildend.go commits or
 //     discards the volume by its mode, its commit policy, the outcome and
-//     the build's markers;
+//     the build's markers. podhold.go holds such pods with a finalizer
+//     until their volumes have ended, so a pod deleted as it ends keeps
+//     its outcome while the agent is away;
 //   - registry sync (registry.go, sync.go, pull.go, publish.go, chain.go,
 //     announce.go, trust.go): for classes that name a registry, it pulls
 //     the layers its node lacks before a mount (pull.go), pushes committed

@@ -167,7 +167,7 @@ func (s *fakeStore) Mount(_ context.Context, id string, opts layerfs.MountOption
 		return &c, nil
 	}
 	v := &layerfs.Volume{
-		ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
+		ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer, Labels: opts.Labels,
 		MergedPath: "/fake/volumes/" + id + "/merged", Mounted: true,
 	}
 	s.volumes[id] = v

@@ -226,6 +226,7 @@ func (b *buildEnds) end(ctx context.Context, key string) error {
 	}
 	if pv.Annotations[v1alpha1.AnnotationResult] != "" || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.UID != claim.UID ||
 		pv.Status.Phase == corev1.VolumeReleased || pv.Status.Phase == corev1.VolumeFailed {
+		b.prov.holds.released(namespace, owner.Name)
 		return nil // ended already, or released: Delete ends it
 	}
 	outcome, ok := b.outcome(claim, owner.UID)
@@ -233,8 +234,12 @@ func (b *buildEnds) end(ctx context.Context, key string) error {
 		return nil // a pod still uses it; its end queues the claim again
 	}
 	res, err := b.prov.end(ctx, pv, endCause{Outcome: outcome, Trigger: triggerPod, Subject: claim})
-	if err != nil || res.Result == "" {
+	if err != nil {
 		return err
+	}
+	b.prov.holds.released(namespace, owner.Name)
+	if res.Result == "" {
+		return nil
 	}
 	return b.record(ctx, pv.Name, res)
 }

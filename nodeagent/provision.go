@@ -66,6 +66,9 @@ type Provisioner struct {
 	// sync keeps caches whose class names a registry in step across
 	// nodes.
 	sync *syncer
+	// holds releases the build pods whose volumes ended; nil in tests
+	// that don't look at them.
+	holds *podHolds
 }
 
 var (

@@ -15,8 +15,11 @@ package nodeagent
 
 // Watch this node's pods (field selector spec.nodeName) to end a pod's
 // volumes when it ends; get the pod that owns a claim for the StorageClass
-// cache template.
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// cache template. Patch a build pod of this node only to add and remove
+// finalizer layercache.dev/build-end, which keeps it readable until its
+// volumes have ended; the ValidatingAdmissionPolicy in
+// config/rbac/node.yaml refuses any other change.
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
 
 // The agent checks its own Node at start.
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get

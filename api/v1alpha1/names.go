@@ -107,6 +107,15 @@ const (
 	// answer for an hour), so that the registry's garbage collection
 	// frees the cache's blobs.
 	FinalizerRegistry = "layercache.dev/registry"
+
+	// FinalizerBuildEnd on a build pod is added by the node agent of the
+	// pod's node once the pod runs there with a layercache volume that
+	// the pod's outcome decides (a claim it owns, or a CSI inline
+	// volume), and removed once those volumes have ended. A pod deleted
+	// as soon as it ends, while the agent is away, so stays readable:
+	// the API server deletes a terminal pod at once, and its phase is the
+	// build's outcome.
+	FinalizerBuildEnd = "layercache.dev/build-end"
 )
 
 // MaxFallbacks is how many caches AnnotationFallback may list.

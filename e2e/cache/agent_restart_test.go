@@ -28,11 +28,14 @@ const agentRestartTimeout = 3 * time.Minute
 // two ways. First its pod is deleted while a pod uses a volume: the volume
 // keeps working through the restart. Then the agent is kept off the node
 // while a pod ends (the commit waits: nothing else may end the volume) and
-// a new pod asks for a volume (the claim waits). Nothing is lost: once the
-// agent is back, it sees the pods that ended while it was away and commits
-// their volumes (a claim's, and a CSI volume's whose unpublish the kubelet
-// retried while the driver was gone), the new claim completes, the running
-// pod still reads and writes its volume, and the next pod sees every pod's
+// a new pod asks for a volume (the claim waits), and two pods end and are
+// deleted at once, as CI systems do. Nothing is lost: the deleted pods
+// stay in the API, Terminating, because the kubelet cannot unpublish their
+// volumes without the agent; once the agent is back, it sees the pods that
+// ended while it was away and commits their volumes (claims' and CSI
+// volumes, whose unpublish the kubelet retried while the driver was
+// gone), the deleted pods go, the new claim completes, the running pod
+// still reads and writes its volume, and the next pod sees every pod's
 // files.
 //
 // A DaemonSet replaces a deleted pod within a second or two, so deleting
@@ -53,12 +56,14 @@ func TestNodeAgentRestart(t *testing.T) {
 		e.cachePod("long", cacheAnnotations(cacheName), "echo before > /cache/long-before && "+hold),
 		e.cachePod("short", cacheAnnotations(cacheName), "echo short > /cache/short && "+hold),
 		e.csiPod("csi-short", csiVolume(cacheName), "echo csi > /cache/csi-short && "+hold),
+		e.cachePod("deleted", cacheAnnotations(cacheName), "echo deleted > /cache/deleted && "+hold),
+		e.csiPod("csi-deleted", csiVolume(cacheName), "echo csi-deleted > /cache/csi-deleted && "+hold),
 	} {
 		if _, err := e.CreatePod(ctx, pod); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, pod := range []string{"long", "short", "csi-short"} {
+	for _, pod := range []string{"long", "short", "csi-short", "deleted", "csi-deleted"} {
 		if _, err := e.WaitForPodPhase(ctx, pod, corev1.PodRunning); err != nil {
 			t.Fatal(err)
 		}
@@ -83,9 +88,14 @@ func TestNodeAgentRestart(t *testing.T) {
 	restore := e.keepAgentOff(ctx)
 	// The pods end with no agent on the node: the kubelet's unpublish of
 	// the CSI volume fails until the agent is back.
-	for _, pod := range []string{"short", "csi-short"} {
+	for _, pod := range []string{"short", "csi-short", "deleted", "csi-deleted"} {
 		e.exec(ctx, pod, "touch /tmp/go")
 		if _, err := e.WaitForPodPhase(ctx, pod, corev1.PodSucceeded); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pod := range []string{"deleted", "csi-deleted"} {
+		if err := e.Client.CoreV1().Pods(e.Namespace).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -100,6 +110,15 @@ func TestNodeAgentRestart(t *testing.T) {
 		t.Fatalf("with no node agent, the volume of the ended pod was handled (deleted %v, phase %s, annotations %v); want it Bound and waiting", deleted, pv.Status.Phase, pv.Annotations)
 	}
 	e.expectNoVolume(ctx, "late")
+	for _, name := range []string{"deleted", "csi-deleted"} {
+		pod, err := e.Client.CoreV1().Pods(e.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("pod %s, deleted after it ended with no node agent on the node: %v; want it kept Terminating until its volume has ended", name, err)
+		}
+		if pod.DeletionTimestamp == nil {
+			t.Fatalf("pod %s has no deletion timestamp after its deletion", name)
+		}
+	}
 	if c, err := e.cache(ctx, cacheName); err != nil || c.Status.Generation != 0 {
 		t.Fatalf("with no node agent, cache %s: %v, %s; want generation 0 (nothing may end the volumes)", cacheName, err, statusString(c))
 	}
@@ -111,6 +130,11 @@ func TestNodeAgentRestart(t *testing.T) {
 
 	e.expectVolumeEnd(ctx, "short", "Committed")
 	e.expectCSIEnd(ctx, "csi-short", "Committed")
+	e.expectVolumeEnd(ctx, "deleted", "Committed")
+	e.expectCSIEnd(ctx, "csi-deleted", "Committed")
+	for _, pod := range []string{"deleted", "csi-deleted"} {
+		e.waitPodGone(ctx, pod)
+	}
 	if _, err := e.WaitForPodPhase(ctx, "late", corev1.PodSucceeded); err != nil {
 		t.Fatal(err)
 	}
@@ -122,12 +146,28 @@ func TestNodeAgentRestart(t *testing.T) {
 	}
 	end := e.expectVolumeEnd(ctx, "long", "Committed")
 	checkPVAnnotations(t, end.PV, map[string]string{v1alpha1.AnnotationBaseGeneration: "0"})
-	e.waitGeneration(ctx, cacheName, 4)
+	e.waitGeneration(ctx, cacheName, 6)
 
 	e.runPod(ctx, e.cachePod("check", cacheAnnotations(cacheName), "ls -1A /cache"), corev1.PodSucceeded)
-	want := []string{"csi-kept", "csi-short", "late", "long-after", "long-away", "long-before", "short"}
+	want := []string{"csi-deleted", "csi-kept", "csi-short", "deleted", "late", "long-after", "long-away", "long-before", "short"}
 	if got := lines(e.logs(ctx, "check")); !slices.Equal(got, want) {
 		t.Errorf("after the agent's restarts the cache holds %q, want %q", got, want)
+	}
+}
+
+// waitPodGone waits until pod is gone from the API server: a deleted pod
+// whose volumes the kubelet could not unpublish stays Terminating.
+func (e *env) waitPodGone(ctx context.Context, pod string) {
+	e.t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, pollInterval, volumeTimeout, true, func(ctx context.Context) (bool, error) {
+		_, err := e.Client.CoreV1().Pods(e.Namespace).Get(ctx, pod, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	})
+	if err != nil {
+		e.t.Fatalf("deleted pod %s is still in the API after %s: %v", pod, volumeTimeout, err)
 	}
 }
 

@@ -1,0 +1,208 @@
+package nodeagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/podfacts"
+)
+
+// podHolds keeps the build pods of this node in the API until their
+// volumes have ended, with finalizer v1alpha1.FinalizerBuildEnd, as the
+// Job controller keeps its pods until it has counted them. The API server
+// deletes a terminal pod at once, and CI systems delete pods as soon as
+// they end: while the agent is away (restarted, upgraded, killed), such a
+// pod would take its outcome with it, and an on-success build would be
+// discarded. Held, it stays Terminating until the agent is back.
+//
+// A pod is held once it runs on this node with a volume its outcome
+// decides (a claim it owns, bound to one of this node's PVs, or a CSI
+// inline volume), and released once it has ended and none of those
+// volumes is left in the store. Only pods of this node are touched, so
+// every held pod is in the agent's informer and is released.
+type podHolds struct {
+	store  store
+	kube   kubernetes.Interface
+	pods   cache.Indexer // this node's pods
+	claims corelisters.PersistentVolumeClaimLister
+	pvs    corelisters.PersistentVolumeLister // this node's PVs
+	queue  workqueue.TypedRateLimitingInterface[string]
+}
+
+func newPodHolds(st store, kube kubernetes.Interface, pods cache.Indexer, claims corelisters.PersistentVolumeClaimLister, pvs corelisters.PersistentVolumeLister) *podHolds {
+	return &podHolds{store: st, kube: kube, pods: pods, claims: claims, pvs: pvs,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 2*time.Minute),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pod-hold"})}
+}
+
+// handlers queue every pod that may need a hold or a release; the check
+// itself is cheap and local.
+func (h *podHolds) handlers() cache.ResourceEventHandler {
+	add := func(obj any) {
+		if pod, ok := obj.(*corev1.Pod); ok && (usesCSI(pod) || len(podfacts.Claims(pod)) > 0 || held(pod)) {
+			h.queue.Add(pod.Namespace + "/" + pod.Name)
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    add,
+		UpdateFunc: func(_, obj any) { add(obj) },
+	}
+}
+
+// released asks for a pod's release once one of its volumes has ended.
+func (h *podHolds) released(namespace, name string) {
+	if h != nil {
+		h.queue.Add(namespace + "/" + name)
+	}
+}
+
+// run works the queue with workers goroutines until ctx ends.
+func (h *podHolds) run(ctx context.Context, workers int) {
+	go func() {
+		<-ctx.Done()
+		h.queue.ShutDown()
+	}()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for h.next(ctx) {
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (h *podHolds) next(ctx context.Context) bool {
+	key, shutdown := h.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer h.queue.Done(key)
+	if err := h.sync(ctx, key); err != nil {
+		log.FromContext(ctx).Error(err, "Holding or releasing a build pod; retrying", "pod", key)
+		h.queue.AddRateLimited(key)
+		return true
+	}
+	h.queue.Forget(key)
+	return true
+}
+
+// sync holds or releases one pod, as its state and its volumes say.
+func (h *podHolds) sync(ctx context.Context, key string) error {
+	obj, ok, err := h.pods.GetByKey(key)
+	if err != nil || !ok {
+		return err
+	}
+	pod := obj.(*corev1.Pod)
+	open, err := h.openVolumes(ctx, pod)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !held(pod) && open && !podfacts.Ended(pod) && pod.DeletionTimestamp == nil:
+		return h.patch(ctx, pod, true)
+	case held(pod) && !open && (podfacts.Ended(pod) || !h.usesVolumes(pod)):
+		return h.patch(ctx, pod, false)
+	}
+	return nil
+}
+
+// held tells whether the pod has the agent's finalizer.
+func held(pod *corev1.Pod) bool {
+	return slices.Contains(pod.Finalizers, v1alpha1.FinalizerBuildEnd)
+}
+
+// usesVolumes tells whether the pod has a volume its outcome decides.
+func (h *podHolds) usesVolumes(pod *corev1.Pod) bool {
+	return usesCSI(pod) || len(h.ownedVolumes(pod)) > 0
+}
+
+// ownedVolumes are the store volumes (PV names) of the claims the pod
+// owns that are bound to this node's PVs.
+func (h *podHolds) ownedVolumes(pod *corev1.Pod) []string {
+	var vols []string
+	for _, c := range podfacts.Claims(pod) {
+		claim, err := h.claims.PersistentVolumeClaims(pod.Namespace).Get(c.Name)
+		if err != nil || claim.Spec.VolumeName == "" {
+			continue
+		}
+		if owner, ok := podfacts.OwningPod(claim); !ok || owner.UID != pod.UID {
+			continue
+		}
+		if _, err := h.pvs.Get(claim.Spec.VolumeName); err == nil {
+			vols = append(vols, claim.Spec.VolumeName)
+		}
+	}
+	return vols
+}
+
+// openVolumes tells whether a volume of the pod's outcome is still in the
+// store: the store is the truth, as an ended volume leaves it at once.
+func (h *podHolds) openVolumes(ctx context.Context, pod *corev1.Pod) (bool, error) {
+	for _, id := range h.ownedVolumes(pod) {
+		_, err := h.store.Volume(ctx, id)
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, layerfs.ErrNotFound) {
+			return false, fmt.Errorf("read volume %s: %w", id, err)
+		}
+	}
+	if !usesCSI(pod) {
+		return false, nil
+	}
+	vols, err := h.store.Volumes(ctx)
+	if err != nil {
+		return false, fmt.Errorf("list volumes: %w", err)
+	}
+	return slices.ContainsFunc(vols, func(v layerfs.Volume) bool { return v.Labels[labelPodUID] == string(pod.UID) }), nil
+}
+
+// patch adds (hold) or removes the finalizer with a strategic merge patch,
+// which leaves other finalizers alone; the UID makes it a precondition
+// that the pod is still the one the informer saw.
+func (h *podHolds) patch(ctx context.Context, pod *corev1.Pod, hold bool) error {
+	meta := map[string]any{"uid": pod.UID}
+	if hold {
+		meta["finalizers"] = []string{v1alpha1.FinalizerBuildEnd}
+	} else {
+		meta["$deleteFromPrimitiveList/finalizers"] = []string{v1alpha1.FinalizerBuildEnd}
+	}
+	body, err := json.Marshal(map[string]any{"metadata": meta})
+	if err != nil {
+		return err
+	}
+	_, err = h.kube.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, body, metav1.PatchOptions{FieldManager: Component})
+	verb := "remove"
+	if hold {
+		verb = "add"
+	}
+	switch {
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		return nil // gone, or replaced by a pod of the same name
+	case hold && apierrors.IsForbidden(err) && pod.DeletionTimestamp != nil:
+		return nil // deleted meanwhile: no finalizer may be added any more
+	case err != nil:
+		return fmt.Errorf("%s finalizer %s on pod %s/%s: %w", verb, v1alpha1.FinalizerBuildEnd, pod.Namespace, pod.Name, err)
+	}
+	log.FromContext(ctx).V(1).Info("Build pod", "pod", pod.Namespace+"/"+pod.Name, "held", hold)
+	return nil
+}

@@ -1,0 +1,163 @@
+package nodeagent
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/layerfs"
+)
+
+// holdEnv is podHolds over a fake store and a fake API server that both
+// the informer's store and the API server's objects come from.
+type holdEnv struct {
+	holds *podHolds
+	store *fakeStore
+	kube  *fake.Clientset
+	pods  cache.Indexer
+}
+
+func newHoldEnv(t *testing.T) *holdEnv {
+	t.Helper()
+	st := newFakeStore()
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	claims := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	pvs := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	// The claim build-7x2k-cache, owned by pod build-7x2k, bound to this
+	// node's PV pvc-1; and a claim bound to another provisioner's PV.
+	must(t, claims.Add(&corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ci", Name: buildPod + "-cache", OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "v1", Kind: "Pod", Name: buildPod, UID: "uid-" + buildPod, Controller: new(true)}}},
+		Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "pvc-1"},
+	}))
+	must(t, claims.Add(&corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ci", Name: "other-cache", OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "v1", Kind: "Pod", Name: "other", UID: "uid-other", Controller: new(true)}}},
+		Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "pvc-elsewhere"},
+	}))
+	must(t, pvs.Add(&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-1"}}))
+	e := &holdEnv{store: st, kube: fake.NewClientset(), pods: pods}
+	e.holds = newPodHolds(st, e.kube, pods, corelisters.NewPersistentVolumeClaimLister(claims), corelisters.NewPersistentVolumeLister(pvs))
+	t.Cleanup(e.holds.queue.ShutDown)
+	return e
+}
+
+// setPod is the pod as the API server and the informer both have it.
+func (e *holdEnv) setPod(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := e.kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); err == nil {
+		_, err = e.kube.CoreV1().Pods(pod.Namespace).Update(ctx, pod, metav1.UpdateOptions{})
+		must(t, err)
+	} else {
+		_, err = e.kube.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+		must(t, err)
+	}
+	must(t, e.pods.Update(pod))
+}
+
+// sync runs one hold pass over the pod and returns its finalizers as the
+// API server then has them (and updates the informer's copy).
+func (e *holdEnv) sync(t *testing.T, pod *corev1.Pod) []string {
+	t.Helper()
+	ctx := context.Background()
+	must(t, e.holds.sync(ctx, pod.Namespace+"/"+pod.Name))
+	got, err := e.kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	must(t, err)
+	must(t, e.pods.Update(got))
+	return got.Finalizers
+}
+
+func TestPodHolds(t *testing.T) {
+	claimPod := func(phase corev1.PodPhase) *corev1.Pod {
+		return ephemeralPod(buildPod, phase, phase == corev1.PodRunning)
+	}
+	csiPod := func(phase corev1.PodPhase) *corev1.Pod {
+		pod := csiPodObject("csi-build", phase)
+		if phase == corev1.PodRunning {
+			pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "build", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+		}
+		return pod
+	}
+	mountClaim := func(st *fakeStore) { mountFake(t, st, "pvc-1", nil) }
+	mountCSI := func(st *fakeStore) { mountFake(t, st, "csi-1", map[string]string{labelPodUID: "uid-csi-build"}) }
+	tests := []struct {
+		name    string
+		mount   func(*fakeStore)
+		running *corev1.Pod // the pod while it runs
+		ended   *corev1.Pod // the pod once it ended
+		// endVolume is the store volume the build's end removes.
+		endVolume string
+		wantHeld  bool // while it runs
+	}{
+		{name: "a claim the pod owns", mount: mountClaim, running: claimPod(corev1.PodRunning), ended: claimPod(corev1.PodSucceeded),
+			endVolume: "pvc-1", wantHeld: true},
+		{name: "a CSI inline volume", mount: mountCSI, running: csiPod(corev1.PodRunning), ended: csiPod(corev1.PodFailed),
+			endVolume: "csi-1", wantHeld: true},
+		{name: "a claim of another provisioner", running: ephemeralPod("other", corev1.PodRunning, true)},
+		{name: "a claim whose volume is not mounted yet", running: claimPod(corev1.PodRunning)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newHoldEnv(t)
+			if tt.mount != nil {
+				tt.mount(e.store)
+			}
+			pod := tt.running.DeepCopy()
+			pod.Finalizers = []string{"example.com/keep"}
+			e.setPod(t, pod)
+			got := e.sync(t, pod)
+			if held := slices.Contains(got, v1alpha1.FinalizerBuildEnd); held != tt.wantHeld {
+				t.Fatalf("running pod: finalizers %q, want held %v", got, tt.wantHeld)
+			}
+			if !tt.wantHeld {
+				for _, a := range e.kube.Actions() {
+					if a.GetVerb() == "patch" {
+						t.Errorf("a pod that needs no hold was patched: %v", a)
+					}
+				}
+				return
+			}
+			// Ended and deleted, before the agent ended the volume: held.
+			ended := tt.ended.DeepCopy()
+			ended.Finalizers = got
+			now := metav1.Now()
+			ended.DeletionTimestamp = &now
+			e.setPod(t, ended)
+			if got := e.sync(t, ended); !slices.Contains(got, v1alpha1.FinalizerBuildEnd) {
+				t.Fatalf("pod ended, its volume open: finalizers %q, want it still held", got)
+			}
+			must(t, e.store.Discard(context.Background(), tt.endVolume))
+			got = e.sync(t, ended)
+			if !slices.Equal(got, []string{"example.com/keep"}) {
+				t.Fatalf("pod ended, its volume ended: finalizers %q, want only the other finalizer", got)
+			}
+		})
+	}
+}
+
+// A pod deleted before it ran keeps no finalizer it would never lose.
+func TestPodHoldsSkipsADeletedPod(t *testing.T) {
+	e := newHoldEnv(t)
+	mountFake(t, e.store, "pvc-1", nil)
+	pod := ephemeralPod(buildPod, corev1.PodRunning, true)
+	now := metav1.Now()
+	pod.DeletionTimestamp = &now
+	e.setPod(t, pod)
+	if got := e.sync(t, pod); len(got) != 0 {
+		t.Fatalf("finalizers %q on a pod being deleted, want none added", got)
+	}
+}
+
+func mountFake(t *testing.T, st *fakeStore, id string, labels map[string]string) {
+	t.Helper()
+	_, err := st.Mount(context.Background(), id, layerfs.MountOptions{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Labels: labels})
+	must(t, err)
+}
