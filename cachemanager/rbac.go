@@ -4,8 +4,10 @@ package cachemanager
 // config/rbac/manager/role.yaml (ClusterRole layercache-manager, and Role
 // layercache-manager in its namespace). Each says why.
 
-// Watch pods to see when the pods of a claim have ended.
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// Watch pods to see when the pods of a claim have ended. Patch a pod only
+// to lift finalizer layercache.dev/build-end when its Node is gone (the
+// ValidatingAdmissionPolicy layercache-node-pods refuses anything else).
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
 
 // Delete a releasable claim; patch to lift kubernetes.io/pvc-protection
 // and to add or lift the outcome finalizer.

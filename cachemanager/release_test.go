@@ -175,6 +175,7 @@ func newFakeClient(t *testing.T, objs ...client.Object) client.Client {
 		WithIndex(&corev1.Pod{}, indexPodClaims, podClaimsIndex).
 		WithIndex(&v1alpha1.Cache{}, indexCacheNodes, cacheNodesIndex).
 		WithIndex(&corev1.PersistentVolume{}, indexOpenVolumes, openVolumesIndex).
+		WithIndex(&corev1.Pod{}, indexHeldPods, heldPodsIndex).
 		Build()
 }
 

@@ -58,6 +58,9 @@ func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer, 
 	if err := idx.IndexField(ctx, &corev1.PersistentVolume{}, indexOpenVolumes, openVolumesIndex); err != nil {
 		return fmt.Errorf("indexing volumes by cache: %w", err)
 	}
+	if err := idx.IndexField(ctx, &corev1.Pod{}, indexHeldPods, heldPodsIndex); err != nil {
+		return fmt.Errorf("indexing held pods by node: %w", err)
+	}
 	release := &ReleaseReconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
@@ -92,11 +95,15 @@ func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer, 
 	if err := sizes.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the namespace cache size controller: %w", err)
 	}
+	holds := &HoldReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(Component)}
+	if err := holds.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the pod hold controller: %w", err)
+	}
 	return nil
 }
 
-// slimPod keeps what the release controller reads of a Pod: identity,
-// deletion, the volumes that name PVCs, phase, start time, and which
+// slimPod keeps what the release and hold controllers read of a Pod:
+// identity, deletion, finalizers, the volumes that name PVCs, phase, start time, and which
 // containers run or exited (with their exit codes and finish times).
 // Everything else (containers, env, images, conditions) is dropped: without
 // the spec's containers podfacts waits for the pod's phase before it calls
@@ -116,6 +123,7 @@ func slimPod(in any) (any, error) {
 			CreationTimestamp: pod.CreationTimestamp,
 			DeletionTimestamp: pod.DeletionTimestamp,
 			OwnerReferences:   pod.OwnerReferences,
+			Finalizers:        pod.Finalizers,
 		},
 		Spec: corev1.PodSpec{NodeName: pod.Spec.NodeName},
 		Status: corev1.PodStatus{

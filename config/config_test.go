@@ -319,7 +319,7 @@ func TestRBAC(t *testing.T) {
 			{"layercache.dev", "caches", "patch"}, {"layercache.dev", "caches/status", "patch"},
 			{"", "events", "create"}, {"events.k8s.io", "events", "create"},
 		},
-		mustNot: []permission{{"", "persistentvolumes", "create"}, {"", "persistentvolumes", "delete"}, {"", "pods", "delete"}, {"coordination.k8s.io", "leases", "create"}, {"", "secrets", "get"}},
+		mustNot: []permission{{"", "persistentvolumes", "create"}, {"", "persistentvolumes", "delete"}, {"", "pods", "delete"}, {"", "pods", "update"}, {"coordination.k8s.io", "leases", "create"}, {"", "secrets", "get"}},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.role, func(t *testing.T) {

@@ -18,11 +18,12 @@ import (
 	"github.com/layercache/layercache/e2e/framework"
 )
 
-// TestNodeAgentPodPolicy checks, on the real API server, what the node
-// agent's ClusterRole and ValidatingAdmissionPolicy layercache-node-pods
-// let it do to a pod: add and remove its finalizer on pods of its own
-// node, and nothing else. It acts as the agent's service account, with
-// the node its token names.
+// TestNodeAgentPodPolicy checks, on the real API server, what the
+// ClusterRoles and ValidatingAdmissionPolicy layercache-node-pods let
+// layercache do to a pod: the node agent adds and removes its finalizer
+// on pods of its own node, the manager lifts it, and neither changes
+// anything else. It acts as their service accounts, the agent's with the
+// node its token names.
 func TestNodeAgentPodPolicy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -37,34 +38,40 @@ func TestNodeAgentPodPolicy(t *testing.T) {
 	if _, err := e.WaitForPodPhase(ctx, "target", corev1.PodRunning); err != nil {
 		t.Fatal(err)
 	}
-	agentOf := func(node string) kubernetes.Interface {
+	as := func(account, node string) kubernetes.Interface {
 		cfg := rest.CopyConfig(e.Config)
 		cfg.Impersonate = rest.ImpersonationConfig{
-			UserName: "system:serviceaccount:" + framework.SystemNamespace + ":layercache-node",
+			UserName: "system:serviceaccount:" + framework.SystemNamespace + ":" + account,
 			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + framework.SystemNamespace, "system:authenticated"},
-			Extra:    map[string][]string{"authentication.kubernetes.io/node-name": {node}},
+		}
+		if node != "" {
+			cfg.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {node}}
 		}
 		return kubernetes.NewForConfigOrDie(cfg)
 	}
+	const agent, manager = "layercache-node", "layercache-manager"
 	finalizer := func(op string) string {
 		return fmt.Sprintf(`{"metadata":{%q:[%q]}}`, op, v1alpha1.FinalizerBuildEnd)
 	}
 	tests := []struct {
-		name    string
-		node    string
-		patch   string
-		allowed bool
+		name          string
+		account, node string
+		patch         string
+		allowed       bool
 	}{
-		{"add its finalizer", e.Node.Name, finalizer("finalizers"), true},
-		{"remove its finalizer", e.Node.Name, finalizer("$deleteFromPrimitiveList/finalizers"), true},
-		{"add its finalizer to another node's pod", "some-other-node", finalizer("finalizers"), false},
-		{"add another finalizer", e.Node.Name, `{"metadata":{"finalizers":["example.com/other"]}}`, false},
-		{"change a label", e.Node.Name, `{"metadata":{"labels":{"app":"changed"}}}`, false},
-		{"change an annotation", e.Node.Name, `{"metadata":{"annotations":{"note":"changed"}}}`, false},
-		{"change the image", e.Node.Name, `{"spec":{"containers":[{"name":"main","image":"localhost/pause:e2e"}]}}`, false},
+		{"the agent adds its finalizer", agent, e.Node.Name, finalizer("finalizers"), true},
+		{"the agent removes its finalizer", agent, e.Node.Name, finalizer("$deleteFromPrimitiveList/finalizers"), true},
+		{"the agent adds its finalizer to another node's pod", agent, "some-other-node", finalizer("finalizers"), false},
+		{"the agent adds another finalizer", agent, e.Node.Name, `{"metadata":{"finalizers":["example.com/other"]}}`, false},
+		{"the agent changes a label", agent, e.Node.Name, `{"metadata":{"labels":{"app":"changed"}}}`, false},
+		{"the agent changes an annotation", agent, e.Node.Name, `{"metadata":{"annotations":{"note":"changed"}}}`, false},
+		{"the agent changes the image", agent, e.Node.Name, `{"spec":{"containers":[{"name":"main","image":"localhost/pause:e2e"}]}}`, false},
+		{"the agent adds its finalizer again", agent, e.Node.Name, finalizer("finalizers"), true},
+		{"the manager lifts the finalizer", manager, "", finalizer("$deleteFromPrimitiveList/finalizers"), true},
+		{"the manager changes a label", manager, "", `{"metadata":{"labels":{"app":"changed"}}}`, false},
 	}
 	for _, tt := range tests {
-		_, err := agentOf(tt.node).CoreV1().Pods(e.Namespace).Patch(ctx, "target", types.StrategicMergePatchType, []byte(tt.patch), metav1.PatchOptions{})
+		_, err := as(tt.account, tt.node).CoreV1().Pods(e.Namespace).Patch(ctx, "target", types.StrategicMergePatchType, []byte(tt.patch), metav1.PatchOptions{})
 		switch {
 		case tt.allowed && err != nil:
 			t.Errorf("%s: %v, want it allowed", tt.name, err)

@@ -1,0 +1,109 @@
+package cachemanager
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+// indexHeldPods indexes the pods a node agent holds (finalizer
+// v1alpha1.FinalizerBuildEnd) by their node.
+const indexHeldPods = "layercache.dev/held-pods"
+
+// HoldReconciler lifts the node agents' hold on the pods of Nodes that no
+// longer exist. A node agent holds a build pod of its node until the pod's
+// volumes have ended, and only that agent lifts it; a Node that is gone
+// (a spot instance reclaimed, a node pool scaled down while pods ran)
+// takes its agent and its store along, and its pods would stay Terminating
+// for ever.
+type HoldReconciler struct {
+	// Client reads from the informer cache (Nodes as metadata only) and
+	// writes to the API server.
+	Client   client.Client
+	Recorder events.EventRecorder
+}
+
+// SetupWithManager wires the controller: a held pod is reconciled when it
+// changes and when its Node is deleted.
+func (r *HoldReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("hold").
+		For(&corev1.Pod{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return heldPod(o) }))).
+		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.heldPodsOfNode), builder.WithPredicates(nodeDeleted)).
+		Complete(r)
+}
+
+func heldPod(o client.Object) bool {
+	return slices.Contains(o.GetFinalizers(), v1alpha1.FinalizerBuildEnd)
+}
+
+func heldPodsIndex(obj client.Object) []string {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || !heldPod(pod) || pod.Spec.NodeName == "" {
+		return nil
+	}
+	return []string{pod.Spec.NodeName}
+}
+
+func (r *HoldReconciler) heldPodsOfNode(ctx context.Context, node client.Object) []reconcile.Request {
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.MatchingFields{indexHeldPods: node.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "listing the held pods of a deleted Node", "node", node.GetName())
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(pods.Items))
+	for _, p := range pods.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
+	}
+	return reqs
+}
+
+// Reconcile lifts the hold of a pod whose Node does not exist.
+func (r *HoldReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var pod corev1.Pod
+	if err := r.Client.Get(ctx, req.NamespacedName, &pod); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !heldPod(&pod) || pod.Spec.NodeName == "" {
+		return reconcile.Result{}, nil
+	}
+	node := &metav1.PartialObjectMetadata{}
+	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	err := r.Client.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, node)
+	if err == nil || !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid": pod.UID, "$deleteFromPrimitiveList/finalizers": []string{v1alpha1.FinalizerBuildEnd},
+	}})
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.Client.Patch(ctx, &pod, client.RawPatch(types.StrategicMergePatchType, body)); err != nil {
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, fmt.Errorf("lifting finalizer %s: %w", v1alpha1.FinalizerBuildEnd, err)
+	}
+	r.Recorder.Eventf(&pod, nil, corev1.EventTypeWarning, "BuildEndLost", "Release",
+		"Node %s no longer exists, so its layercache agent cannot end this pod's cache volumes: their changes are lost with the node, and finalizer %s is lifted",
+		pod.Spec.NodeName, v1alpha1.FinalizerBuildEnd)
+	log.FromContext(ctx).Info("lifted the hold of a pod of a deleted Node", "node", pod.Spec.NodeName)
+	return reconcile.Result{}, nil
+}
