@@ -112,17 +112,22 @@ func (h *podHolds) sync(ctx context.Context, key string) error {
 		return err
 	}
 	pod := obj.(*corev1.Pod)
+	// The store is read only when a patch may follow: a pod's status
+	// changes many times while it runs.
+	var hold bool
+	switch {
+	case !held(pod) && !podfacts.Ended(pod) && pod.DeletionTimestamp == nil:
+		hold = true
+	case held(pod) && (podfacts.Ended(pod) || !h.usesVolumes(pod)):
+		hold = false
+	default:
+		return nil
+	}
 	open, err := h.openVolumes(ctx, pod)
-	if err != nil {
+	if err != nil || open != hold {
 		return err
 	}
-	switch {
-	case !held(pod) && open && !podfacts.Ended(pod) && pod.DeletionTimestamp == nil:
-		return h.patch(ctx, pod, true)
-	case held(pod) && !open && (podfacts.Ended(pod) || !h.usesVolumes(pod)):
-		return h.patch(ctx, pod, false)
-	}
-	return nil
+	return h.patch(ctx, pod, hold)
 }
 
 // held tells whether the pod has the agent's finalizer.
