@@ -250,7 +250,7 @@ func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.S
 	}
 	a.ends = &buildEnds{
 		prov: a.prov, kube: clientset, pods: podInformer.GetIndexer(), claims: claims,
-		pvs: corelisters.NewPersistentVolumeLister(pvInformer.GetIndexer()), queue: newBuildEndQueue(), seen: a.prov.seen,
+		pvs: corelisters.NewPersistentVolumeLister(pvInformer.GetIndexer()), queue: newKeyQueue("build-end"), seen: a.prov.seen,
 	}
 	if _, err := podInformer.AddEventHandler(a.ends.handlers()); err != nil {
 		return fmt.Errorf("watch this node's pods: %w", err)

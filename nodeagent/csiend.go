@@ -40,9 +40,7 @@ type csiEnds struct {
 
 func newCSIEnds(prov *Provisioner, driver *csiDriver, pods cache.Indexer) *csiEnds {
 	e := &csiEnds{prov: prov, driver: driver, pods: pods, seen: newOutcomes(),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 2*time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "csi-end"})}
+		queue: newKeyQueue("csi-end")}
 	driver.ends = e
 	return e
 }
@@ -92,16 +90,7 @@ func usesCSI(pod *corev1.Pod) bool {
 // run sweeps every CSI volume of the store now and then every interval,
 // and works the queue with workers goroutines, until ctx ends.
 func (e *csiEnds) run(ctx context.Context, workers int, interval time.Duration) {
-	go func() {
-		<-ctx.Done()
-		e.queue.ShutDown()
-	}()
-	for range workers {
-		go func() {
-			for e.next(ctx) {
-			}
-		}()
-	}
+	go workKeys(ctx, e.queue, workers, "Ending the CSI volumes of a pod; retrying", "pod", e.endPod)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -116,22 +105,11 @@ func (e *csiEnds) run(ctx context.Context, workers int, interval time.Duration) 
 	}
 }
 
-func (e *csiEnds) next(ctx context.Context) bool {
-	key, shutdown := e.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer e.queue.Done(key)
-	err := e.endPods(ctx, func(v layerfs.Volume) bool {
+// endPod ends the store's CSI volumes of pod key whose pod is decided.
+func (e *csiEnds) endPod(ctx context.Context, key string) error {
+	return e.endPods(ctx, func(v layerfs.Volume) bool {
 		return v.Labels[labelPodNamespace]+"/"+v.Labels[labelPodName] == key
 	})
-	if err != nil {
-		log.FromContext(ctx).Error(err, "Ending the CSI volumes of a pod; retrying", "pod", key)
-		e.queue.AddRateLimited(key)
-		return true
-	}
-	e.queue.Forget(key)
-	return true
 }
 
 // endPods ends the store's CSI volumes that match and whose pods are

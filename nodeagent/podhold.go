@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -48,9 +46,7 @@ type podHolds struct {
 
 func newPodHolds(st store, kube kubernetes.Interface, pods cache.Indexer, claims corelisters.PersistentVolumeClaimLister, pvs corelisters.PersistentVolumeLister) *podHolds {
 	return &podHolds{store: st, kube: kube, pods: pods, claims: claims, pvs: pvs,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 2*time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pod-hold"})}
+		queue: newKeyQueue("pod-hold")}
 }
 
 // handlers queue every pod that may need a hold or a release; the check
@@ -76,33 +72,7 @@ func (h *podHolds) released(namespace, name string) {
 
 // run works the queue with workers goroutines until ctx ends.
 func (h *podHolds) run(ctx context.Context, workers int) {
-	go func() {
-		<-ctx.Done()
-		h.queue.ShutDown()
-	}()
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for h.next(ctx) {
-			}
-		})
-	}
-	wg.Wait()
-}
-
-func (h *podHolds) next(ctx context.Context) bool {
-	key, shutdown := h.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer h.queue.Done(key)
-	if err := h.sync(ctx, key); err != nil {
-		log.FromContext(ctx).Error(err, "Holding or releasing a build pod; retrying", "pod", key)
-		h.queue.AddRateLimited(key)
-		return true
-	}
-	h.queue.Forget(key)
-	return true
+	workKeys(ctx, h.queue, workers, "Holding or releasing a build pod; retrying", "pod", h.sync)
 }
 
 // sync holds or releases one pod, as its state and its volumes say.

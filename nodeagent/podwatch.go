@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"strconv"
 	"sync"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -169,33 +168,7 @@ func (b *buildEnds) queueClaims(pod *corev1.Pod, gone bool) {
 
 // run works the queue with workers goroutines until ctx ends.
 func (b *buildEnds) run(ctx context.Context, workers int) {
-	go func() {
-		<-ctx.Done()
-		b.queue.ShutDown()
-	}()
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for b.next(ctx) {
-			}
-		})
-	}
-	wg.Wait()
-}
-
-func (b *buildEnds) next(ctx context.Context) bool {
-	name, shutdown := b.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer b.queue.Done(name)
-	if err := b.end(ctx, name); err != nil {
-		log.FromContext(ctx).Error(err, "Ending the volume of an ended pod; retrying", "claim", name)
-		b.queue.AddRateLimited(name)
-		return true
-	}
-	b.queue.Forget(name)
-	return true
+	workKeys(ctx, b.queue, workers, "Ending the volume of an ended pod; retrying", "claim", b.end)
 }
 
 // end ends the volume of claim key if a pod owns the claim, and that pod
@@ -288,12 +261,4 @@ func (b *buildEnds) record(ctx context.Context, pv string, res ended) error {
 		log.FromContext(ctx).Error(err, "Recording the end of a volume on its PV", "pv", pv, "result", res.Result)
 	}
 	return nil
-}
-
-// newBuildEndQueue retries a failed end (a commit that failed keeps the
-// volume's changes) from 1 s up to every 2 minutes, as long as it takes.
-func newBuildEndQueue() workqueue.TypedRateLimitingInterface[string] {
-	return workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 2*time.Minute),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "build-end"})
 }

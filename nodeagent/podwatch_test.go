@@ -151,7 +151,7 @@ func newBuildEndEnv(t *testing.T, ann map[string]string, owned bool, pods ...*co
 	kube.ClearActions()
 	ends := &buildEnds{
 		prov: env.prov, kube: kube, pods: podIndex, claims: corelisters.NewPersistentVolumeClaimLister(claims),
-		pvs: corelisters.NewPersistentVolumeLister(pvs), queue: newBuildEndQueue(), seen: env.prov.seen,
+		pvs: corelisters.NewPersistentVolumeLister(pvs), queue: newKeyQueue("build-end"), seen: env.prov.seen,
 	}
 	t.Cleanup(ends.queue.ShutDown)
 	return &buildEndEnv{testEnv: env, ends: ends, kube: kube, pv: pv, claimIdx: claims, pvIdx: pvs, claim: opts.PVC}

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"k8s.io/client-go/util/workqueue"
@@ -98,4 +99,41 @@ func (q workQueues) run(ctx context.Context) {
 	go q.reports.Run(ctx)
 	go q.squashes.Run(ctx)
 	go q.publishes.Run(ctx)
+}
+
+// newKeyQueue is a queue of NAMESPACE/NAME keys whose failures are retried
+// from 1 s up to every 2 minutes, as long as it takes: a build's end that
+// failed keeps the volume's changes until it lands.
+func newKeyQueue(name string) workqueue.TypedRateLimitingInterface[string] {
+	return workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 2*time.Minute),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
+}
+
+// workKeys does the keys of q with workers goroutines until ctx ends,
+// logging a failure as failed (with the key as keyName) and retrying it.
+func workKeys(ctx context.Context, q workqueue.TypedRateLimitingInterface[string], workers int, failed, keyName string, do func(context.Context, string) error) {
+	go func() {
+		<-ctx.Done()
+		q.ShutDown()
+	}()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				key, shutdown := q.Get()
+				if shutdown {
+					return
+				}
+				if err := do(ctx, key); err != nil {
+					log.FromContext(ctx).Error(err, failed, keyName, key)
+					q.AddRateLimited(key)
+				} else {
+					q.Forget(key)
+				}
+				q.Done(key)
+			}
+		})
+	}
+	wg.Wait()
 }
