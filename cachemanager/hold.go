@@ -26,12 +26,14 @@ import (
 // v1alpha1.FinalizerBuildEnd) by their node.
 const indexHeldPods = "layercache.dev/held-pods"
 
-// HoldReconciler lifts the node agents' hold on the pods of Nodes that no
-// longer exist. A node agent holds a build pod of its node until the pod's
-// volumes have ended, and only that agent lifts it; a Node that is gone
-// (a spot instance reclaimed, a node pool scaled down while pods ran)
-// takes its agent and its store along, and its pods would stay Terminating
-// for ever.
+// HoldReconciler lifts the node agents' hold on the pods no agent will
+// release. A node agent holds a build pod until the pod's volumes have
+// ended, and only the agent of the pod's node lifts it. A Node that is
+// gone (a spot instance reclaimed, a node pool scaled down while pods
+// ran) takes its agent and its store along, and a pod deleted before the
+// scheduler bound it (an agent holds the owner of a claim as it
+// provisions the claim) is on no node: either would stay Terminating for
+// ever.
 type HoldReconciler struct {
 	// Client reads from the informer cache (Nodes as metadata only) and
 	// writes to the API server.
@@ -80,8 +82,15 @@ func (r *HoldReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	if err := r.Client.Get(ctx, req.NamespacedName, &pod); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if !heldPod(&pod) || pod.Spec.NodeName == "" {
+	if !heldPod(&pod) {
 		return reconcile.Result{}, nil
+	}
+	if pod.Spec.NodeName == "" {
+		if pod.DeletionTimestamp.IsZero() {
+			return reconcile.Result{}, nil
+		}
+		// It never ran: there is no build to end.
+		return reconcile.Result{}, r.lift(ctx, &pod, "was deleted before it was bound to a node, so it ran no build")
 	}
 	node := &metav1.PartialObjectMetadata{}
 	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
@@ -89,21 +98,24 @@ func (r *HoldReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	if err == nil || !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	return reconcile.Result{}, r.lift(ctx, &pod, fmt.Sprintf("ran on Node %s, which no longer exists, so its layercache agent cannot end the pod's cache volumes: their changes are lost with the node", pod.Spec.NodeName))
+}
+
+// lift removes the hold of a pod that why explains, with a Warning Event.
+func (r *HoldReconciler) lift(ctx context.Context, pod *corev1.Pod, why string) error {
 	body, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"uid": pod.UID, "$deleteFromPrimitiveList/finalizers": []string{v1alpha1.FinalizerBuildEnd},
 	}})
 	if err != nil {
-		return reconcile.Result{}, err
+		return err
 	}
-	if err := r.Client.Patch(ctx, &pod, client.RawPatch(types.StrategicMergePatchType, body)); err != nil {
+	if err := r.Client.Patch(ctx, pod, client.RawPatch(types.StrategicMergePatchType, body)); err != nil {
 		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			return reconcile.Result{}, nil
+			return nil
 		}
-		return reconcile.Result{}, fmt.Errorf("lifting finalizer %s: %w", v1alpha1.FinalizerBuildEnd, err)
+		return fmt.Errorf("lifting finalizer %s: %w", v1alpha1.FinalizerBuildEnd, err)
 	}
-	r.Recorder.Eventf(&pod, nil, corev1.EventTypeWarning, "BuildEndLost", "Release",
-		"Node %s no longer exists, so its layercache agent cannot end this pod's cache volumes: their changes are lost with the node, and finalizer %s is lifted",
-		pod.Spec.NodeName, v1alpha1.FinalizerBuildEnd)
-	log.FromContext(ctx).Info("lifted the hold of a pod of a deleted Node", "node", pod.Spec.NodeName)
-	return reconcile.Result{}, nil
+	r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, "BuildEndLost", "Release", "The pod %s; finalizer %s is lifted", why, v1alpha1.FinalizerBuildEnd)
+	log.FromContext(ctx).Info("lifted the hold of a pod", "node", pod.Spec.NodeName, "why", why)
+	return nil
 }

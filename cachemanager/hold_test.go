@@ -24,6 +24,10 @@ func TestHoldReconcile(t *testing.T) {
 			Spec: corev1.PodSpec{NodeName: node},
 		}
 	}
+	deleting := func(pod *corev1.Pod) *corev1.Pod {
+		pod.DeletionTimestamp = at(900)
+		return pod
+	}
 	tests := []struct {
 		name  string
 		pod   *corev1.Pod
@@ -37,6 +41,8 @@ func TestHoldReconcile(t *testing.T) {
 			want: []string{"example.com/keep"}, event: "Warning BuildEndLost"},
 		{name: "an unscheduled pod is left alone", pod: heldOn(""), nodes: []string{"node-a"},
 			want: []string{"example.com/keep", v1alpha1.FinalizerBuildEnd}},
+		{name: "an unscheduled pod that is deleted is released", pod: deleting(heldOn("")), nodes: []string{"node-a"},
+			want: []string{"example.com/keep"}, event: "Warning BuildEndLost"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -110,6 +110,9 @@ func (d *csiDriver) NodePublishVolume(ctx context.Context, r *csi.NodePublishVol
 	logger := log.FromContext(ctx).WithValues("pod", pod.key(), "volume", id)
 	ctx = log.IntoContext(ctx, logger)
 
+	if err := d.prov.holds.hold(ctx, pod.Namespace, pod.Name, pod.UID); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "volume %s: hold pod %s until its build's end: %v", id, pod.key(), err)
+	}
 	vol, err := d.prov.store.Volume(ctx, id)
 	switch {
 	case errors.Is(err, layerfs.ErrNotFound):

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,11 +31,15 @@ import (
 // pod would take its outcome with it, and an on-success build would be
 // discarded. Held, it stays Terminating until the agent is back.
 //
-// A pod is held once it runs on this node with a volume its outcome
-// decides (a claim it owns, bound to one of this node's PVs, or a CSI
-// inline volume), and released once it has ended and none of those
-// volumes is left in the store. Only pods of this node are touched, so
-// every held pod is in the agent's informer and is released.
+// A pod is held before its volume is handed out: at the provisioning of
+// a claim it owns, and at the publish of a CSI inline volume. Neither
+// completes until the hold is in place, so no build runs unheld, even
+// through an API server outage. The pod watch holds, as a backstop, a pod
+// of this node that runs with such a volume and no hold (an agent of an
+// older version provisioned it). A pod is released once it has ended and
+// none of those volumes is left in the store. The agent releases the
+// pods of its node, which its informer sees; the manager those that are
+// deleted before they were bound to a node, or whose Node is gone.
 type podHolds struct {
 	store  store
 	kube   kubernetes.Interface
@@ -151,6 +156,19 @@ func (h *podHolds) openVolumes(ctx context.Context, pod *corev1.Pod) (bool, erro
 	return slices.ContainsFunc(vols, func(v layerfs.Volume) bool { return v.Labels[labelPodUID] == string(pod.UID) }), nil
 }
 
+// hold holds pod namespace/name, unless the informer shows it held.
+func (h *podHolds) hold(ctx context.Context, namespace, name string, uid types.UID) error {
+	if h == nil {
+		return nil
+	}
+	if obj, ok, _ := h.pods.GetByKey(namespace + "/" + name); ok {
+		if pod := obj.(*corev1.Pod); pod.UID == uid && held(pod) {
+			return nil
+		}
+	}
+	return h.patch(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: uid}}, true)
+}
+
 // patch adds (hold) or removes the finalizer with a strategic merge patch,
 // which leaves other finalizers alone; the UID makes it a precondition
 // that the pod is still the one the informer saw.
@@ -173,11 +191,17 @@ func (h *podHolds) patch(ctx context.Context, pod *corev1.Pod, hold bool) error 
 	switch {
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		return nil // gone, or replaced by a pod of the same name
-	case hold && apierrors.IsForbidden(err) && pod.DeletionTimestamp != nil:
+	case hold && apierrors.IsForbidden(err) && isBeingDeleted(err):
 		return nil // deleted meanwhile: no finalizer may be added any more
 	case err != nil:
 		return fmt.Errorf("%s finalizer %s on pod %s/%s: %w", verb, v1alpha1.FinalizerBuildEnd, pod.Namespace, pod.Name, err)
 	}
 	log.FromContext(ctx).V(1).Info("Build pod", "pod", pod.Namespace+"/"+pod.Name, "held", hold)
 	return nil
+}
+
+// isBeingDeleted tells the API server's refusal to add a finalizer to an
+// object that is being deleted.
+func isBeingDeleted(err error) bool {
+	return strings.Contains(err.Error(), "being deleted")
 }

@@ -2,13 +2,16 @@ package nodeagent
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -160,4 +163,38 @@ func mountFake(t *testing.T, st *fakeStore, id string, labels map[string]string)
 	t.Helper()
 	_, err := st.Mount(context.Background(), id, layerfs.MountOptions{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Labels: labels})
 	must(t, err)
+}
+
+// Provisioning a claim holds the pod that owns it before the volume is
+// handed out, and fails (the library retries) while the hold cannot be
+// placed: no build runs unheld, even through an API server outage.
+func TestProvisionHoldsTheOwningPod(t *testing.T) {
+	for _, apiDown := range []bool{false, true} {
+		t.Run(map[bool]string{false: "API server up", true: "API server down"}[apiDown], func(t *testing.T) {
+			st := newFakeStore()
+			env := newTestEnv(t, st)
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ci", Name: buildPod, UID: "uid-" + buildPod}}
+			kube := fake.NewClientset(pod)
+			if apiDown {
+				kube.PrependReactor("patch", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+					return true, nil, errors.New("connection refused")
+				})
+			}
+			env.prov.holds = newPodHolds(st, kube, cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}), nil, nil)
+			opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven"}, nil)
+			opts.PVC.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: buildPod, UID: "uid-" + buildPod, Controller: new(true)}}
+			_, _, err := env.prov.Provision(context.Background(), opts)
+			got, getErr := kube.CoreV1().Pods("ci").Get(context.Background(), buildPod, metav1.GetOptions{})
+			must(t, getErr)
+			if apiDown {
+				if err == nil || st.mounts != 0 {
+					t.Fatalf("Provision with the API server down: %v, %d mounts; want an error and no volume", err, st.mounts)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got.Finalizers, []string{v1alpha1.FinalizerBuildEnd}) {
+				t.Fatalf("Provision: %v; pod finalizers %q, want the hold", err, got.Finalizers)
+			}
+		})
+	}
 }

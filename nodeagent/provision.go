@@ -125,6 +125,12 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 			"annotation %s is ignored: StorageClass %q uses the %s layout, whose caches cannot start from a fallback yet; the first build of cache %s starts from what the cache has. Use a class of the %s layout, or remove the annotation",
 			v1alpha1.AnnotationFallback, opts.StorageClass.Name, layerfs.LayoutSnapshot, req.Cache, layerfs.LayoutOverlay)
 	}
+	if owner, ok := podfacts.OwningPod(claim); ok {
+		if err := p.holds.hold(ctx, claim.Namespace, owner.Name, owner.UID); err != nil {
+			p.metrics.fail(opProvision, "api")
+			return nil, controller.ProvisioningFinished, fmt.Errorf("hold pod %s/%s until its build's end: %w", claim.Namespace, owner.Name, err)
+		}
+	}
 	if req.Registry != nil {
 		p.sync.pull(ctx, claim, req)
 		req.Fallbacks, req.FallbackRepositories = p.sync.seed(ctx, claim, req)
