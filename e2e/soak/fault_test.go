@@ -306,6 +306,7 @@ func (l *load) stopControlPlane(ctx context.Context) {
 	out, err := controlPlane(stopCtx, "stop")
 	cancel()
 	ev.Stopping = time.Since(ev.At)
+	l.t.Logf("control-plane.sh stop:\n%s", out)
 	if err != nil {
 		ev.Error = fmt.Sprintf("control-plane.sh stop: %v", err)
 		l.t.Errorf("%s\n%s", ev.Error, out)
@@ -319,6 +320,7 @@ func (l *load) stopControlPlane(ctx context.Context) {
 	defer cancel()
 	out, err = controlPlane(startCtx, "start")
 	ev.Back = time.Since(ev.At)
+	l.t.Logf("control-plane.sh start:\n%s", out)
 	if err != nil {
 		ev.Error = strings.TrimPrefix(ev.Error+"; ", "; ") + fmt.Sprintf("control-plane.sh start: %v", err)
 		l.t.Errorf("control-plane.sh start: %v\n%s", err, out)
