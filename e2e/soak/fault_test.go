@@ -385,8 +385,13 @@ func retryTransient(ctx context.Context, fn func(context.Context) error) error {
 }
 
 // keepPolling is a poll condition's answer to err: a transient error is
-// remembered in last and the poll goes on; any other ends it.
-func keepPolling(err error, last *error) error {
+// remembered in last and the poll goes on; any other ends it. An error of
+// the poll's own end (its deadline, which client-go's rate limiter words
+// as its own error) is not remembered: it would hide the API's last one.
+func keepPolling(ctx context.Context, err error, last *error) error {
+	if ctx.Err() != nil || strings.Contains(err.Error(), "would exceed context deadline") {
+		return nil
+	}
 	if transient(err) {
 		*last = err
 		return nil

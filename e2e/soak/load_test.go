@@ -556,13 +556,13 @@ func (l *load) collectEnds(ctx context.Context) {
 	err := wait.PollUntilContextTimeout(ctx, time.Second, l.endTimeout(), true, func(ctx context.Context) (bool, error) {
 		nsEvents, err := l.f.Client.CoreV1().Events(l.f.Namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, keepPolling(err, &lastErr)
+			return false, keepPolling(ctx, err, &lastErr)
 		}
 		pvEvents, err := l.f.Client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
 			FieldSelector: fields.OneTermEqualSelector("involvedObject.kind", "PersistentVolume").String(),
 		})
 		if err != nil {
-			return false, keepPolling(err, &lastErr)
+			return false, keepPolling(ctx, err, &lastErr)
 		}
 		l.mu.Lock()
 		claimOfPV := map[string]string{}
@@ -746,11 +746,11 @@ func (l *load) cleanUp(ctx context.Context) {
 	err = wait.PollUntilContextTimeout(ctx, time.Second, l.endTimeout(), true, func(ctx context.Context) (bool, error) {
 		ps, err := pods.List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, keepPolling(err, &lastErr)
+			return false, keepPolling(ctx, err, &lastErr)
 		}
 		claims, err := l.f.Client.CoreV1().PersistentVolumeClaims(l.f.Namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, keepPolling(err, &lastErr)
+			return false, keepPolling(ctx, err, &lastErr)
 		}
 		l.mu.Lock()
 		var pvs []string
