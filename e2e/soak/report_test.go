@@ -182,11 +182,12 @@ func (l *load) writeReport(ctx context.Context, in reportInput) *report {
 		l.mu.Unlock()
 		r.Fault = &f
 	}
+	away := awayWindows(r.Fault, a.Processes)
 	for _, x := range l.lost {
-		r.Lost = append(r.Lost, l.describeFile(x))
+		r.Lost = append(r.Lost, l.describeFile(x, away))
 	}
 	for _, x := range l.extra {
-		r.Extra = append(r.Extra, l.describeFile(x))
+		r.Extra = append(r.Extra, l.describeFile(x, away))
 	}
 
 	if in.writesErr != nil {
@@ -278,15 +279,48 @@ func reportName(fault string) string {
 	return "report-" + fault
 }
 
+// window is a time when the agent, or the API server, was away.
+type window struct {
+	from, to time.Time
+	what     string
+}
+
+// awayWindows are the fault's outages and the gaps between the agent's
+// processes (a kill, a crash, or a redeploy that was no part of the
+// test), so that a lost build can be told apart by when it ended.
+func awayWindows(f *faultRun, procs []procSample) []window {
+	var out []window
+	if f != nil {
+		for _, ev := range f.Events {
+			what := "agent killed"
+			if f.Kind == faultAPIServer {
+				what = "API server away"
+			}
+			out = append(out, window{ev.At, ev.At.Add(ev.Back), what})
+		}
+	}
+	for i := 1; i < len(procs); i++ {
+		out = append(out, window{procs[i-1].LastSeen, procs[i].FirstSeen, fmt.Sprintf("agent pid %d gone, pid %d not yet", procs[i-1].PID, procs[i].PID)})
+	}
+	return out
+}
+
 // describeFile names a cache's file "cache/build" with its build's volume
-// kind and outcome.
-func (l *load) describeFile(cacheFile string) string {
+// kind, outcome, end and, if it fell within 5 s of a window, that window.
+func (l *load) describeFile(cacheFile string, away []window) string {
 	_, name, _ := strings.Cut(cacheFile, "/")
 	b := l.byName[name]
 	if b == nil {
 		return cacheFile + " (no build of the test)"
 	}
-	return fmt.Sprintf("%s (%s, pod ended %s, volume %s)", cacheFile, b.Volume, map[bool]string{true: "failed", false: "succeeded"}[b.ExpectFail], b.EndReason)
+	s := fmt.Sprintf("%s (%s, pod ended %s at %s, volume %s", cacheFile, b.Volume,
+		map[bool]string{true: "failed", false: "succeeded"}[b.ExpectFail], b.Ended.UTC().Format("15:04:05.00"), b.EndReason)
+	for _, w := range away {
+		if b.Ended.After(w.from.Add(-5*time.Second)) && b.Ended.Before(w.to) {
+			s += fmt.Sprintf("; near %s %s–%s", w.what, w.from.UTC().Format("15:04:05.0"), w.to.UTC().Format("15:04:05.0"))
+		}
+	}
+	return s + ")"
 }
 
 func (r *report) markdown() string {
@@ -417,7 +451,7 @@ func (r *report) processMarkdown(w func(string, ...any)) {
 	if len(ps) < 2 {
 		return
 	}
-	w("Node agent processes:")
+	w("Node agent processes (more than the fault's kills + 1 means the agent also restarted on its own or was redeployed):")
 	w("")
 	w("| pid | first seen (UTC) | last seen | peak RSS | CPU during the load | samples |")
 	w("| --- | --- | --- | --- | --- | --- |")
