@@ -306,18 +306,23 @@ func awayWindows(f *faultRun, procs []procSample) []window {
 }
 
 // describeFile names a cache's file "cache/build" with its build's volume
-// kind, outcome, end and, if it fell within 5 s of a window, that window.
+// kind, outcome, end, and the window it fell in, if any. What counts is
+// when the test saw the pod terminal (its status reached the API server;
+// under load seconds after the container's exit) and deleted it: a pod
+// that ends and goes while the agent is away, or cannot watch, is the
+// case the fault exercises.
 func (l *load) describeFile(cacheFile string, away []window) string {
 	_, name, _ := strings.Cut(cacheFile, "/")
 	b := l.byName[name]
 	if b == nil {
 		return cacheFile + " (no build of the test)"
 	}
-	s := fmt.Sprintf("%s (%s, pod ended %s at %s, volume %s", cacheFile, b.Volume,
-		map[bool]string{true: "failed", false: "succeeded"}[b.ExpectFail], b.Ended.UTC().Format("15:04:05.00"), b.EndReason)
+	s := fmt.Sprintf("%s (%s, pod ended %s at %s, seen terminal and deleted at %s, volume %s", cacheFile, b.Volume,
+		map[bool]string{true: "failed", false: "succeeded"}[b.ExpectFail], b.Ended.UTC().Format("15:04:05.00"),
+		b.SeenEnd.UTC().Format("15:04:05.00"), b.EndReason)
 	for _, w := range away {
-		if b.Ended.After(w.from.Add(-5*time.Second)) && b.Ended.Before(w.to) {
-			s += fmt.Sprintf("; near %s %s–%s", w.what, w.from.UTC().Format("15:04:05.0"), w.to.UTC().Format("15:04:05.0"))
+		if !b.SeenEnd.Before(w.from) && b.SeenEnd.Before(w.to.Add(2*time.Second)) {
+			s += fmt.Sprintf("; during %s %s–%s", w.what, w.from.UTC().Format("15:04:05.0"), w.to.UTC().Format("15:04:05.0"))
 		}
 	}
 	return s + ")"
