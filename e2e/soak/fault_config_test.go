@@ -83,3 +83,37 @@ func TestReportName(t *testing.T) {
 		}
 	}
 }
+
+// TestDescribeLostFile checks that a lost file names the outage its pod
+// was seen ending in: a kill's, or a gap between agent processes.
+func TestDescribeLostFile(t *testing.T) {
+	at := time.Date(2026, 11, 26, 14, 0, 0, 0, time.UTC)
+	fault := &faultRun{Kind: faultAgentKill, Events: []faultEvent{{At: at, Back: 10 * time.Second}}}
+	procs := []procSample{
+		{PID: 1, LastSeen: at.Add(-time.Second / 2)},
+		{PID: 2, FirstSeen: at.Add(10 * time.Second), LastSeen: at.Add(time.Minute)},
+		{PID: 3, FirstSeen: at.Add(2 * time.Minute)},
+	}
+	l := &load{byName: map[string]*build{}}
+	for _, tc := range []struct {
+		seen time.Duration
+		want []string
+	}{
+		{-5 * time.Second, nil},
+		{3 * time.Second, []string{"during agent killed 14:00:00.0–14:00:10.0", "during agent pid 1 gone, pid 2 not yet"}},
+		{11 * time.Second, []string{"during agent killed"}},
+		{90 * time.Second, []string{"during agent pid 2 gone, pid 3 not yet 14:01:00.0–14:02:00.0"}},
+	} {
+		b := &build{Name: "b-0001", Volume: "csi", EndReason: "Discarded", Ended: at.Add(tc.seen - time.Second), SeenEnd: at.Add(tc.seen)}
+		l.byName[b.Name] = b
+		got := l.describeFile("c0/b-0001", awayWindows(fault, procs))
+		if tc.want == nil && strings.Contains(got, "during") {
+			t.Errorf("seen at %s: %q names an outage", tc.seen, got)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("seen at %s: %q lacks %q", tc.seen, got, w)
+			}
+		}
+	}
+}
