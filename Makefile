@@ -135,7 +135,7 @@ soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUIL
 # control plane, which would break any test running beside them: they are
 # not in make e2e, whose packages run side by side, and run here alone.
 .PHONY: soak-faults
-soak-faults: up ## the short fault tests, alone on the cluster: the load with the node agent SIGKILLed twice, then with etcd and kube-apiserver down 30 s (about a minute each; _output/soak/short/)
+soak-faults: up ## the short fault tests, alone on the cluster: the load with the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), then with etcd and kube-apiserver stopped, down 10 s (1.5-2.5 min); reports in _output/soak/short/
 	e2e/cluster/run-e2e.sh -tags e2e,faults -run '^TestLoad(AgentKilled|APIServerDown)$$' -v -timeout 60m ./e2e/soak/ 2>&1 | tee _output/soak-faults.log
 
 .PHONY: demo
