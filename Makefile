@@ -114,15 +114,29 @@ e2e-multinode: ## a fresh two-node cluster with the registry, and the scenarios 
 
 # The load test of e2e/soak at full size; its short version (10 at once,
 # 40 builds) runs in make e2e. SOAK_* variables override the sizes.
+# SOAK_FAULTS are the runs, one after the other: the plain load (none),
+# the node agent SIGKILLed SOAK_FAULT_KILLS times mid-load (agent-kill),
+# etcd and kube-apiserver stopped SOAK_FAULT_DOWN mid-load (apiserver).
 SOAK_CONCURRENT ?= 50
 SOAK_BUILDS ?= 500
 SOAK_DURATION ?= 60m
+SOAK_FAULTS ?= none agent-kill apiserver
 
 .PHONY: soak
-soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUILDS=500 more; checks every cache and prints the report (_output/soak/report.md)
-	rm -f "$${SOAK_OUTPUT:-_output/soak}/report.md"; rc=0; SOAK_CONCURRENT=$(SOAK_CONCURRENT) SOAK_BUILDS=$(SOAK_BUILDS) SOAK_DURATION=$(SOAK_DURATION) \
-		e2e/cluster/run-e2e.sh -run '^TestLoad$$' -v -timeout 90m ./e2e/soak/ 2>&1 | tee _output/soak.log || rc=$$?; \
-		echo; cat "$${SOAK_OUTPUT:-_output/soak}/report.md" || echo "no report: see _output/soak.log"; exit $$rc
+soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUILDS=500 more, once per fault of SOAK_FAULTS; checks every cache and prints each report (_output/soak/report*.md)
+	out=$${SOAK_OUTPUT:-_output/soak}; rc=0; for fault in $(SOAK_FAULTS); do \
+		name=report; [[ $$fault == none ]] || name=report-$$fault; rm -f "$$out/$$name.md"; \
+		SOAK_FAULT=$$fault SOAK_CONCURRENT=$(SOAK_CONCURRENT) SOAK_BUILDS=$(SOAK_BUILDS) SOAK_DURATION=$(SOAK_DURATION) \
+			e2e/cluster/run-e2e.sh -run '^TestLoad$$' -v -timeout 90m ./e2e/soak/ 2>&1 | tee _output/soak-$$fault.log || rc=1; \
+		echo; cat "$$out/$$name.md" || echo "no report: see _output/soak-$$fault.log"; \
+	done; exit $$rc
+
+# The short fault tests (build tag faults) kill the node agent or stop the
+# control plane, which would break any test running beside them: they are
+# not in make e2e, whose packages run side by side, and run here alone.
+.PHONY: soak-faults
+soak-faults: up ## the short fault tests, alone on the cluster: the load with the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), then with etcd and kube-apiserver stopped, down 10 s (1.5-2.5 min); reports in _output/soak/short/
+	e2e/cluster/run-e2e.sh -tags e2e,faults -run '^TestLoad(AgentKilled|APIServerDown)$$' -v -timeout 60m ./e2e/soak/ 2>&1 | tee _output/soak-faults.log
 
 .PHONY: demo
 demo: DEPLOY = kubectl

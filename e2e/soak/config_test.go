@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -36,11 +37,33 @@ type config struct {
 	KeepEvery int `json:"keepEvery"`
 	// Output is the directory of report.md and report.json.
 	Output string `json:"output"`
+
+	// Fault injected while phase 2 runs: none, agent-kill or apiserver
+	// (SOAK_FAULT; see fault_test.go).
+	Fault string `json:"fault"`
+	// FaultKills is how many times agent-kill SIGKILLs the node agent.
+	FaultKills int `json:"faultKills,omitempty"`
+	// FaultEvery is the wait before each fault, from phase 2's start or
+	// from the agent's return after the previous kill.
+	FaultEvery time.Duration `json:"faultEvery,omitempty"`
+	// FaultDown is how long apiserver keeps etcd and kube-apiserver
+	// stopped.
+	FaultDown time.Duration `json:"faultDown,omitempty"`
 }
+
+// Faults the load can run under.
+const (
+	faultNone      = "none"
+	faultAgentKill = "agent-kill"
+	faultAPIServer = "apiserver"
+)
+
+var faults = []string{faultNone, faultAgentKill, faultAPIServer}
 
 func loadConfig() (config, error) {
 	c := config{Concurrent: 10, Builds: 40, Caches: 5, FailPercent: 10, Volume: "both",
-		Duration: 3 * time.Minute, Seed: time.Now().UnixNano(), FileBytes: 64 << 10, KeepEvery: 10}
+		Duration: 3 * time.Minute, Seed: time.Now().UnixNano(), FileBytes: 64 << 10, KeepEvery: 10,
+		Fault: faultNone, FaultKills: 3, FaultEvery: 20 * time.Second, FaultDown: 30 * time.Second}
 	ints := []struct {
 		env string
 		p   *int
@@ -52,6 +75,7 @@ func loadConfig() (config, error) {
 		{"SOAK_FAIL_PERCENT", &c.FailPercent, 0},
 		{"SOAK_FILE_BYTES", &c.FileBytes, 1},
 		{"SOAK_KEEP_EVERY", &c.KeepEvery, 1},
+		{"SOAK_FAULT_KILLS", &c.FaultKills, 1},
 	}
 	for _, i := range ints {
 		s := os.Getenv(i.env)
@@ -73,12 +97,30 @@ func loadConfig() (config, error) {
 		}
 		c.Volume = s
 	}
-	if s := os.Getenv("SOAK_DURATION"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 {
-			return c, fmt.Errorf("SOAK_DURATION=%q: want a positive duration such as 30m", s)
+	durations := []struct {
+		env string
+		p   *time.Duration
+	}{
+		{"SOAK_DURATION", &c.Duration},
+		{"SOAK_FAULT_EVERY", &c.FaultEvery},
+		{"SOAK_FAULT_DOWN", &c.FaultDown},
+	}
+	for _, d := range durations {
+		s := os.Getenv(d.env)
+		if s == "" {
+			continue
 		}
-		c.Duration = d
+		v, err := time.ParseDuration(s)
+		if err != nil || v <= 0 {
+			return c, fmt.Errorf("%s=%q: want a positive duration such as 30s", d.env, s)
+		}
+		*d.p = v
+	}
+	if s := os.Getenv("SOAK_FAULT"); s != "" {
+		if !slices.Contains(faults, s) {
+			return c, fmt.Errorf("SOAK_FAULT=%q: want one of %v", s, faults)
+		}
+		c.Fault = s
 	}
 	if s := os.Getenv("SOAK_SEED"); s != "" {
 		v, err := strconv.ParseInt(s, 10, 64)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -191,18 +192,112 @@ func duBytes(ctx context.Context, c *framework.Cluster, n framework.Node, paths 
 	return strconv.ParseInt(f[0], 10, 64)
 }
 
-// sampler polls the node agent's RSS and the caches' depth while the
-// load runs.
-type sampler struct {
-	mu         sync.Mutex
-	PeakRSS    int64
-	Samples    int
-	PeakLayers int
-	PeakCache  string
-	RSSError   string
+// procSample is what the sampler saw of one node agent process. The
+// agent gets a new process each time it restarts (the agent-kill fault),
+// so the figures are kept per process.
+type procSample struct {
+	PID       int       `json:"pid"`
+	FirstSeen time.Time `json:"firstSeen"`
+	LastSeen  time.Time `json:"lastSeen"`
+	PeakRSS   int64     `json:"peakRSSBytes"`
+	LastRSS   int64     `json:"lastRSSBytes"`
+	// CPUFirst is its utime+stime when the load began, 0 for a process
+	// started during the load (all its CPU is the load's); CPULast is the
+	// last reading, up to one sampling period before a killed process
+	// died.
+	CPUFirst float64 `json:"cpuFirst"`
+	CPULast  float64 `json:"cpuLast"`
+	Samples  int     `json:"samples"`
 }
 
-func (s *sampler) run(ctx context.Context, agent agentProc, c *framework.Cluster, n framework.Node, namespace string, caches []string) {
+// sampler polls the node agent's RSS and CPU and the caches' depth while
+// the load runs. It follows the agent across restarts: when its process
+// is gone it looks for the node's agent again on each tick.
+type sampler struct {
+	mu         sync.Mutex
+	node       string
+	cur        int // pid followed, 0 while the agent is away
+	procs      []*procSample
+	Samples    int
+	Gaps       int // ticks with no agent process
+	PeakLayers int
+	PeakCache  string
+}
+
+// start records the agent at the load's start: its CPU so far is not
+// the load's.
+func (s *sampler) start(node string, agent agentProc) error {
+	cpu, err := cpuSeconds(agent.PID)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.node = node
+	s.cur = agent.PID
+	now := time.Now()
+	s.procs = append(s.procs, &procSample{PID: agent.PID, FirstSeen: now, LastSeen: now, CPUFirst: cpu, CPULast: cpu})
+	return nil
+}
+
+// sample reads the followed process, or finds the agent's new one.
+func (s *sampler) sample() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.node == "" {
+		return
+	}
+	if s.cur != 0 && s.read(s.cur) {
+		return
+	}
+	s.cur = 0
+	a, err := findAgent(s.node)
+	if err != nil {
+		s.Gaps++
+		return
+	}
+	if !slices.ContainsFunc(s.procs, func(p *procSample) bool { return p.PID == a.PID }) {
+		s.procs = append(s.procs, &procSample{PID: a.PID, FirstSeen: time.Now()})
+	}
+	if s.read(a.PID) {
+		s.cur = a.PID
+	} else {
+		s.Gaps++
+	}
+}
+
+// read samples pid; false if it is gone. Called with mu held.
+func (s *sampler) read(pid int) bool {
+	rss, err1 := rssBytes(pid)
+	cpu, err2 := cpuSeconds(pid)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	for _, p := range s.procs {
+		if p.PID == pid {
+			p.PeakRSS, p.LastRSS, p.CPULast = max(p.PeakRSS, rss), rss, cpu
+			p.LastSeen = time.Now()
+			p.Samples++
+		}
+	}
+	s.Samples++
+	return true
+}
+
+// totals: the peak RSS of any agent process, and the CPU of all of them
+// summed over the load.
+func (s *sampler) totals() (peakRSS int64, cpu float64, procs []procSample) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.procs {
+		peakRSS = max(peakRSS, p.PeakRSS)
+		cpu += p.CPULast - p.CPUFirst
+		procs = append(procs, *p)
+	}
+	return peakRSS, cpu, procs
+}
+
+func (s *sampler) run(ctx context.Context, c *framework.Cluster, n framework.Node, namespace string, caches []string) {
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for i := 0; ; i++ {
@@ -211,16 +306,7 @@ func (s *sampler) run(ctx context.Context, agent agentProc, c *framework.Cluster
 			return
 		case <-tick.C:
 		}
-		rss, err := rssBytes(agent.PID)
-		s.mu.Lock()
-		if err != nil && s.RSSError == "" {
-			s.RSSError = fmt.Sprintf("reading the RSS of pid %d: %v (did the agent restart?)", agent.PID, err)
-		}
-		if err == nil {
-			s.PeakRSS = max(s.PeakRSS, rss)
-			s.Samples++
-		}
-		s.mu.Unlock()
+		s.sample()
 		if i%2 != 0 {
 			continue
 		}

@@ -39,7 +39,8 @@ const (
 	volumeName = "cache"
 	mountPath  = "/cache"
 	// endTimeout bounds the wait for every volume's end once its pod
-	// ended, and for claims, PVs and pods to go at the end.
+	// ended, and for claims, PVs and pods to go at the end, with no
+	// fault (load.endTimeout).
 	endTimeout = 2 * time.Minute
 	// layerSlack is how far above the agent's --max-layers a cache may
 	// be seen while few builds run: squash runs in the background after
@@ -107,14 +108,24 @@ func TestLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("load: %d concurrent, %d churn builds, %d caches, %d%% failing, volumes %s, bound %s, seed %d (SOAK_SEED=%d repeats the outcomes)",
-		cfg.Concurrent, cfg.Builds, cfg.Caches, cfg.FailPercent, cfg.Volume, cfg.Duration, cfg.Seed, cfg.Seed)
+	runLoad(t, cfg)
+}
+
+// runLoad runs the load of cfg, under cfg.Fault, with every check, and
+// writes its report.
+func runLoad(t *testing.T, cfg config) {
+	t.Logf("load: %d concurrent, %d churn builds, %d caches, %d%% failing, volumes %s, bound %s, fault %s, seed %d (SOAK_SEED=%d repeats the outcomes)",
+		cfg.Concurrent, cfg.Builds, cfg.Caches, cfg.FailPercent, cfg.Volume, cfg.Duration, cfg.Fault, cfg.Seed, cfg.Seed)
 	f := framework.New(t)
 	node := f.Cluster.Nodes[0]
-	ctx, cancel := context.WithTimeout(t.Context(), cfg.Duration+4*endTimeout+5*time.Minute)
+	l := &load{t: t, f: f, cfg: cfg, node: node, pvByClaim: map[string]string{}, pvDeleted: map[string]bool{},
+		phase2: make(chan struct{}), loadDone: make(chan struct{})}
+	if cfg.Fault != faultNone {
+		l.requireHost()
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), cfg.Duration+4*l.endTimeout()+5*time.Minute+l.faultBudget())
 	defer cancel()
 
-	l := &load{t: t, f: f, cfg: cfg, node: node, pvByClaim: map[string]string{}, pvDeleted: map[string]bool{}}
 	l.plan()
 	l.watchPVs(ctx)
 	ends := l.watchPods(ctx)
@@ -125,27 +136,33 @@ func TestLoad(t *testing.T) {
 	}
 	l.clock = clock
 	agent, agentErr := findAgent(node.Name)
-	var cpuBefore float64
+	if agentErr == nil {
+		agentErr = l.samples.start(node.Name, agent)
+	}
+	if agentErr != nil && cfg.Fault == faultAgentKill {
+		t.Fatalf("SOAK_FAULT=%s: %v", cfg.Fault, agentErr)
+	}
 	samplerCtx, stopSampler := context.WithCancel(ctx)
 	defer stopSampler()
 	if agentErr == nil {
-		if cpuBefore, err = cpuSeconds(agent.PID); err != nil {
-			agentErr = err
-		} else {
-			go l.samples.run(samplerCtx, agent, f.Cluster, node, f.Namespace, l.caches)
-		}
-	}
-	if agentErr != nil {
+		go l.samples.run(samplerCtx, f.Cluster, node, f.Namespace, l.caches)
+	} else {
 		t.Logf("node agent process: %v; its memory and CPU are not reported", agentErr)
 	}
 	writesBefore, writesErr := l.scrapeWrites(ctx)
 
+	l.startFault(ctx)
 	start := time.Now()
 	l.run(ctx, ends)
+	close(l.loadDone)
 	loadTime := time.Since(start)
+	// The fault's injection (the agent's last return, the control plane's
+	// restart) must be over before the ends are counted, and before the
+	// test can end.
+	l.waitFault()
 	if t.Failed() {
 		stopSampler()
-		l.writeReport(ctx, reportInput{loadTime: loadTime})
+		l.writeReport(ctx, reportInput{loadTime: loadTime, agentErr: agentErr})
 		t.FailNow()
 	}
 	l.collectEnds(ctx)
@@ -154,11 +171,9 @@ func TestLoad(t *testing.T) {
 	totalTime := time.Since(start)
 
 	stopSampler()
-	in := reportInput{loadTime: loadTime, totalTime: totalTime, agent: agent, agentErr: agentErr, cpuBefore: cpuBefore}
-	if agentErr == nil {
-		in.rssEnd, in.rssErr = rssBytes(agent.PID)
-		in.cpuAfter, in.cpuErr = cpuSeconds(agent.PID)
-	}
+	// One last reading: the agent that runs now.
+	l.samples.sample()
+	in := reportInput{loadTime: loadTime, totalTime: totalTime, agent: agent, agentErr: agentErr}
 	if writesErr == nil {
 		time.Sleep(time.Second)
 		after, err := l.scrapeWrites(ctx)
@@ -173,6 +188,28 @@ func TestLoad(t *testing.T) {
 	if rep.Agent.PeakRSSBytes >= maxRSS {
 		t.Errorf("the node agent's RSS peaked at %s, over the loose bound of %s", mib(rep.Agent.PeakRSSBytes), mib(maxRSS))
 	}
+}
+
+// endTimeout bounds the wait for every volume's end once its pod ended,
+// and for claims, PVs and pods to go at the end. Under a fault the
+// kubelet's retries of the mounts and unmounts the agent missed back off
+// up to about 2 minutes, so the bound grows by that much.
+func (l *load) endTimeout() time.Duration {
+	if l.cfg.Fault == faultNone {
+		return endTimeout
+	}
+	return endTimeout + 3*time.Minute
+}
+
+// faultBudget is the most the fault's injection may take.
+func (l *load) faultBudget() time.Duration {
+	switch l.cfg.Fault {
+	case faultAgentKill:
+		return time.Duration(l.cfg.FaultKills) * (l.cfg.FaultEvery + agentBackBound + agentReadyBound)
+	case faultAPIServer:
+		return l.cfg.FaultEvery + l.cfg.FaultDown + time.Minute + controlPlaneBound + transientBound
+	}
+	return 0
 }
 
 type load struct {
@@ -190,6 +227,13 @@ type load struct {
 	pvDeleted map[string]bool
 
 	samples sampler
+	// phase2 closes when phase 2 starts, loadDone when both phases are
+	// over (or given up): the fault is injected between them.
+	phase2, loadDone chan struct{}
+	fault            *faultRun
+	// lost and extra are the files the caches lacked or held beyond
+	// their succeeded builds' (checkCaches), as "cache/file".
+	lost, extra []string
 	// stragglers are pods that did not end within the bound.
 	stragglers []string
 	ends       map[string]corev1.Event // by build name
@@ -363,7 +407,16 @@ func (l *load) run(ctx context.Context, ends <-chan endNote) {
 	running := map[string]bool{}
 	launch := func(b *build) bool {
 		b.Created = time.Now()
-		if _, err := l.f.CreatePod(loadCtx, l.pod(b)); err != nil {
+		tries := 0
+		err := retryTransient(loadCtx, func(ctx context.Context) error {
+			tries++
+			_, err := l.f.CreatePod(ctx, l.pod(b))
+			if tries > 1 && apierrors.IsAlreadyExists(err) {
+				return nil // an earlier try was created before its answer was lost
+			}
+			return err
+		})
+		if err != nil {
 			l.t.Errorf("build %d: %v", b.Index, err)
 			return false
 		}
@@ -404,6 +457,7 @@ func (l *load) run(ctx context.Context, ends <-chan endNote) {
 	l.t.Logf("phase 1: %d pods at once ended in %s", c, time.Since(t1).Round(time.Millisecond))
 
 	t2 := time.Now()
+	close(l.phase2)
 	churn := l.builds[c:]
 	next := 0
 	for ; next < min(c, len(churn)); next++ {
@@ -453,7 +507,12 @@ func (l *load) finish(ctx context.Context, n endNote) {
 	if n.phase != want {
 		l.t.Errorf("pod %s ended %s (exit %s), want %s", b.Name, n.phase, n.exit, want)
 	}
-	logs, err := l.f.PodLogs(ctx, b.Name, "main")
+	var logs string
+	err := retryTransient(ctx, func(ctx context.Context) error {
+		var err error
+		logs, err = l.f.PodLogs(ctx, b.Name, "main")
+		return err
+	})
 	if err != nil {
 		l.t.Errorf("pod %s: %v", b.Name, err)
 	}
@@ -475,7 +534,9 @@ func (l *load) finish(ctx context.Context, n endNote) {
 	if b.Kept {
 		return
 	}
-	err = l.f.Client.CoreV1().Pods(l.f.Namespace).Delete(ctx, b.Name, metav1.DeleteOptions{})
+	err = retryTransient(ctx, func(ctx context.Context) error {
+		return l.f.Client.CoreV1().Pods(l.f.Namespace).Delete(ctx, b.Name, metav1.DeleteOptions{})
+	})
 	if err != nil && !apierrors.IsNotFound(err) {
 		l.t.Errorf("deleting pod %s: %v", b.Name, err)
 	}
@@ -491,16 +552,17 @@ var endReasons = []string{"Committed", "Discarded", "CommitDropped", "CommitOver
 func (l *load) collectEnds(ctx context.Context) {
 	var missing []string
 	byBuild := map[string][]corev1.Event{}
-	err := wait.PollUntilContextTimeout(ctx, time.Second, endTimeout, true, func(ctx context.Context) (bool, error) {
+	var lastErr error
+	err := wait.PollUntilContextTimeout(ctx, time.Second, l.endTimeout(), true, func(ctx context.Context) (bool, error) {
 		nsEvents, err := l.f.Client.CoreV1().Events(l.f.Namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, err
+			return false, keepPolling(ctx, err, &lastErr)
 		}
 		pvEvents, err := l.f.Client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
 			FieldSelector: fields.OneTermEqualSelector("involvedObject.kind", "PersistentVolume").String(),
 		})
 		if err != nil {
-			return false, err
+			return false, keepPolling(ctx, err, &lastErr)
 		}
 		l.mu.Lock()
 		claimOfPV := map[string]string{}
@@ -535,7 +597,7 @@ func (l *load) collectEnds(ctx context.Context) {
 		return len(missing) == 0, nil
 	})
 	if err != nil {
-		l.t.Errorf("%d volumes did not end within %s: %v: %v", len(missing), endTimeout, err, missing)
+		l.t.Errorf("%d volumes did not end within %s: %v (last API error: %v): %v", len(missing), l.endTimeout(), err, lastErr, missing)
 	}
 	l.ends = map[string]corev1.Event{}
 	for _, b := range l.builds {
@@ -620,6 +682,12 @@ func (l *load) checkCaches(ctx context.Context, agent agentProc) {
 		slices.Sort(gotLines)
 		w := slices.Sorted(slices.Values(want[c]))
 		if !slices.Equal(gotLines, w) {
+			for _, x := range minus(w, gotLines) {
+				l.lost = append(l.lost, c+"/"+strings.Fields(x)[0])
+			}
+			for _, x := range minus(gotLines, w) {
+				l.extra = append(l.extra, c+"/"+strings.Fields(x)[0])
+			}
 			l.t.Errorf("cache %s holds %d files, want the %d of its succeeded builds:\nlost:  %v\nextra: %v",
 				c, len(gotLines), len(w), minus(w, gotLines), minus(gotLines, w))
 		}
@@ -667,18 +735,22 @@ func minus(a, b []string) []string {
 // volumes is left in the node's store.
 func (l *load) cleanUp(ctx context.Context) {
 	pods := l.f.Client.CoreV1().Pods(l.f.Namespace)
-	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+	err := retryTransient(ctx, func(ctx context.Context) error {
+		return pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+	})
+	if err != nil {
 		l.t.Fatalf("deleting the kept pods: %v", err)
 	}
 	var state string
-	err := wait.PollUntilContextTimeout(ctx, time.Second, endTimeout, true, func(ctx context.Context) (bool, error) {
+	var lastErr error
+	err = wait.PollUntilContextTimeout(ctx, time.Second, l.endTimeout(), true, func(ctx context.Context) (bool, error) {
 		ps, err := pods.List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, err
+			return false, keepPolling(ctx, err, &lastErr)
 		}
 		claims, err := l.f.Client.CoreV1().PersistentVolumeClaims(l.f.Namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, err
+			return false, keepPolling(ctx, err, &lastErr)
 		}
 		l.mu.Lock()
 		var pvs []string
@@ -696,7 +768,7 @@ func (l *load) cleanUp(ctx context.Context) {
 		return len(ps.Items) == 0 && len(cs) == 0 && len(pvs) == 0, nil
 	})
 	if err != nil {
-		l.t.Errorf("pods, claims or PVs left stuck %s after the last pod was deleted: %s", endTimeout, state)
+		l.t.Errorf("pods, claims or PVs left stuck %s after the last pod was deleted: %s (last API error: %v)", l.endTimeout(), state, lastErr)
 	}
 	// Every volume of the namespace's caches must have left the store:
 	// volume.json names its cache, whether or not its end was told.

@@ -21,10 +21,6 @@ type reportInput struct {
 	loadTime, totalTime time.Duration
 	agent               agentProc
 	agentErr            error
-	cpuBefore, cpuAfter float64
-	cpuErr              error
-	rssEnd              int64
-	rssErr              error
 	writes              map[string]map[string]float64
 	writesErr           error
 }
@@ -71,17 +67,28 @@ type report struct {
 	End map[string]latency `json:"endedToVolumeEnded"`
 
 	Agent struct {
-		PID             int     `json:"pid,omitempty"`
-		MaxLayers       int     `json:"maxLayers,omitempty"`
-		PeakRSSBytes    int64   `json:"peakRSSBytes"`
-		EndRSSBytes     int64   `json:"endRSSBytes"`
-		RSSSamples      int     `json:"rssSamples"`
-		CPUSeconds      float64 `json:"cpuSeconds"`
-		CPUPerBuild     float64 `json:"cpuSecondsPerBuild"`
-		Unavailable     string  `json:"unavailable,omitempty"`
-		PeakLayers      int     `json:"peakLayers"`
-		PeakLayersCache string  `json:"peakLayersCache,omitempty"`
+		PID          int   `json:"pid,omitempty"` // at the start
+		MaxLayers    int   `json:"maxLayers,omitempty"`
+		PeakRSSBytes int64 `json:"peakRSSBytes"` // of any of its processes
+		EndRSSBytes  int64 `json:"endRSSBytes"`  // of the last process, at its last sample
+		RSSSamples   int   `json:"rssSamples"`
+		// Gaps are samples that found no agent process (it was killed
+		// and not yet back).
+		Gaps int `json:"gaps"`
+		// CPUSeconds is summed over its processes (procSample).
+		CPUSeconds      float64      `json:"cpuSeconds"`
+		CPUPerBuild     float64      `json:"cpuSecondsPerBuild"`
+		Processes       []procSample `json:"processes"`
+		Unavailable     string       `json:"unavailable,omitempty"`
+		PeakLayers      int          `json:"peakLayers"`
+		PeakLayersCache string       `json:"peakLayersCache,omitempty"`
 	} `json:"nodeAgent"`
+
+	Fault *faultRun `json:"fault,omitempty"`
+	// Lost and Extra are the files a cache lacked or held beyond its
+	// succeeded builds', as "cache/build (volume kind)".
+	Lost  []string `json:"lost"`
+	Extra []string `json:"extra"`
 
 	Writes            map[string]map[string]float64 `json:"writes,omitempty"`
 	WritesPerBuild    map[string]float64            `json:"writesPerBuild,omitempty"`
@@ -147,10 +154,10 @@ func (l *load) writeReport(ctx context.Context, in reportInput) *report {
 	}
 
 	a := &r.Agent
+	a.PeakRSSBytes, a.CPUSeconds, a.Processes = l.samples.totals()
 	l.samples.mu.Lock()
-	a.PeakRSSBytes, a.RSSSamples = l.samples.PeakRSS, l.samples.Samples
+	a.RSSSamples, a.Gaps = l.samples.Samples, l.samples.Gaps
 	a.PeakLayers, a.PeakLayersCache = l.samples.PeakLayers, l.samples.PeakCache
-	rssErr := l.samples.RSSError
 	l.samples.mu.Unlock()
 	if in.agentErr == nil {
 		a.PID, a.MaxLayers = in.agent.PID, in.agent.MaxLays
@@ -158,17 +165,29 @@ func (l *load) writeReport(ctx context.Context, in reportInput) *report {
 	switch {
 	case in.agentErr != nil:
 		a.Unavailable = in.agentErr.Error()
-	case rssErr != "":
-		a.Unavailable = rssErr
-	case in.rssErr != nil || in.cpuErr != nil:
-		a.Unavailable = fmt.Sprintf("at the end: %v %v", in.rssErr, in.cpuErr)
+	case a.RSSSamples == 0:
+		a.Unavailable = "no sample of the agent's process"
 	default:
-		a.EndRSSBytes = in.rssEnd
-		a.PeakRSSBytes = max(a.PeakRSSBytes, in.rssEnd)
-		a.CPUSeconds = in.cpuAfter - in.cpuBefore
+		if n := len(a.Processes); n > 0 {
+			a.EndRSSBytes = a.Processes[n-1].LastRSS
+		}
 		if r.Completed > 0 {
 			a.CPUPerBuild = a.CPUSeconds / float64(r.Completed)
 		}
+	}
+	if l.fault != nil {
+		l.mu.Lock()
+		f := *l.fault
+		f.Events = slices.Clone(f.Events)
+		l.mu.Unlock()
+		r.Fault = &f
+	}
+	away := awayWindows(r.Fault, a.Processes)
+	for _, x := range l.lost {
+		r.Lost = append(r.Lost, l.describeFile(x, away))
+	}
+	for _, x := range l.extra {
+		r.Extra = append(r.Extra, l.describeFile(x, away))
 	}
 
 	if in.writesErr != nil {
@@ -240,13 +259,73 @@ func (l *load) writeReport(ctx context.Context, in reportInput) *report {
 		l.t.Errorf("report: %v", err)
 		return r
 	}
-	for name, b := range map[string][]byte{"report.md": []byte(md), "report.json": append(j, '\n')} {
+	base := reportName(l.cfg.Fault)
+	for name, b := range map[string][]byte{base + ".md": []byte(md), base + ".json": append(j, '\n')} {
 		if err := os.WriteFile(filepath.Join(l.cfg.Output, name), b, 0o644); err != nil {
 			l.t.Errorf("report: %v", err)
 		}
 	}
 	l.t.Logf("report written to %s", l.cfg.Output)
 	return r
+}
+
+// reportName is the base name of a run's report files: report for the
+// plain load, report-FAULT under a fault, so that make soak's runs keep
+// a report each.
+func reportName(fault string) string {
+	if fault == faultNone || fault == "" {
+		return "report"
+	}
+	return "report-" + fault
+}
+
+// window is a time when the agent, or the API server, was away.
+type window struct {
+	from, to time.Time
+	what     string
+}
+
+// awayWindows are the fault's outages and the gaps between the agent's
+// processes (a kill, a crash, or a redeploy that was no part of the
+// test), so that a lost build can be told apart by when it ended.
+func awayWindows(f *faultRun, procs []procSample) []window {
+	var out []window
+	if f != nil {
+		for _, ev := range f.Events {
+			what := "agent killed"
+			if f.Kind == faultAPIServer {
+				what = "API server away"
+			}
+			out = append(out, window{ev.At, ev.At.Add(ev.Back), what})
+		}
+	}
+	for i := 1; i < len(procs); i++ {
+		out = append(out, window{procs[i-1].LastSeen, procs[i].FirstSeen, fmt.Sprintf("agent pid %d gone, pid %d not yet", procs[i-1].PID, procs[i].PID)})
+	}
+	return out
+}
+
+// describeFile names a cache's file "cache/build" with its build's volume
+// kind, outcome, end, and the window it fell in, if any. What counts is
+// when the test saw the pod terminal (its status reached the API server;
+// under load seconds after the container's exit) and deleted it: a pod
+// that ends and goes while the agent is away, or cannot watch, is the
+// case the fault exercises.
+func (l *load) describeFile(cacheFile string, away []window) string {
+	_, name, _ := strings.Cut(cacheFile, "/")
+	b := l.byName[name]
+	if b == nil {
+		return cacheFile + " (no build of the test)"
+	}
+	s := fmt.Sprintf("%s (%s, pod ended %s at %s, seen terminal and deleted at %s, volume %s", cacheFile, b.Volume,
+		map[bool]string{true: "failed", false: "succeeded"}[b.ExpectFail], b.Ended.UTC().Format("15:04:05.00"),
+		b.SeenEnd.UTC().Format("15:04:05.00"), b.EndReason)
+	for _, w := range away {
+		if !b.SeenEnd.Before(w.from) && b.SeenEnd.Before(w.to.Add(2*time.Second)) {
+			s += fmt.Sprintf("; during %s %s–%s", w.what, w.from.UTC().Format("15:04:05.0"), w.to.UTC().Format("15:04:05.0"))
+		}
+	}
+	return s + ")"
 }
 
 func (r *report) markdown() string {
@@ -257,7 +336,11 @@ func (r *report) markdown() string {
 	if !r.Passed {
 		verdict = "**FAILED** (figures below are partial)"
 	}
-	w("# Load on one node (`TestLoad`)")
+	fault := "none"
+	if r.Fault != nil {
+		fault = r.Fault.Kind
+	}
+	w("# Load on one node (`TestLoad`), fault: %s", fault)
 	w("")
 	w("%s, %s. %d concurrent, then %d churn builds at most %d at once, over %d caches; %d%% decided to fail; volumes: %s; %d-byte file per build; every %d-th pod kept, the others deleted at their end; seed %d; node %s, namespace %s.",
 		time.Now().UTC().Format(time.RFC3339), verdict, c.Concurrent, c.Builds, c.Concurrent, c.Caches, c.FailPercent, c.Volume, c.FileBytes, c.KeepEvery, c.Seed, r.Node, r.Namespace)
@@ -285,8 +368,8 @@ func (r *report) markdown() string {
 	if a.Unavailable != "" {
 		w("| node agent RSS, CPU | unavailable: %s | ≤ 256 MiB at 50 concurrent volumes |", a.Unavailable)
 	} else {
-		w("| node agent RSS | peak %s, at end %s (%d samples, every 0.5 s) | ≤ 256 MiB at 50 concurrent volumes (this run: %d); asserted < 1 GiB |", mib(a.PeakRSSBytes), mib(a.EndRSSBytes), a.RSSSamples, c.Concurrent)
-		w("| node agent CPU | %.1f s in all, %.3f s per build | |", a.CPUSeconds, a.CPUPerBuild)
+		w("| node agent RSS | peak %s, at end %s (%d samples, every 0.5 s; %d process(es), %d samples found none) | ≤ 256 MiB at 50 concurrent volumes (this run: %d); asserted < 1 GiB |", mib(a.PeakRSSBytes), mib(a.EndRSSBytes), a.RSSSamples, len(a.Processes), a.Gaps, c.Concurrent)
+		w("| node agent CPU | %.1f s in all (summed over its processes), %.3f s per build | |", a.CPUSeconds, a.CPUPerBuild)
 	}
 	var depths []string
 	for _, k := range slices.Sorted(maps.Keys(r.EndLayers)) {
@@ -313,10 +396,72 @@ func (r *report) markdown() string {
 	}
 	w("Events by reason: %s.", strings.Join(reasons, ", "))
 	w("")
-	w("How: start is the test's clock before the create call to the container's first `/proc/uptime` (10 ms resolution; containers share the host's boot clock). End is the build's last `/proc/uptime`, just before it exits, to the eventTime (microseconds) of the node agent's Committed or Discarded Event. API writes are the POST, PUT, PATCH and DELETE of `rest_client_requests_total` of the node's agent and all manager replicas, read through the pod proxy before phase 1 and after clean-up: on a shared cluster they include other tests' builds and the manager's lease renewals, so they are an upper bound. Node agent RSS is VmRSS and CPU utime+stime of its process, read from the host's /proc; they include whatever else the agent served meanwhile. Disk use is `du` of the caches' layers (allocated blocks) against the bytes the succeeded builds wrote; the whole store is shared with other tests.")
+	w("Cache contents against the succeeded builds: %d lost, %d extra.", len(r.Lost), len(r.Extra))
+	for _, x := range r.Lost {
+		w("- lost: %s", x)
+	}
+	for _, x := range r.Extra {
+		w("- extra: %s", x)
+	}
+	w("")
+	r.faultMarkdown(w)
+	r.processMarkdown(w)
+	w("How: start is the test's clock before the create call to the container's first `/proc/uptime` (10 ms resolution; containers share the host's boot clock). End is the build's last `/proc/uptime`, just before it exits, to the eventTime (microseconds) of the node agent's Committed or Discarded Event. API writes are the POST, PUT, PATCH and DELETE of `rest_client_requests_total` of the node's agent and all manager replicas, read through the pod proxy before phase 1 and after clean-up: on a shared cluster they include other tests' builds and the manager's lease renewals, so they are an upper bound. Node agent RSS is VmRSS and CPU utime+stime of its process, read from the host's /proc every 0.5 s, per process: a restarted agent is a new process, found again by its command line; the peak RSS is the highest of any process, the CPU the sum over them (a killed process's CPU up to its last sample; a process started during the load counts whole). They include whatever else the agent served meanwhile. Disk use is `du` of the caches' layers (allocated blocks) against the bytes the succeeded builds wrote; the whole store is shared with other tests.")
 	if r.StoreDiskError != "" {
 		w("")
 		w("Disk use errors: %s", r.StoreDiskError)
 	}
 	return s.String()
+}
+
+// faultMarkdown writes the fault's injections.
+func (r *report) faultMarkdown(w func(string, ...any)) {
+	f := r.Fault
+	if f == nil || f.Kind == faultNone {
+		return
+	}
+	c := r.Config
+	switch f.Kind {
+	case faultAgentKill:
+		w("## Fault: agent-kill")
+		w("")
+		w("The node agent's process SIGKILLed %d time(s) of %d asked, each %s after phase 2's start or the agent's return; the kubelet restarts it after its CrashLoopBackOff delay.", len(f.Events), c.FaultKills, c.FaultEvery)
+		w("")
+		w("| # | killed at (UTC) | during phase 2 | pid | new pid | new process after | pod Ready after | error |")
+		w("| --- | --- | --- | --- | --- | --- | --- | --- |")
+		for i, ev := range f.Events {
+			w("| %d | %s | %v | %d | %d | %.1f s | %.1f s | %s |", i+1, ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.OldPID, ev.NewPID, ev.Back.Seconds(), ev.Ready.Seconds(), ev.Error)
+		}
+	case faultAPIServer:
+		w("## Fault: apiserver")
+		w("")
+		w("etcd and kube-apiserver stopped (TERM) %s after phase 2's start, kept down %s, started again with their recorded command lines (`e2e/cluster/control-plane.sh`).", c.FaultEvery, c.FaultDown)
+		w("")
+		w("| stopped at (UTC) | during phase 2 | stopping took | /readyz again after | error |")
+		w("| --- | --- | --- | --- | --- |")
+		for _, ev := range f.Events {
+			w("| %s | %v | %.1f s | %.1f s | %s |", ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.Stopping.Seconds(), ev.Back.Seconds(), ev.Error)
+		}
+	}
+	if f.Note != "" {
+		w("")
+		w("Note: %s.", f.Note)
+	}
+	w("")
+}
+
+// processMarkdown lists the agent's processes when there were several.
+func (r *report) processMarkdown(w func(string, ...any)) {
+	ps := r.Agent.Processes
+	if len(ps) < 2 {
+		return
+	}
+	w("Node agent processes (more than the fault's kills + 1 means the agent also restarted on its own or was redeployed):")
+	w("")
+	w("| pid | first seen (UTC) | last seen | peak RSS | CPU during the load | samples |")
+	w("| --- | --- | --- | --- | --- | --- |")
+	for _, p := range ps {
+		w("| %d | %s | %s | %s | %.1f s | %d |", p.PID, p.FirstSeen.UTC().Format("15:04:05.0"), p.LastSeen.UTC().Format("15:04:05.0"), mib(p.PeakRSS), p.CPULast-p.CPUFirst, p.Samples)
+	}
+	w("")
 }

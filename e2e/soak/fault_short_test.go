@@ -1,0 +1,55 @@
+//go:build e2e && faults
+
+package soak
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// The short fault tests disturb the whole node (the agent is killed) or
+// the whole cluster (the control plane is stopped): they must run alone,
+// never beside another test or package. Hence the build tag faults, which
+// `go test -tags e2e ./e2e/...` (make e2e, whose packages run side by
+// side) leaves out; `make soak-faults` runs them one after the other on
+// an otherwise idle cluster. Neither is t.Parallel.
+
+// TestLoadAgentKilled is the short load with the node agent SIGKILLed
+// twice during phase 2: every build still ends as decided, committed or
+// discarded exactly once, and nothing is left.
+func TestLoadAgentKilled(t *testing.T) {
+	runLoad(t, shortFault(t, faultAgentKill))
+}
+
+// TestLoadAPIServerDown is the short load with etcd and kube-apiserver
+// stopped for 10 s during phase 2, with the same checks. The outage is
+// shorter than make soak's (SOAK_FAULT_DOWN, 30 s) because the rest of
+// the run is already long: the API server takes about 20 s to stop, and
+// after its return the manager (which exits without the API server)
+// comes back through its CrashLoopBackOff and the kubelet retries what
+// it missed.
+func TestLoadAPIServerDown(t *testing.T) {
+	cfg := shortFault(t, faultAPIServer)
+	cfg.FaultDown = 10 * time.Second
+	runLoad(t, cfg)
+}
+
+// shortFault is the short load's config (SOAK_* still apply: seed,
+// sizes, output) under fault, with the first injection 5 s into phase 2
+// so that it lands while the builds run, and two kills (the first
+// restart is immediate, the second waits out a 10 s CrashLoopBackOff). Its report goes
+// to SOAK_OUTPUT/short, apart from make soak's.
+func shortFault(t *testing.T, fault string) config {
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Fault, cfg.FaultKills, cfg.FaultEvery = fault, 2, 5*time.Second
+	// The bound of phases 1 and 2, not their expected time (about a
+	// minute): the agent's CrashLoopBackOff and the kubelet's mount
+	// retries can stretch them.
+	cfg.Duration = max(cfg.Duration, 10*time.Minute)
+	cfg.Output = filepath.Join(cfg.Output, "short")
+	return cfg
+}

@@ -1,0 +1,400 @@
+//go:build e2e
+
+package soak
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+)
+
+const (
+	// agentBackBound bounds the wait for a killed agent's new process:
+	// the kubelet restarts it after its CrashLoopBackOff delay, which
+	// doubles with each kill within 10 minutes (10 s, 20 s, 40 s, ...)
+	// up to 5 minutes.
+	agentBackBound = 6 * time.Minute
+	// agentReadyBound bounds the wait, after its process is back, for the
+	// agent's pod to be Ready.
+	agentReadyBound = 2 * time.Minute
+	// controlPlaneBound bounds control-plane.sh start: etcd 60 s, then
+	// kube-apiserver's /readyz 180 s.
+	controlPlaneBound = 5 * time.Minute
+	// transientBound is how long a call of the test to the API server
+	// retries connection errors and 5xx answers: the apiserver fault's
+	// outage plus the API server's start.
+	transientBound = 5 * time.Minute
+	// agentNamespace and agentSelector find the node agent's pod.
+	agentNamespace = "layercache-system"
+	agentSelector  = "app.kubernetes.io/name=layercache,app.kubernetes.io/component=node"
+)
+
+// faultEvent is one injection of the fault.
+type faultEvent struct {
+	// At is when the agent was killed, or when the control plane's stop
+	// began.
+	At time.Time `json:"at"`
+	// DuringLoad: phase 2 was still running at At.
+	DuringLoad bool `json:"duringLoad"`
+	// agent-kill: the killed and the new process.
+	OldPID int `json:"oldPID,omitempty"`
+	NewPID int `json:"newPID,omitempty"`
+	// Back: agent-kill, from the kill until the new agent process runs;
+	// apiserver, from the stop until /readyz answers again.
+	Back time.Duration `json:"backNanos"`
+	// Ready: agent-kill, from the kill until the agent's pod is Ready
+	// again with one more restart.
+	Ready time.Duration `json:"readyNanos,omitempty"`
+	// Stopping: apiserver, how long stopping both took.
+	Stopping time.Duration `json:"stoppingNanos,omitempty"`
+	Error    string        `json:"error,omitempty"`
+}
+
+// faultRun is the fault of one load run and what it did.
+type faultRun struct {
+	Kind   string       `json:"kind"`
+	Events []faultEvent `json:"events"`
+	// Note says why the fault did less than asked, if it did.
+	Note string        `json:"note,omitempty"`
+	done chan struct{} // closed when the injection is over
+}
+
+// requireHost fails the test unless a fault can be injected here: the
+// test signals host processes and runs e2e/cluster/control-plane.sh, so
+// it needs root and the local backend's cluster.
+func (l *load) requireHost() {
+	if os.Geteuid() != 0 {
+		l.t.Fatalf("SOAK_FAULT=%s needs root (it signals the cluster's host processes); run as root", l.cfg.Fault)
+	}
+	if l.f.Cluster.Backend != "local" {
+		l.t.Fatalf("SOAK_FAULT=%s needs the local backend (make up CLUSTER=local), not %q: its nodes and control plane are host processes", l.cfg.Fault, l.f.Cluster.Backend)
+	}
+}
+
+// startFault injects cfg.Fault once phase 2 has started, in the
+// background; l.fault.done closes when it is over. A load that ends
+// before phase 2 starts gets no fault.
+func (l *load) startFault(ctx context.Context) {
+	l.fault = &faultRun{Kind: l.cfg.Fault, done: make(chan struct{})}
+	if l.cfg.Fault == faultAPIServer {
+		// Registered here, not in the injecting goroutine: a cleanup
+		// cannot be added once the test is over.
+		l.t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), controlPlaneBound)
+			defer cancel()
+			if out, err := controlPlane(ctx, "start"); err != nil {
+				l.t.Errorf("starting etcd and kube-apiserver again at cleanup: %v\n%s", err, out)
+			}
+		})
+	}
+	go func() {
+		defer close(l.fault.done)
+		if l.cfg.Fault == faultNone {
+			return
+		}
+		select {
+		case <-l.phase2:
+		case <-l.loadDone:
+			l.fault.Note = "the load ended before phase 2: no fault injected"
+			return
+		case <-ctx.Done():
+			return
+		}
+		switch l.cfg.Fault {
+		case faultAgentKill:
+			l.killAgentRepeatedly(ctx)
+		case faultAPIServer:
+			l.stopControlPlane(ctx)
+		}
+	}()
+}
+
+// waitFault waits until the fault is over, and fails the test if no
+// injection hit the running load.
+func (l *load) waitFault() {
+	<-l.fault.done
+	if l.cfg.Fault == faultNone || l.t.Failed() {
+		return
+	}
+	hit := false
+	for _, ev := range l.fault.Events {
+		hit = hit || (ev.DuringLoad && ev.Error == "")
+	}
+	if !hit {
+		l.t.Errorf("the %s fault never hit phase 2 (%d injections, %s): the load was too short for SOAK_FAULT_EVERY %s; raise SOAK_BUILDS",
+			l.cfg.Fault, len(l.fault.Events), l.fault.Note, l.cfg.FaultEvery)
+	}
+}
+
+func (l *load) loadRunning() bool {
+	select {
+	case <-l.loadDone:
+		return false
+	default:
+		return true
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// killAgentRepeatedly SIGKILLs the node agent cfg.FaultKills times, each
+// FaultEvery after phase 2's start or the previous agent's return.
+func (l *load) killAgentRepeatedly(ctx context.Context) {
+	for i := range l.cfg.FaultKills {
+		if !sleepCtx(ctx, l.cfg.FaultEvery) {
+			l.fault.Note = fmt.Sprintf("the test ended after %d kills", i)
+			return
+		}
+		ev := l.killAgent(ctx)
+		l.mu.Lock()
+		l.fault.Events = append(l.fault.Events, ev)
+		l.mu.Unlock()
+		if ev.Error != "" {
+			l.t.Errorf("agent-kill %d: %s", i+1, ev.Error)
+			return
+		}
+		l.t.Logf("agent-kill %d: pid %d killed at %s (load running: %v); new pid %d after %s, Ready after %s",
+			i+1, ev.OldPID, ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.NewPID, ev.Back.Round(time.Millisecond), ev.Ready.Round(time.Millisecond))
+	}
+}
+
+// killAgent kills the node's agent and waits for its new process and
+// for its pod to be Ready again.
+func (l *load) killAgent(ctx context.Context) faultEvent {
+	var ev faultEvent
+	old, err := l.waitAgent(ctx, 0, agentBackBound)
+	if err != nil {
+		ev.Error = fmt.Sprintf("finding the agent to kill: %v", err)
+		return ev
+	}
+	restarts, err := l.agentRestarts(ctx)
+	if err != nil {
+		ev.Error = fmt.Sprintf("reading the agent pod's restarts: %v", err)
+		return ev
+	}
+	ev.OldPID, ev.At, ev.DuringLoad = old.PID, time.Now(), l.loadRunning()
+	if err := syscall.Kill(old.PID, syscall.SIGKILL); err != nil {
+		ev.Error = fmt.Sprintf("SIGKILL of pid %d: %v", old.PID, err)
+		return ev
+	}
+	back, err := l.waitAgent(ctx, old.PID, agentBackBound)
+	if err != nil {
+		ev.Error = fmt.Sprintf("no new agent process within %s of the kill of pid %d: %v", agentBackBound, old.PID, err)
+		return ev
+	}
+	ev.NewPID, ev.Back = back.PID, time.Since(ev.At)
+	if err := l.waitAgentReady(ctx, restarts); err != nil {
+		ev.Error = fmt.Sprintf("agent pid %d: %v", back.PID, err)
+		return ev
+	}
+	ev.Ready = time.Since(ev.At)
+	return ev
+}
+
+// waitAgent polls for the node's agent process other than pid notPID.
+func (l *load) waitAgent(ctx context.Context, notPID int, bound time.Duration) (agentProc, error) {
+	deadline := time.Now().Add(bound)
+	for {
+		a, err := findAgent(l.node.Name)
+		if err == nil && a.PID != notPID {
+			return a, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("pid %d still runs", notPID)
+		}
+		if time.Now().After(deadline) {
+			return agentProc{}, err
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return agentProc{}, ctx.Err()
+		}
+	}
+}
+
+// agentPod is the node agent's pod on the test's node.
+func (l *load) agentPod(ctx context.Context) (*corev1.Pod, error) {
+	pods, err := l.f.Client.CoreV1().Pods(agentNamespace).List(ctx, metav1.ListOptions{
+		LabelSelector: agentSelector,
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", l.node.Name).String(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(pods.Items) != 1 {
+		return nil, fmt.Errorf("%d node agent pods on node %s, want 1", len(pods.Items), l.node.Name)
+	}
+	return &pods.Items[0], nil
+}
+
+func (l *load) agentRestarts(ctx context.Context) (int32, error) {
+	p, err := l.agentPod(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var n int32
+	for _, cs := range p.Status.ContainerStatuses {
+		n += cs.RestartCount
+	}
+	return n, nil
+}
+
+// waitAgentReady waits until the agent's pod counts more restarts than
+// before and is Ready. A redeploy (another engineer's make up) replaces
+// the pod: a Ready new pod counts too.
+func (l *load) waitAgentReady(ctx context.Context, before int32) error {
+	deadline := time.Now().Add(agentReadyBound)
+	var last string
+	for time.Now().Before(deadline) {
+		p, err := l.agentPod(ctx)
+		if err != nil {
+			last = err.Error()
+		} else {
+			var n int32
+			for _, cs := range p.Status.ContainerStatuses {
+				n += cs.RestartCount
+			}
+			ready := false
+			for _, c := range p.Status.Conditions {
+				ready = ready || (c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue)
+			}
+			if ready && (n > before || n == 0) {
+				return nil
+			}
+			last = fmt.Sprintf("pod %s: ready %v, restarts %d (%d before the kill)", p.Name, ready, n, before)
+		}
+		if !sleepCtx(ctx, 500*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("its pod was not Ready again within %s of its return: %s", agentReadyBound, last)
+}
+
+// stopControlPlane stops etcd and kube-apiserver FaultEvery after phase
+// 2's start, keeps them down FaultDown, and starts them again, even if
+// the test is being cancelled: the cluster is shared (startFault also
+// registers a start at cleanup).
+func (l *load) stopControlPlane(ctx context.Context) {
+	if !sleepCtx(ctx, l.cfg.FaultEvery) {
+		l.fault.Note = "the test ended before the outage"
+		return
+	}
+	ev := faultEvent{At: time.Now(), DuringLoad: l.loadRunning()}
+	record := func() {
+		l.mu.Lock()
+		l.fault.Events = append(l.fault.Events, ev)
+		l.mu.Unlock()
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	out, err := controlPlane(stopCtx, "stop")
+	cancel()
+	ev.Stopping = time.Since(ev.At)
+	l.t.Logf("control-plane.sh stop:\n%s", out)
+	if err != nil {
+		ev.Error = fmt.Sprintf("control-plane.sh stop: %v", err)
+		l.t.Errorf("%s\n%s", ev.Error, out)
+	}
+	l.t.Logf("apiserver: etcd and kube-apiserver stopped at %s in %s (load running: %v); down for %s",
+		ev.At.UTC().Format("15:04:05.000"), ev.Stopping.Round(time.Millisecond), ev.DuringLoad, l.cfg.FaultDown)
+	// The outage lasts FaultDown even if the test is being cancelled:
+	// the start below must run anyway.
+	time.Sleep(l.cfg.FaultDown)
+	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), controlPlaneBound)
+	defer cancel()
+	out, err = controlPlane(startCtx, "start")
+	ev.Back = time.Since(ev.At)
+	l.t.Logf("control-plane.sh start:\n%s", out)
+	if err != nil {
+		ev.Error = strings.TrimPrefix(ev.Error+"; ", "; ") + fmt.Sprintf("control-plane.sh start: %v", err)
+		l.t.Errorf("control-plane.sh start: %v\n%s", err, out)
+	}
+	record()
+	l.t.Logf("apiserver: /readyz again %s after the stop", ev.Back.Round(time.Millisecond))
+}
+
+// controlPlane runs e2e/cluster/control-plane.sh VERB on the cluster of
+// KUBECONFIG (its directory is the cluster's, which may belong to
+// another checkout than the test's).
+func controlPlane(ctx context.Context, verb string) (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	kubeconfig := os.Getenv("KUBECONFIG")
+	if kubeconfig == "" {
+		return "", errors.New("KUBECONFIG is not set")
+	}
+	dir, err := filepath.Abs(filepath.Dir(kubeconfig))
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "e2e", "cluster", "control-plane.sh"), verb)
+	cmd.Env = append(os.Environ(), "LAYERCACHE_CLUSTER_DIR="+dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("control-plane.sh %s (cluster %s): %w", verb, dir, err)
+	}
+	return string(out), nil
+}
+
+// transient reports whether err may be the API server being away (the
+// apiserver fault's outage) rather than an answer: no connection, a
+// dropped one, or a 5xx or 429 status.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return true // refused, reset, EOF, TLS handshake timeout
+	}
+	return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err)
+}
+
+// retryTransient calls fn until it succeeds, fails for good, or
+// transientBound passes.
+func retryTransient(ctx context.Context, fn func(context.Context) error) error {
+	deadline := time.Now().Add(transientBound)
+	for {
+		err := fn(ctx)
+		if !transient(err) || time.Now().After(deadline) {
+			return err
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return err
+		}
+	}
+}
+
+// keepPolling is a poll condition's answer to err: a transient error is
+// remembered in last and the poll goes on; any other ends it. An error of
+// the poll's own end (its deadline, which client-go's rate limiter words
+// as its own error) is not remembered: it would hide the API's last one.
+func keepPolling(ctx context.Context, err error, last *error) error {
+	if ctx.Err() != nil || strings.Contains(err.Error(), "would exceed context deadline") {
+		return nil
+	}
+	if transient(err) {
+		*last = err
+		return nil
+	}
+	return err
+}
