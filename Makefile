@@ -59,6 +59,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e,benchpeer ./e2e/bench/
 	$(GO) vet -tags envtest ./cachemanager/
 	$(GO) vet -tags e2e,multinode ./e2e/multinode/
+	$(GO) vet -tags e2e,faults ./e2e/soak/
 
 .PHONY: test
 test: verify-generate test-unit test-envtest bench e2e ## everything: generated files current, unit and real-mount tests, the manager against a real API server, benchmarks, then e2e on a local cluster
@@ -102,8 +103,9 @@ down: ## stop the local cluster and remove everything it made
 
 .PHONY: e2e
 e2e: WITH += tekton argo buildkit
-e2e: up ## the e2e suite on a one-node cluster (with Tekton, Argo Workflows and BuildKit), then e2e-multinode
+e2e: up ## the e2e suite on a one-node cluster (with Tekton, Argo Workflows and BuildKit), the short fault tests alone after it, then e2e-multinode
 	e2e/cluster/run-e2e.sh
+	$(SOAK_FAULTS_SHORT)
 	$(MAKE) e2e-multinode
 
 .PHONY: e2e-multinode
@@ -132,11 +134,13 @@ soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUIL
 	done; exit $$rc
 
 # The short fault tests (build tag faults) kill the node agent or stop the
-# control plane, which would break any test running beside them: they are
-# not in make e2e, whose packages run side by side, and run here alone.
+# control plane, which would break any test running beside them: make e2e
+# runs them alone, after its packages (which run side by side).
+SOAK_FAULTS_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^TestLoad(AgentKilled|APIServerDown)$$' -timeout 30m ./e2e/soak/
+
 .PHONY: soak-faults
-soak-faults: up ## the short fault tests, alone on the cluster: the load with the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), then with etcd and kube-apiserver stopped, down 10 s (1.5-2.5 min); reports in _output/soak/short/
-	e2e/cluster/run-e2e.sh -tags e2e,faults -run '^TestLoad(AgentKilled|APIServerDown)$$' -v -timeout 60m ./e2e/soak/ 2>&1 | tee _output/soak-faults.log
+soak-faults: up ## the short fault tests, alone on the cluster (make e2e runs them after its packages): the load with the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), then with etcd and kube-apiserver stopped, down 10 s (1.5-2.5 min); reports in _output/soak/short/
+	$(SOAK_FAULTS_SHORT) -v 2>&1 | tee _output/soak-faults.log
 
 .PHONY: demo
 demo: DEPLOY = kubectl
