@@ -17,6 +17,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/layercache/layercache/e2e/framework"
 )
 
 const (
@@ -35,9 +37,8 @@ const (
 	// retries connection errors and 5xx answers: the apiserver fault's
 	// outage plus the API server's start.
 	transientBound = 5 * time.Minute
-	// agentNamespace and agentSelector find the node agent's pod.
-	agentNamespace = "layercache-system"
-	agentSelector  = "app.kubernetes.io/name=layercache,app.kubernetes.io/component=node"
+	// agentSelector finds the node agent's pod.
+	agentSelector = "app.kubernetes.io/name=layercache,app.kubernetes.io/component=node"
 )
 
 // faultEvent is one injection of the fault.
@@ -231,7 +232,7 @@ func (l *load) waitAgent(ctx context.Context, notPID int, bound time.Duration) (
 
 // agentPod is the node agent's pod on the test's node.
 func (l *load) agentPod(ctx context.Context) (*corev1.Pod, error) {
-	pods, err := l.f.Client.CoreV1().Pods(agentNamespace).List(ctx, metav1.ListOptions{
+	pods, err := l.f.Client.CoreV1().Pods(framework.SystemNamespace).List(ctx, metav1.ListOptions{
 		LabelSelector: agentSelector,
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", l.node.Name).String(),
 	})
