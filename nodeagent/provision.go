@@ -66,8 +66,9 @@ type Provisioner struct {
 	// sync keeps caches whose class names a registry in step across
 	// nodes.
 	sync *syncer
-	// holds releases the build pods whose volumes ended; nil in tests
-	// that don't look at them.
+	// holds holds a build pod before its volume is handed out and
+	// releases it once the volume ended; nil in tests that don't look at
+	// them.
 	holds *podHolds
 }
 
