@@ -64,8 +64,10 @@ func keptJobPodIsQuiet(t *testing.T, class string) {
 	e.waitGeneration(ctx, cacheName, 1)
 
 	// Kubernetes' own components record their Events about the Job and
-	// its pod asynchronously; let those land first.
-	e.ExpectQuiet(ctx, 2*time.Minute, keptPodWatch)
+	// its pod asynchronously; let those land first. The kept pod is
+	// watched too: the agent held it (finalizer layercache.dev/build-end)
+	// and lifted the hold at its end, and must not touch it again.
+	e.ExpectQuiet(ctx, 2*time.Minute, keptPodWatch, corev1.SchemeGroupVersion.WithResource("pods"))
 
 	check := e.cachePod("check", cacheAnnotations(cacheName), "cat /cache/uid /cache/out")
 	if class == csiClass {
