@@ -3,9 +3,10 @@ package cachemanager
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -27,26 +28,40 @@ import (
 )
 
 // CacheReconciler keeps the cluster-wide side of a Cache: the cleanup
-// finalizer, the status fields derived from the per-node entries, and the
-// removal of entries of Nodes that no longer exist.
+// finalizer, the status fields derived from its CacheReplicas, and the
+// deletion of replicas of Nodes that no longer exist.
 //
 // Deleting a Cache works with the node agents: each agent removes the cache
-// from its node and then its own status entry; the finalizer goes once no
-// entry of an existing Node remains. A Node that is gone cannot answer, so
-// its entry does not hold the deletion up.
+// from its node and then deletes its replica; the finalizer goes once no
+// replica of an existing Node remains. A Node that is gone cannot answer,
+// so its replica does not hold the deletion up (the garbage collector
+// deletes it with the Cache, its owner).
 type CacheReconciler struct {
 	// Client reads from the informer cache (Nodes as metadata only) and
 	// writes to the API server.
 	Client   client.Client
 	Recorder events.EventRecorder
+
+	// written is when each Cache's summary was last written, so that a
+	// burst of commits to one cache costs one summary write per
+	// summaryInterval, not one per commit.
+	written sync.Map // types.NamespacedName -> time.Time
 }
 
+// summaryInterval is the shortest time between two summary writes of one
+// Cache. The first change after a quiet spell is written at once; the
+// summary is informational (kubectl, retention reads the replicas too),
+// so a few seconds' lag costs nothing.
+const summaryInterval = 5 * time.Second
+
 // SetupWithManager wires the controller: a Cache is reconciled when it
-// changes and when a Node in its status is deleted.
+// or one of its replicas changes, and when a Node that holds it is
+// deleted.
 func (r *CacheReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("cache").
 		For(&v1alpha1.Cache{}).
+		Watches(&v1alpha1.CacheReplica{}, handler.EnqueueRequestsFromMapFunc(replicaCache)).
 		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.cachesOnNode), builder.WithPredicates(nodeDeleted)).
 		Complete(r)
 }
@@ -55,14 +70,24 @@ func (r *CacheReconciler) SetupWithManager(mgr ctrl.Manager) error {
 func (r *CacheReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var c v1alpha1.Cache
 	if err := r.Client.Get(ctx, req.NamespacedName, &c); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.written.Delete(req.NamespacedName)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	gone, err := r.goneNodes(ctx, c.Status.Nodes)
+	replicas, err := replicasOf(ctx, r.Client, &c)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	held, gone, err := r.splitGone(ctx, replicas)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if !c.DeletionTimestamp.IsZero() {
-		return reconcile.Result{}, r.finishDeletion(ctx, &c, gone)
+		return reconcile.Result{}, r.finishDeletion(ctx, &c, held)
+	}
+	if err := r.deleteReplicas(ctx, &c, gone); err != nil {
+		return reconcile.Result{}, err
 	}
 
 	if !controllerutil.ContainsFinalizer(&c, v1alpha1.FinalizerCleanup) {
@@ -73,41 +98,64 @@ func (r *CacheReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		}
 	}
 
-	want := c.Status.Summarized(gone)
+	want := c.Status.Summarized(held)
 	if equality.Semantic.DeepEqual(want, c.Status) {
 		return reconcile.Result{}, nil
 	}
-	// Derived fields only: a merge patch that leaves the node entries, which
-	// the node agents own, alone. Dropping entries rewrites the whole list,
-	// so then it must not race with an agent's write.
-	var patch client.Patch = client.MergeFrom(c.DeepCopy())
-	if len(gone) > 0 {
-		patch = client.MergeFromWithOptions(c.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if wait := r.untilWrite(req.NamespacedName); wait > 0 {
+		return reconcile.Result{RequeueAfter: wait}, nil
 	}
+	// Derived fields only: a merge patch of what changed, which leaves the
+	// published chain, the node agents', alone.
+	patch := client.MergeFrom(c.DeepCopy())
 	c.Status = want
 	if err := r.Client.Status().Patch(ctx, &c, patch); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(fmt.Errorf("writing status: %w", err))
 	}
-	if len(gone) > 0 {
-		r.Recorder.Eventf(&c, nil, corev1.EventTypeNormal, "NodeGone", "PruneStatus",
-			"Removed the status of %s: the Node no longer exists", strings.Join(slices.Sorted(maps.Keys(gone)), ", "))
-	}
+	r.written.Store(req.NamespacedName, time.Now())
 	return reconcile.Result{}, nil
 }
 
+// untilWrite is how long the summary of Cache key must wait before it
+// may be written again; 0 for now.
+func (r *CacheReconciler) untilWrite(key types.NamespacedName) time.Duration {
+	last, ok := r.written.Load(key)
+	if !ok {
+		return 0
+	}
+	return max(0, summaryInterval-time.Since(last.(time.Time)))
+}
+
+// deleteReplicas deletes the replicas of Nodes that no longer exist.
+func (r *CacheReconciler) deleteReplicas(ctx context.Context, c *v1alpha1.Cache, gone []v1alpha1.CacheReplica) error {
+	var nodes []string
+	for i := range gone {
+		uid := gone[i].UID
+		if err := r.Client.Delete(ctx, &gone[i], client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting CacheReplica %s of a gone Node: %w", gone[i].Name, err)
+		}
+		nodes = append(nodes, gone[i].Spec.Node)
+	}
+	if len(nodes) > 0 {
+		slices.Sort(nodes)
+		r.Recorder.Eventf(c, nil, corev1.EventTypeNormal, "NodeGone", "PruneStatus",
+			"Deleted the CacheReplicas of %s: the Node no longer exists", strings.Join(nodes, ", "))
+	}
+	return nil
+}
+
 // finishDeletion lifts the finalizer once no existing Node holds the cache.
-// Until then the agents' status updates bring the Cache back here.
-func (r *CacheReconciler) finishDeletion(ctx context.Context, c *v1alpha1.Cache, gone map[string]bool) error {
+// Until then the agents' replica deletions bring the Cache back here.
+func (r *CacheReconciler) finishDeletion(ctx context.Context, c *v1alpha1.Cache, held []v1alpha1.CacheReplica) error {
 	if !controllerutil.ContainsFinalizer(c, v1alpha1.FinalizerCleanup) {
 		return nil
 	}
-	var waiting []string
-	for _, n := range c.Status.Nodes {
-		if !gone[n.Node] {
-			waiting = append(waiting, n.Node)
+	if len(held) > 0 {
+		waiting := make([]string, 0, len(held))
+		for _, h := range held {
+			waiting = append(waiting, h.Spec.Node)
 		}
-	}
-	if len(waiting) > 0 {
+		slices.Sort(waiting)
 		log.FromContext(ctx).Info("waiting for node agents to clear the cache", "nodes", waiting)
 		r.Recorder.Eventf(c, nil, corev1.EventTypeNormal, "Clearing", "Delete",
 			"Waiting for the node agents of %s to remove the cache; if a node's agent cannot run any more, delete the Node or remove finalizer %s",
@@ -123,36 +171,45 @@ func (r *CacheReconciler) finishDeletion(ctx context.Context, c *v1alpha1.Cache,
 	return nil
 }
 
-// goneNodes returns the nodes of the entries whose Node does not exist.
-func (r *CacheReconciler) goneNodes(ctx context.Context, entries []v1alpha1.NodeCacheStatus) (map[string]bool, error) {
-	gone := map[string]bool{}
-	for _, e := range entries {
+// splitGone splits replicas into those of existing Nodes and those of
+// Nodes that no longer exist.
+func (r *CacheReconciler) splitGone(ctx context.Context, replicas []v1alpha1.CacheReplica) (held, gone []v1alpha1.CacheReplica, err error) {
+	for _, rep := range replicas {
 		node := &metav1.PartialObjectMetadata{}
 		node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
-		if err := r.Client.Get(ctx, types.NamespacedName{Name: e.Node}, node); err != nil {
-			if !apierrors.IsNotFound(err) {
-				return nil, fmt.Errorf("looking up Node %s: %w", e.Node, err)
-			}
-			gone[e.Node] = true
+		err := r.Client.Get(ctx, types.NamespacedName{Name: rep.Spec.Node}, node)
+		switch {
+		case apierrors.IsNotFound(err):
+			gone = append(gone, rep)
+		case err != nil:
+			return nil, nil, fmt.Errorf("looking up Node %s: %w", rep.Spec.Node, err)
+		default:
+			held = append(held, rep)
 		}
 	}
-	return gone, nil
+	return held, gone, nil
 }
 
-func (r *CacheReconciler) cachesOnNode(ctx context.Context, obj client.Object) []reconcile.Request {
-	var caches v1alpha1.CacheList
-	if err := r.Client.List(ctx, &caches, client.MatchingFields{indexCacheNodes: obj.GetName()}); err != nil {
-		log.FromContext(ctx).Error(err, "listing the caches of a deleted Node", "node", obj.GetName())
+// replicaCache asks for a reconcile of a replica's Cache.
+func replicaCache(_ context.Context, obj client.Object) []reconcile.Request {
+	rep, ok := obj.(*v1alpha1.CacheReplica)
+	if !ok {
 		return nil
 	}
-	return cacheRequests(caches)
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: rep.Namespace, Name: rep.Spec.Cache}}}
 }
 
-// cacheRequests asks for a reconcile of each of caches.
-func cacheRequests(caches v1alpha1.CacheList) []reconcile.Request {
-	reqs := make([]reconcile.Request, 0, len(caches.Items))
-	for _, c := range caches.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&c)})
+// cachesOnNode asks for a reconcile of the Caches that a deleted Node
+// held.
+func (r *CacheReconciler) cachesOnNode(ctx context.Context, obj client.Object) []reconcile.Request {
+	var replicas v1alpha1.CacheReplicaList
+	if err := r.Client.List(ctx, &replicas, client.MatchingFields{indexReplicaNode: obj.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "listing the replicas of a deleted Node", "node", obj.GetName())
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(replicas.Items))
+	for i := range replicas.Items {
+		reqs = append(reqs, replicaCache(ctx, &replicas.Items[i])...)
 	}
 	return reqs
 }

@@ -2,6 +2,7 @@ package cachemanager
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,107 +24,132 @@ func node(name string) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 }
 
-func entry(node string, gen, size int64, lastUsed int) v1alpha1.NodeCacheStatus {
-	return v1alpha1.NodeCacheStatus{Node: node, Generation: gen, Layers: int32(gen), SizeBytes: size, LastUsed: at(lastUsed), LastWriter: ns + "/ws"}
+// replica is node's CacheReplica of ci/maven.
+func replica(node string, gen, size int64, lastUsed int) *v1alpha1.CacheReplica {
+	return replicaOf("maven", node, v1alpha1.CacheReplicaStatus{Generation: gen, Layers: int32(gen), SizeBytes: size, LastUsed: at(lastUsed), LastWriter: ns + "/ws"})
 }
 
-func cacheObj(finalizers []string, deleting bool, entries ...v1alpha1.NodeCacheStatus) *v1alpha1.Cache {
-	c := &v1alpha1.Cache{
-		ObjectMeta: metav1.ObjectMeta{Name: "maven", Namespace: ns, Finalizers: finalizers},
-		Status:     v1alpha1.CacheStatus{Nodes: entries},
+// replicaOf is node's CacheReplica of cache with status st.
+func replicaOf(cache, node string, st v1alpha1.CacheReplicaStatus) *v1alpha1.CacheReplica {
+	return &v1alpha1.CacheReplica{
+		ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.CacheReplicaName(cache, node), Namespace: ns},
+		Spec:       v1alpha1.CacheReplicaSpec{Cache: cache, Node: node},
+		Status:     st,
 	}
+}
+
+func cacheObj(finalizers []string, deleting bool) *v1alpha1.Cache {
+	c := &v1alpha1.Cache{ObjectMeta: metav1.ObjectMeta{Name: "maven", Namespace: ns, Finalizers: finalizers}}
 	if deleting {
 		c.DeletionTimestamp = at(900)
 	}
 	return c
 }
 
-// withStatus gives c derived fields as a former reconcile wrote them,
-// beside its entries.
+// withStatus gives c derived fields as a former reconcile wrote them.
 func withStatus(c *v1alpha1.Cache, derived v1alpha1.CacheStatus) *v1alpha1.Cache {
-	derived.Nodes = c.Status.Nodes
 	c.Status = derived
 	return c
 }
 
-// seeded is e as a node reports a copy created on main at generation gen.
-func seeded(e v1alpha1.NodeCacheStatus, gen int64) v1alpha1.NodeCacheStatus {
-	e.SeededFrom = &v1alpha1.CacheSeed{Namespace: ns, Name: "main", Generation: gen}
-	return e
+// seeded is r as a node reports a copy created on main at generation gen.
+func seeded(r *v1alpha1.CacheReplica, gen int64) *v1alpha1.CacheReplica {
+	r.Status.SeededFrom = &v1alpha1.CacheSeed{Namespace: ns, Name: "main", Generation: gen}
+	return r
+}
+
+// replicaNodes lists the nodes of the replicas c holds, sorted.
+func replicaNodes(t *testing.T, c client.Client) []string {
+	t.Helper()
+	var list v1alpha1.CacheReplicaList
+	if err := c.List(context.Background(), &list); err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, r := range list.Items {
+		nodes = append(nodes, r.Spec.Node)
+	}
+	slices.Sort(nodes)
+	return nodes
 }
 
 func TestCacheReconcile(t *testing.T) {
 	cleanup := []string{v1alpha1.FinalizerCleanup}
 	tests := []struct {
-		name   string
-		nodes  []string
-		cache  *v1alpha1.Cache
-		gone   bool // the Cache no longer exists afterwards
-		status v1alpha1.CacheStatus
-		events []string
+		name     string
+		nodes    []string
+		cache    *v1alpha1.Cache
+		replicas []*v1alpha1.CacheReplica
+		gone     bool // the Cache no longer exists afterwards
+		status   v1alpha1.CacheStatus
+		left     []string // the nodes whose replicas remain
+		events   []string
 	}{{
 		name:  "new cache gets the finalizer",
 		cache: cacheObj(nil, false),
 	}, {
-		name:  "status is derived from the node entries",
-		nodes: []string{"node-a", "node-b"},
-		cache: cacheObj(cleanup, false, entry("node-a", 3, gib, 10), entry("node-b", 5, gib/2, 20)),
-		status: v1alpha1.CacheStatus{
-			Nodes:      []v1alpha1.NodeCacheStatus{entry("node-a", 3, gib, 10), entry("node-b", 5, gib/2, 20)},
-			Generation: 5, Size: "1.5GiB", NodeCount: 2, LastUsed: at(20),
-		},
+		name:     "status is derived from the replicas",
+		nodes:    []string{"node-a", "node-b"},
+		cache:    cacheObj(cleanup, false),
+		replicas: []*v1alpha1.CacheReplica{replica("node-a", 3, gib, 10), replica("node-b", 5, gib/2, 20)},
+		status:   v1alpha1.CacheStatus{Generation: 5, Size: "1.5GiB", NodeCount: 2, LastUsed: at(20)},
+		left:     []string{"node-a", "node-b"},
 	}, {
-		name:  "entries of nodes that no longer exist are removed",
-		nodes: []string{"node-a"},
-		cache: cacheObj(cleanup, false, entry("node-a", 2, 4096, 10), entry("node-old", 9, gib, 30)),
-		status: v1alpha1.CacheStatus{
-			Nodes:      []v1alpha1.NodeCacheStatus{entry("node-a", 2, 4096, 10)},
-			Generation: 2, Size: "4.0KiB", NodeCount: 1, LastUsed: at(10),
-		},
-		events: []string{"Normal NodeGone Removed the status of node-old: the Node no longer exists"},
+		name:     "replicas of nodes that no longer exist are deleted",
+		nodes:    []string{"node-a"},
+		cache:    cacheObj(cleanup, false),
+		replicas: []*v1alpha1.CacheReplica{replica("node-a", 2, 4096, 10), replica("node-old", 9, gib, 30)},
+		status:   v1alpha1.CacheStatus{Generation: 2, Size: "4.0KiB", NodeCount: 1, LastUsed: at(10)},
+		left:     []string{"node-a"},
+		events:   []string{"Normal NodeGone Deleted the CacheReplicas of node-old: the Node no longer exists"},
 	}, {
 		name:   "last used stays when every node evicted the cache",
 		cache:  withStatus(cacheObj(cleanup, false), v1alpha1.CacheStatus{Generation: 4, Size: "1.0GiB", NodeCount: 1, LastUsed: at(40)}),
 		status: v1alpha1.CacheStatus{LastUsed: at(40)},
 	}, {
-		name:  "last used stays when the newest node evicted the cache",
-		nodes: []string{"node-a"},
-		cache: withStatus(cacheObj(cleanup, false, entry("node-a", 2, 100, 10)), v1alpha1.CacheStatus{LastUsed: at(40)}),
-		status: v1alpha1.CacheStatus{
-			Nodes:      []v1alpha1.NodeCacheStatus{entry("node-a", 2, 100, 10)},
-			Generation: 2, Size: "100B", NodeCount: 1, LastUsed: at(40),
-		},
+		name:     "last used stays when the newest node evicted the cache",
+		nodes:    []string{"node-a"},
+		cache:    withStatus(cacheObj(cleanup, false), v1alpha1.CacheStatus{LastUsed: at(40)}),
+		replicas: []*v1alpha1.CacheReplica{replica("node-a", 2, 100, 10)},
+		status:   v1alpha1.CacheStatus{Generation: 2, Size: "100B", NodeCount: 1, LastUsed: at(40)},
+		left:     []string{"node-a"},
 	}, {
 		name:  "seeded from names each fallback generation of the nodes once",
 		nodes: []string{"node-a", "node-b", "node-c"},
-		cache: cacheObj(cleanup, false, seeded(entry("node-a", 1, 100, 10), 3), seeded(entry("node-b", 2, 100, 10), 3),
-			seeded(entry("node-c", 1, 100, 10), 2)),
-		status: v1alpha1.CacheStatus{
-			Nodes: []v1alpha1.NodeCacheStatus{seeded(entry("node-a", 1, 100, 10), 3), seeded(entry("node-b", 2, 100, 10), 3),
-				seeded(entry("node-c", 1, 100, 10), 2)},
-			Generation: 2, Size: "300B", NodeCount: 3, LastUsed: at(10), SeededFrom: ns + "/main@2, " + ns + "/main@3",
-		},
+		cache: cacheObj(cleanup, false),
+		replicas: []*v1alpha1.CacheReplica{seeded(replica("node-a", 1, 100, 10), 3), seeded(replica("node-b", 2, 100, 10), 3),
+			seeded(replica("node-c", 1, 100, 10), 2)},
+		status: v1alpha1.CacheStatus{Generation: 2, Size: "300B", NodeCount: 3, LastUsed: at(10), SeededFrom: ns + "/main@2, " + ns + "/main@3"},
+		left:   []string{"node-a", "node-b", "node-c"},
 	}, {
-		name:  "seeded from goes with the seeded entries",
-		nodes: []string{"node-a"},
-		cache: withStatus(cacheObj(cleanup, false, entry("node-a", 1, 100, 10)), v1alpha1.CacheStatus{SeededFrom: ns + "/main@3"}),
-		status: v1alpha1.CacheStatus{
-			Nodes:      []v1alpha1.NodeCacheStatus{entry("node-a", 1, 100, 10)},
-			Generation: 1, Size: "100B", NodeCount: 1, LastUsed: at(10),
-		},
+		name:     "seeded from goes with the seeded replicas",
+		nodes:    []string{"node-a"},
+		cache:    withStatus(cacheObj(cleanup, false), v1alpha1.CacheStatus{SeededFrom: ns + "/main@3"}),
+		replicas: []*v1alpha1.CacheReplica{replica("node-a", 1, 100, 10)},
+		status:   v1alpha1.CacheStatus{Generation: 1, Size: "100B", NodeCount: 1, LastUsed: at(10)},
+		left:     []string{"node-a"},
 	}, {
-		name:   "deleted cache waits for the agents of existing nodes",
-		nodes:  []string{"node-a", "node-b"},
-		cache:  cacheObj(cleanup, true, entry("node-a", 2, 100, 10), entry("node-gone", 1, 100, 10)),
-		status: v1alpha1.CacheStatus{Nodes: []v1alpha1.NodeCacheStatus{entry("node-a", 2, 100, 10), entry("node-gone", 1, 100, 10)}},
-		events: []string{"Normal Clearing Waiting for the node agents of node-a to remove the cache"},
+		name:     "a replica of another cache does not count",
+		nodes:    []string{"node-a"},
+		cache:    cacheObj(cleanup, false),
+		replicas: []*v1alpha1.CacheReplica{replica("node-a", 1, 100, 10), replicaOf("npm", "node-a", v1alpha1.CacheReplicaStatus{Generation: 7})},
+		status:   v1alpha1.CacheStatus{Generation: 1, Size: "100B", NodeCount: 1, LastUsed: at(10)},
+		left:     []string{"node-a", "node-a"},
 	}, {
-		name:  "deleted cache held only by gone nodes is released",
-		nodes: []string{"node-a"},
-		cache: cacheObj(cleanup, true, entry("node-gone", 1, 100, 10)),
-		gone:  true,
+		name:     "deleted cache waits for the agents of existing nodes",
+		nodes:    []string{"node-a", "node-b"},
+		cache:    cacheObj(cleanup, true),
+		replicas: []*v1alpha1.CacheReplica{replica("node-a", 2, 100, 10), replica("node-gone", 1, 100, 10)},
+		left:     []string{"node-a", "node-gone"},
+		events:   []string{"Normal Clearing Waiting for the node agents of node-a to remove the cache"},
 	}, {
-		name:  "deleted cache without entries is released",
+		name:     "deleted cache held only by gone nodes is released",
+		nodes:    []string{"node-a"},
+		cache:    cacheObj(cleanup, true),
+		replicas: []*v1alpha1.CacheReplica{replica("node-gone", 1, 100, 10)},
+		gone:     true,
+	}, {
+		name:  "deleted cache without replicas is released",
 		cache: cacheObj(cleanup, true),
 		gone:  true,
 	}}
@@ -133,6 +159,9 @@ func TestCacheReconcile(t *testing.T) {
 			objs := []client.Object{tc.cache.DeepCopy()}
 			for _, n := range tc.nodes {
 				objs = append(objs, node(n))
+			}
+			for _, r := range tc.replicas {
+				objs = append(objs, r)
 			}
 			c := newFakeClient(t, objs...)
 			rec := events.NewFakeRecorder(100)
@@ -161,6 +190,9 @@ func TestCacheReconcile(t *testing.T) {
 			if !equality.Semantic.DeepEqual(got.Status, tc.status) {
 				t.Errorf("status = %+v\nwant     %+v", got.Status, tc.status)
 			}
+			if left := replicaNodes(t, c); !slices.Equal(left, tc.left) {
+				t.Errorf("replicas left on %v, want %v", left, tc.left)
+			}
 			gotEvents := drain(rec)
 			if len(gotEvents) < len(tc.events) || (len(tc.events) == 0 && len(gotEvents) > 0) {
 				t.Fatalf("events = %q, want %q", gotEvents, tc.events)
@@ -175,7 +207,7 @@ func TestCacheReconcile(t *testing.T) {
 }
 
 // TestCacheDeletionFlow follows a Cache through its life with two node
-// agents, played here by status writes.
+// agents, played here by replica writes.
 func TestCacheDeletionFlow(t *testing.T) {
 	ctx := context.Background()
 	c := newFakeClient(t, node("node-a"), node("node-b"), cacheObj(nil, false))
@@ -187,14 +219,9 @@ func TestCacheDeletionFlow(t *testing.T) {
 			t.Fatalf("Reconcile() error = %v", err)
 		}
 	}
-	setEntries := func(entries ...v1alpha1.NodeCacheStatus) {
+	remove := func(node string) {
 		t.Helper()
-		var cur v1alpha1.Cache
-		if err := c.Get(ctx, key, &cur); err != nil {
-			t.Fatal(err)
-		}
-		cur.Status.Nodes = entries
-		if err := c.Status().Update(ctx, &cur); err != nil {
+		if err := c.Delete(ctx, replica(node, 0, 0, 0)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -205,7 +232,11 @@ func TestCacheDeletionFlow(t *testing.T) {
 	}
 
 	reconcileOK()
-	setEntries(entry("node-a", 1, 2048, 10), entry("node-b", 1, 1024, 15))
+	for _, r := range []*v1alpha1.CacheReplica{replica("node-a", 1, 2048, 10), replica("node-b", 1, 1024, 15)} {
+		if err := c.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
 	reconcileOK()
 	cur, err := get()
 	if err != nil {
@@ -223,13 +254,13 @@ func TestCacheDeletionFlow(t *testing.T) {
 		t.Fatalf("cache gone while both agents still hold it: %v", err)
 	}
 
-	setEntries(entry("node-b", 1, 1024, 15)) // node-a's agent cleared it
+	remove("node-a") // node-a's agent cleared it
 	reconcileOK()
 	if _, err := get(); err != nil {
 		t.Fatalf("cache gone while node-b's agent still holds it: %v", err)
 	}
 
-	setEntries() // node-b's agent cleared it
+	remove("node-b") // node-b's agent cleared it
 	reconcileOK()
 	if _, err := get(); !apierrors.IsNotFound(err) {
 		t.Fatalf("cache: err = %v, want it gone once no agent holds it", err)
@@ -237,10 +268,7 @@ func TestCacheDeletionFlow(t *testing.T) {
 }
 
 func TestCachesOnNode(t *testing.T) {
-	a := cacheObj(nil, false, entry("node-a", 1, 1, 1))
-	b := cacheObj(nil, false, entry("node-b", 1, 1, 1))
-	b.Name = "npm"
-	c := newFakeClient(t, a, b)
+	c := newFakeClient(t, replica("node-a", 1, 1, 1), replicaOf("npm", "node-b", v1alpha1.CacheReplicaStatus{}))
 	r := &CacheReconciler{Client: c, Recorder: events.NewFakeRecorder(1)}
 	got := r.cachesOnNode(context.Background(), node("node-b"))
 	if len(got) != 1 || got[0].Name != "npm" {
@@ -250,15 +278,15 @@ func TestCachesOnNode(t *testing.T) {
 
 // Regression: the derived status left out status.published, so the
 // manager's status patch deleted the registry chain that node agents
-// sequence there, whenever a node entry changed.
+// sequence there, whenever a node's state changed.
 func TestCacheReconcileKeepsThePublishedChain(t *testing.T) {
 	ctx := context.Background()
 	chain := &v1alpha1.PublishedChain{Repository: "registry.example:5000/ci-caches/builds/maven", Generation: 1, Layers: []v1alpha1.PublishedLayer{{
 		Generation: 1, Digest: "sha256:aa", DiffID: "sha256:bb", MediaType: "application/vnd.oci.image.layer.v1.tar+zstd", Size: 10,
 	}}}
-	cache := cacheObj([]string{v1alpha1.FinalizerCleanup}, false, entry("node-a", 1, 4096, 10))
+	cache := cacheObj([]string{v1alpha1.FinalizerCleanup}, false)
 	cache.Status.Published = chain.DeepCopy()
-	c := newFakeClient(t, node("node-a"), cache)
+	c := newFakeClient(t, node("node-a"), cache, replica("node-a", 1, 4096, 10))
 	r := &CacheReconciler{Client: c, Recorder: events.NewFakeRecorder(10)}
 	if _, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(cache)}); err != nil {
 		t.Fatalf("Reconcile() error = %v", err)

@@ -11,15 +11,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 )
 
-// agentFieldManager is the field manager of a node agent, which owns that
-// node's entry of Cache status (nodeagent/caches.go).
+// agentFieldManager is the field manager of a node agent, which applies
+// that node's CacheReplicas (nodeagent/caches.go).
 func agentFieldManager(node string) string { return "layercache-node-" + node }
 
 // createNode creates a Node object; the test deletes it at the end.
@@ -43,55 +41,50 @@ func (a *apiTest) createCache(name, node string) *v1alpha1.Cache {
 	return c
 }
 
-// applyEntry states node's entry of the Cache's status the way its node
-// agent does: server-side apply of the status subresource under the
-// agent's own field manager, forcing ownership. A nil entry withdraws it.
-func (a *apiTest) applyEntry(c *v1alpha1.Cache, node string, entry *v1alpha1.NodeCacheStatus) {
+// applyEntry states node's replica of the Cache the way its node agent
+// does: server-side apply under the agent's own field manager, forcing
+// ownership. A nil status deletes the replica, as the agent does when the
+// cache leaves its node.
+func (a *apiTest) applyEntry(c *v1alpha1.Cache, node string, st *v1alpha1.CacheReplicaStatus) {
 	a.t.Helper()
-	u := &unstructured.Unstructured{Object: map[string]any{}}
-	u.SetAPIVersion(v1alpha1.GroupVersion.String())
-	u.SetKind("Cache")
-	u.SetNamespace(c.Namespace)
-	u.SetName(c.Name)
-	if entry != nil {
-		fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(entry)
-		if err != nil {
-			a.t.Fatal(err)
+	if st == nil {
+		r := &v1alpha1.CacheReplica{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: v1alpha1.CacheReplicaName(c.Name, node)}}
+		if err := a.c.Delete(a.ctx, r); err != nil {
+			a.t.Fatalf("deleting node %s's replica of Cache %s: %v", node, c.Name, err)
 		}
-		u.Object["status"] = map[string]any{"nodes": []any{fields}}
+		return
 	}
-	err := a.c.Status().Apply(a.ctx, client.ApplyConfigurationFromUnstructured(u),
-		client.FieldOwner(agentFieldManager(node)), client.ForceOwnership)
-	if err != nil {
-		a.t.Fatalf("applying node %s's entry of Cache %s: %v", node, c.Name, err)
+	b := v1alpha1.CacheReplicaApply(c.Namespace, c.Name, c.UID, node, *st)
+	if err := a.c.Apply(a.ctx, b, client.FieldOwner(agentFieldManager(node)), client.ForceOwnership); err != nil {
+		a.t.Fatalf("applying node %s's replica of Cache %s: %v", node, c.Name, err)
 	}
 }
 
-// nodeEntry is a node's status entry; lastUsed is in whole seconds, as the
-// agent writes it.
-func nodeEntry(node string, gen, size int64, lastUsed time.Time) *v1alpha1.NodeCacheStatus {
+// nodeEntry is a node's replica status; lastUsed is in whole seconds, as
+// the agent writes it.
+func nodeEntry(gen, size int64, lastUsed time.Time) *v1alpha1.CacheReplicaStatus {
 	t := metav1.NewTime(lastUsed.Truncate(time.Second))
-	return &v1alpha1.NodeCacheStatus{Node: node, Generation: gen, Layers: int32(gen), SizeBytes: size, LastUsed: &t, LastWriter: "builds/build-1"}
+	return &v1alpha1.CacheReplicaStatus{Generation: gen, Layers: int32(gen), SizeBytes: size, LastUsed: &t, LastWriter: "builds/build-1"}
 }
 
-// seededEntry is e of a copy that its node created on fallback name at
+// seededEntry is st of a copy that its node created on fallback name at
 // generation gen.
-func seededEntry(e *v1alpha1.NodeCacheStatus, namespace, name string, gen int64) *v1alpha1.NodeCacheStatus {
-	e.SeededFrom = &v1alpha1.CacheSeed{Namespace: namespace, Name: name, Generation: gen}
-	return e
+func seededEntry(st *v1alpha1.CacheReplicaStatus, namespace, name string, gen int64) *v1alpha1.CacheReplicaStatus {
+	st.SeededFrom = &v1alpha1.CacheSeed{Namespace: namespace, Name: name, Generation: gen}
+	return st
 }
 
-// derived is what the manager derives from the node entries.
+// derived is what the manager derives from the replicas.
 type derived struct {
-	nodes      []string // the entries' nodes, in order
+	nodes      []string // the replicas' nodes, sorted
 	generation int64
 	size       string
 	lastUsed   time.Time // zero for none
 	seededFrom string
 }
 
-// statusIs reports nil once the Cache's status has the entries and derived
-// fields of want.
+// statusIs reports nil once the Cache has the replicas and derived fields
+// of want.
 func (a *apiTest) statusIs(c *v1alpha1.Cache, want derived) func(context.Context) error {
 	return func(ctx context.Context) error {
 		var cur v1alpha1.Cache
@@ -99,10 +92,15 @@ func (a *apiTest) statusIs(c *v1alpha1.Cache, want derived) func(context.Context
 			return err
 		}
 		st := cur.Status
-		var nodes []string
-		for _, n := range st.Nodes {
-			nodes = append(nodes, n.Node)
+		var replicas v1alpha1.CacheReplicaList
+		if err := a.c.List(ctx, &replicas, client.InNamespace(c.Namespace), client.MatchingLabels{v1alpha1.LabelReplicaCache: c.Name}); err != nil {
+			return err
 		}
+		var nodes []string
+		for _, r := range replicas.Items {
+			nodes = append(nodes, r.Spec.Node)
+		}
+		slices.Sort(nodes)
 		var lastUsed time.Time
 		if st.LastUsed != nil {
 			lastUsed = st.LastUsed.Time
@@ -116,11 +114,9 @@ func (a *apiTest) statusIs(c *v1alpha1.Cache, want derived) func(context.Context
 	}
 }
 
-// TestEnvtestCacheStatusFollowsNodeEntries: node agents apply their own
-// entries with server-side apply; the manager's derived fields follow, and
-// an agent can still withdraw its entry after the manager's writes (the
-// manager's patches must not take over the agents' fields).
-func TestEnvtestCacheStatusFollowsNodeEntries(t *testing.T) {
+// TestEnvtestCacheStatusFollowsReplicas: node agents apply their own
+// replicas with server-side apply; the manager's derived fields follow.
+func TestEnvtestCacheStatusFollowsReplicas(t *testing.T) {
 	a := newAPITest(t)
 	a.startManager()
 	nodeA, nodeB := a.createNode(a.ns+"-a").Name, a.createNode(a.ns+"-b").Name
@@ -132,12 +128,12 @@ func TestEnvtestCacheStatusFollowsNodeEntries(t *testing.T) {
 	steps := []struct {
 		name  string
 		node  string
-		entry *v1alpha1.NodeCacheStatus
+		entry *v1alpha1.CacheReplicaStatus
 		want  derived
 	}{
-		{"node a commits", nodeA, nodeEntry(nodeA, 3, gib, t1), derived{[]string{nodeA}, 3, "1.0GiB", t1, ""}},
-		{"node b commits", nodeB, nodeEntry(nodeB, 5, gib/2, t2), derived{[]string{nodeA, nodeB}, 5, "1.5GiB", t2, ""}},
-		{"node a commits again, seeded", nodeA, seededEntry(nodeEntry(nodeA, 6, gib, t1), a.ns, "main", 2),
+		{"node a commits", nodeA, nodeEntry(3, gib, t1), derived{[]string{nodeA}, 3, "1.0GiB", t1, ""}},
+		{"node b commits", nodeB, nodeEntry(5, gib/2, t2), derived{[]string{nodeA, nodeB}, 5, "1.5GiB", t2, ""}},
+		{"node a commits again, seeded", nodeA, seededEntry(nodeEntry(6, gib, t1), a.ns, "main", 2),
 			derived{[]string{nodeA, nodeB}, 6, "1.5GiB", t2, a.ns + "/main@2"}},
 		// The newest last use stays when its node evicts the cache, and
 		// when every node has.
@@ -154,25 +150,25 @@ func TestEnvtestCacheStatusFollowsNodeEntries(t *testing.T) {
 }
 
 // TestEnvtestCacheDeletion: a deleted Cache is held by the cleanup finalizer
-// until no existing Node is in its status, then released. Entries of Nodes
-// that do not exist are pruned, with a NodeGone Event.
+// until no existing Node has a replica of it, then released. Replicas of
+// Nodes that do not exist are deleted, with a NodeGone Event.
 func TestEnvtestCacheDeletion(t *testing.T) {
 	tests := []struct {
 		name    string
-		entries []string // nodes with an entry; each exists as a Node
-		// finish lets the held Cache go: an agent withdraws its entry, or
+		entries []string // nodes with a replica; each exists as a Node
+		// finish lets the held Cache go: an agent deletes its replica, or
 		// a Node is deleted.
 		finish func(a *apiTest, c *v1alpha1.Cache, nodes map[string]*corev1.Node)
 	}{{
-		name:    "released once the last agent removes its entry",
+		name:    "released once the last agent deletes its replica",
 		entries: []string{"a", "b"},
 		finish: func(a *apiTest, c *v1alpha1.Cache, nodes map[string]*corev1.Node) {
 			a.applyEntry(c, nodes["a"].Name, nil)
-			a.stays("the Cache is held while node b's entry remains", a.hasFinalizers(c, v1alpha1.FinalizerCleanup))
+			a.stays("the Cache is held while node b's replica remains", a.hasFinalizers(c, v1alpha1.FinalizerCleanup))
 			a.applyEntry(c, nodes["b"].Name, nil)
 		},
 	}, {
-		name:    "released once the Node of the last entry is deleted",
+		name:    "released once the Node of the last replica is deleted",
 		entries: []string{"a"},
 		finish: func(a *apiTest, c *v1alpha1.Cache, nodes map[string]*corev1.Node) {
 			if err := a.c.Delete(a.ctx, nodes["a"]); err != nil {
@@ -180,7 +176,7 @@ func TestEnvtestCacheDeletion(t *testing.T) {
 			}
 		},
 	}, {
-		name:   "released at once without entries",
+		name:   "released at once without replicas",
 		finish: func(*apiTest, *v1alpha1.Cache, map[string]*corev1.Node) {},
 	}}
 	for _, tc := range tests {
@@ -197,17 +193,17 @@ func TestEnvtestCacheDeletion(t *testing.T) {
 			a.eventually("the cleanup finalizer", a.hasFinalizers(c, v1alpha1.FinalizerCleanup))
 			now := time.Now().Truncate(time.Second)
 			for _, n := range names {
-				a.applyEntry(c, n, nodeEntry(n, 1, 4096, now))
+				a.applyEntry(c, n, nodeEntry(1, 4096, now))
 			}
-			// An agent whose Node was deleted left an entry behind.
+			// An agent whose Node was deleted left a replica behind.
 			gone := a.ns + "-gone"
-			a.applyEntry(c, gone, nodeEntry(gone, 9, gib, now))
+			a.applyEntry(c, gone, nodeEntry(9, gib, now))
 			want := derived{nodes: names}
 			if len(names) > 0 {
 				want = derived{names, 1, v1alpha1.FormatSize(int64(4096 * len(names))), now, ""}
 			}
-			a.eventually("the gone Node's entry pruned", a.statusIs(c, want))
-			a.waitEvent("Cache", c.Name, "Normal NodeGone Removed the status of "+gone+": the Node no longer exists")
+			a.eventually("the gone Node's replica deleted", a.statusIs(c, want))
+			a.waitEvent("Cache", c.Name, "Normal NodeGone Deleted the CacheReplicas of "+gone+": the Node no longer exists")
 
 			if err := a.c.Delete(a.ctx, c); err != nil {
 				t.Fatalf("deleting the Cache: %v", err)
@@ -287,7 +283,7 @@ func TestEnvtestCacheStatusKeepsThePublishedChain(t *testing.T) {
 	now := time.Now().Truncate(time.Second)
 	// Commit, push, and report, as the agent does after each build.
 	for gen := int64(1); gen <= 2; gen++ {
-		a.applyEntry(c, node, nodeEntry(node, gen, gen*1024, now))
+		a.applyEntry(c, node, nodeEntry(gen, gen*1024, now))
 		a.publish(c, node, layer(gen))
 		a.eventually(fmt.Sprintf("generation %d derived", gen), a.statusIs(c, derived{[]string{node}, gen, v1alpha1.FormatSize(gen * 1024), now, ""}))
 	}

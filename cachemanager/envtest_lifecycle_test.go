@@ -141,7 +141,7 @@ func TestEnvtestNamespaceSizeEvictsTheLeastRecentlyUsed(t *testing.T) {
 	var caches []*v1alpha1.Cache
 	for i, minutes := range []int{30, 10, 20} {
 		c := a.createCache(string(rune('a'+i)), node)
-		a.applyEntry(c, node, nodeEntry(node, 1, 1<<20, now.Add(time.Duration(minutes)*time.Minute)))
+		a.applyEntry(c, node, nodeEntry(1, 1<<20, now.Add(time.Duration(minutes)*time.Minute)))
 		caches = append(caches, c)
 	}
 	a.stays("no bound, nothing is deleted", func(ctx context.Context) error {

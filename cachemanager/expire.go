@@ -73,7 +73,11 @@ func (r *ExpiryReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if err != nil || limit.age == 0 {
 		return reconcile.Result{}, err
 	}
-	used := lastUsed(&c)
+	replicas, err := replicasOf(ctx, r.Client, &c)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	used := lastUsed(&c, replicas)
 	now := r.now()
 	if wait := used.Add(limit.age).Sub(now); wait > 0 {
 		return reconcile.Result{RequeueAfter: wait}, nil
@@ -148,4 +152,13 @@ func (r *ExpiryReconciler) cachesOfClass(ctx context.Context, obj client.Object)
 		return nil
 	}
 	return cacheRequests(caches)
+}
+
+// cacheRequests asks for a reconcile of each of caches.
+func cacheRequests(caches v1alpha1.CacheList) []reconcile.Request {
+	reqs := make([]reconcile.Request, 0, len(caches.Items))
+	for _, c := range caches.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&c)})
+	}
+	return reqs
 }

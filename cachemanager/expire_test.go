@@ -39,10 +39,6 @@ func withClass(name string) func(*v1alpha1.Cache) {
 	return func(c *v1alpha1.Cache) { c.Labels = map[string]string{v1alpha1.LabelStorageClass: name} }
 }
 
-func withNodes(entries ...v1alpha1.NodeCacheStatus) func(*v1alpha1.Cache) {
-	return func(c *v1alpha1.Cache) { c.Status.Nodes = entries }
-}
-
 func withLastUsed(sec int) func(*v1alpha1.Cache) {
 	return func(c *v1alpha1.Cache) { c.Status.LastUsed = at(sec) }
 }
@@ -60,6 +56,7 @@ func TestExpiryReconcile(t *testing.T) {
 	tests := []struct {
 		name       string
 		cache      *v1alpha1.Cache
+		replicas   []*v1alpha1.CacheReplica
 		classes    []*storagev1.StorageClass
 		volumes    []*corev1.PersistentVolume
 		defaultAge time.Duration
@@ -80,11 +77,12 @@ func TestExpiryReconcile(t *testing.T) {
 		event:   "Normal Expired Deleted the cache: no node has used it for 720h0m0s (since 2026-03-01T12:00:00Z), past its cluster-wide max age 720h0m0s from the manager's --cache-max-age",
 	}, {
 		name:       "the newest node use counts",
-		cache:      expiring(withNodes(entry("node-a", 1, gib, 10*hour), entry("node-b", 1, gib, 100*hour))),
+		cache:      expiring(),
+		replicas:   []*v1alpha1.CacheReplica{replica("node-a", 1, gib, 10*hour), replica("node-b", 1, gib, 100*hour)},
 		defaultAge: 720 * time.Hour, now: 800 * hour,
 		requeue: 20 * time.Hour,
 	}, {
-		name:       "status.lastUsed counts without node entries",
+		name:       "status.lastUsed counts without replicas",
 		cache:      expiring(withLastUsed(100 * hour)),
 		defaultAge: 720 * time.Hour, now: 810 * hour,
 		requeue: 10 * time.Hour,
@@ -156,6 +154,9 @@ func TestExpiryReconcile(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			objs := []client.Object{tc.cache.DeepCopy()}
+			for _, r := range tc.replicas {
+				objs = append(objs, r)
+			}
 			for _, sc := range tc.classes {
 				objs = append(objs, sc)
 			}
@@ -198,7 +199,7 @@ func TestExpiryStaleCacheIsNotDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	used := stale.DeepCopy()
-	used.Status.Nodes = []v1alpha1.NodeCacheStatus{entry("node-a", 1, gib, 1000)}
+	used.Status.LastUsed = at(1000)
 	if err := c.Status().Update(ctx, used); err != nil {
 		t.Fatal(err)
 	}

@@ -38,9 +38,10 @@ const (
 )
 
 // lastUsed is when the cache was last used on any node: the newest of its
-// status.lastUsed, its node entries' and its creation, so that a cache
-// never used counts from its creation.
-func lastUsed(c *v1alpha1.Cache) time.Time {
+// status.lastUsed, its replicas' and its creation, so that a cache never
+// used counts from its creation. The replicas count too because the
+// summary may not have caught up with a node's use yet.
+func lastUsed(c *v1alpha1.Cache, replicas []v1alpha1.CacheReplica) time.Time {
 	t := c.CreationTimestamp.Time
 	later := func(u *metav1.Time) {
 		if u != nil && u.After(t) {
@@ -48,20 +49,29 @@ func lastUsed(c *v1alpha1.Cache) time.Time {
 		}
 	}
 	later(c.Status.LastUsed)
-	for i := range c.Status.Nodes {
-		later(c.Status.Nodes[i].LastUsed)
+	for i := range replicas {
+		later(replicas[i].Status.LastUsed)
 	}
 	return t
 }
 
 // largestCopy is the size of the cache's largest node copy: what it takes
 // on a node that holds all of it.
-func largestCopy(c *v1alpha1.Cache) int64 {
+func largestCopy(replicas []v1alpha1.CacheReplica) int64 {
 	var size int64
-	for _, n := range c.Status.Nodes {
-		size = max(size, n.SizeBytes)
+	for _, r := range replicas {
+		size = max(size, r.Status.SizeBytes)
 	}
 	return size
+}
+
+// replicasOf lists the Cache's replicas from the informer.
+func replicasOf(ctx context.Context, r client.Reader, c *v1alpha1.Cache) ([]v1alpha1.CacheReplica, error) {
+	var list v1alpha1.CacheReplicaList
+	if err := r.List(ctx, &list, client.InNamespace(c.Namespace), client.MatchingFields{indexReplicaCache: c.Name}); err != nil {
+		return nil, fmt.Errorf("listing the replicas of Cache %s/%s: %w", c.Namespace, c.Name, err)
+	}
+	return list.Items, nil
 }
 
 // inUse tells whether a build has a volume of the cache that has not

@@ -39,12 +39,13 @@ type NamespaceSizeReconciler struct {
 }
 
 // SetupWithManager wires the controller: a Namespace is reconciled when it
-// changes and when one of its Caches does.
+// changes and when one of its Caches or their replicas does.
 func (r *NamespaceSizeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("namespace-cache-size").
 		For(&corev1.Namespace{}).
 		Watches(&v1alpha1.Cache{}, handler.EnqueueRequestsFromMapFunc(cacheNamespace)).
+		Watches(&v1alpha1.CacheReplica{}, handler.EnqueueRequestsFromMapFunc(cacheNamespace)).
 		Complete(r)
 }
 
@@ -172,7 +173,11 @@ func (r *NamespaceSizeReconciler) cacheUses(ctx context.Context, caches []v1alph
 		if err != nil {
 			return nil, err
 		}
-		uses = append(uses, cacheUse{cache: c, size: largestCopy(c), used: lastUsed(c), busy: busy})
+		replicas, err := replicasOf(ctx, r.Client, c)
+		if err != nil {
+			return nil, err
+		}
+		uses = append(uses, cacheUse{cache: c, size: largestCopy(replicas), used: lastUsed(c, replicas), busy: busy})
 	}
 	return uses, nil
 }

@@ -18,12 +18,18 @@ import (
 
 const mib = 1 << 20
 
-// sized is a Cache of the test namespace with one node entry per size,
-// all last used sec seconds after t0.
-func sized(name string, sec int, sizes ...int64) *v1alpha1.Cache {
-	c := &v1alpha1.Cache{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: *at(0)}}
+// sizedCache is a Cache with its replicas.
+type sizedCache struct {
+	*v1alpha1.Cache
+	replicas []client.Object
+}
+
+// sized is a Cache of the test namespace with one replica per size, all
+// last used sec seconds after t0.
+func sized(name string, sec int, sizes ...int64) sizedCache {
+	c := sizedCache{Cache: &v1alpha1.Cache{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: *at(0)}}}
 	for i, s := range sizes {
-		c.Status.Nodes = append(c.Status.Nodes, entry("node-"+string(rune('a'+i)), 1, s, sec))
+		c.replicas = append(c.replicas, replicaOf(name, "node-"+string(rune('a'+i)), v1alpha1.CacheReplicaStatus{Generation: 1, SizeBytes: s, LastUsed: at(sec)}))
 	}
 	return c
 }
@@ -45,7 +51,7 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 		name       string
 		ns         *corev1.Namespace
 		defaultMax string
-		caches     []*v1alpha1.Cache
+		caches     []sizedCache
 		volumes    []*corev1.PersistentVolume
 		gone       []string
 		total      float64 // the total gauge after
@@ -54,36 +60,36 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 	}{{
 		name:   "no bound: nothing is deleted, the total is reported",
 		ns:     namespace(nil),
-		caches: []*v1alpha1.Cache{sized("a", 10, mib), sized("b", 20, mib), sized("c", 30, mib)},
+		caches: []sizedCache{sized("a", 10, mib), sized("b", 20, mib), sized("c", 30, mib)},
 		total:  3 * mib, max: -1,
 	}, {
 		name:   "under the bound",
 		ns:     namespace(bounded("3Mi")),
-		caches: []*v1alpha1.Cache{sized("a", 10, mib), sized("b", 20, mib), sized("c", 30, mib)},
+		caches: []sizedCache{sized("a", 10, mib), sized("b", 20, mib), sized("c", 30, mib)},
 		total:  3 * mib, max: 3 * mib,
 	}, {
 		name:   "over the bound: the least recently used goes",
 		ns:     namespace(bounded("2.5Mi")),
-		caches: []*v1alpha1.Cache{sized("a", 30, mib), sized("b", 10, mib), sized("c", 20, mib)},
+		caches: []sizedCache{sized("a", 30, mib), sized("b", 10, mib), sized("c", 20, mib)},
 		gone:   []string{"b"},
 		total:  2 * mib, max: 2.5 * mib,
 		events: []string{"Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:10Z), the least recently used of namespace builds: its caches took 3.0MiB, over the bound of 2.5MiB from " + fromAnnotation},
 	}, {
 		name:   "as many go as it takes, oldest first",
 		ns:     namespace(bounded("1.5Mi")),
-		caches: []*v1alpha1.Cache{sized("a", 30, mib), sized("b", 10, mib), sized("c", 20, mib)},
+		caches: []sizedCache{sized("a", 30, mib), sized("b", 10, mib), sized("c", 20, mib)},
 		gone:   []string{"b", "c"},
 		total:  mib, max: 1.5 * mib,
 		events: []string{"Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:10Z)", "Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:20Z)"},
 	}, {
 		name:   "a cache counts its largest node copy",
 		ns:     namespace(bounded("3Mi")),
-		caches: []*v1alpha1.Cache{sized("a", 10, mib, 2*mib), sized("b", 20, mib, mib/2)},
+		caches: []sizedCache{sized("a", 10, mib, 2*mib), sized("b", 20, mib, mib/2)},
 		total:  3 * mib, max: 3 * mib,
 	}, {
 		name:   "the most recently used cache stays even alone over the bound",
 		ns:     namespace(bounded("1Mi")),
-		caches: []*v1alpha1.Cache{sized("big", 30, 3*mib), sized("small", 10, mib)},
+		caches: []sizedCache{sized("big", 30, 3*mib), sized("small", 10, mib)},
 		gone:   []string{"small"},
 		total:  3 * mib, max: mib,
 		events: []string{
@@ -93,14 +99,14 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 	}, {
 		name:   "an empty cache frees nothing and stays",
 		ns:     namespace(bounded("1.5Mi")),
-		caches: []*v1alpha1.Cache{sized("empty", 5), sized("a", 10, mib), sized("b", 20, mib)},
+		caches: []sizedCache{sized("empty", 5), sized("a", 10, mib), sized("b", 20, mib)},
 		gone:   []string{"a"},
 		total:  mib, max: 1.5 * mib,
 		events: []string{"Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:10Z)"},
 	}, {
 		name:    "a cache a build is using is passed over",
 		ns:      namespace(bounded("1.5Mi")),
-		caches:  []*v1alpha1.Cache{sized("a", 10, mib), sized("b", 20, mib), sized("c", 30, mib)},
+		caches:  []sizedCache{sized("a", 10, mib), sized("b", 20, mib), sized("c", 30, mib)},
 		volumes: []*corev1.PersistentVolume{volumeOf("pv-1", ns+"/a", "", corev1.VolumeBound)},
 		gone:    []string{"b"},
 		total:   2 * mib, max: 1.5 * mib,
@@ -108,13 +114,13 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 	}, {
 		name:   "caches being deleted do not count",
 		ns:     namespace(bounded("2.5Mi")),
-		caches: []*v1alpha1.Cache{deleting, sized("a", 10, mib), sized("b", 20, mib)},
+		caches: []sizedCache{deleting, sized("a", 10, mib), sized("b", 20, mib)},
 		total:  2 * mib, max: 2.5 * mib,
 	}, {
 		name:       "the manager's default bound",
 		ns:         namespace(nil),
 		defaultMax: "1.5Mi",
-		caches:     []*v1alpha1.Cache{sized("a", 10, mib), sized("b", 20, mib)},
+		caches:     []sizedCache{sized("a", 10, mib), sized("b", 20, mib)},
 		gone:       []string{"a"},
 		total:      mib, max: 1.5 * mib,
 		events: []string{"Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:10Z), the least recently used of namespace builds: its caches took 2.0MiB, over the bound of 1.5MiB from the manager's --namespace-max-cache-size"},
@@ -122,13 +128,13 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 		name:       "the annotation wins over the default",
 		ns:         namespace(bounded("10Mi")),
 		defaultMax: "1Mi",
-		caches:     []*v1alpha1.Cache{sized("a", 10, mib), sized("b", 20, mib)},
+		caches:     []sizedCache{sized("a", 10, mib), sized("b", 20, mib)},
 		total:      2 * mib, max: 10 * mib,
 	}, {
 		name:       "an invalid annotation is reported and the default applies",
 		ns:         namespace(bounded("lots")),
 		defaultMax: "1.5Mi",
-		caches:     []*v1alpha1.Cache{sized("a", 10, mib), sized("b", 20, mib)},
+		caches:     []sizedCache{sized("a", 10, mib), sized("b", 20, mib)},
 		gone:       []string{"a"},
 		total:      mib, max: 1.5 * mib,
 		events: []string{
@@ -138,7 +144,7 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 	}, {
 		name:   "a zero bound is invalid; without a default nothing is bounded",
 		ns:     namespace(bounded("0")),
-		caches: []*v1alpha1.Cache{sized("a", 10, mib), sized("b", 20, mib)},
+		caches: []sizedCache{sized("a", 10, mib), sized("b", 20, mib)},
 		total:  2 * mib, max: -1,
 		events: []string{`Warning InvalidAnnotation annotation layercache.dev/max-cache-size has value "0": use a quantity above 0 such as "10Gi", or remove the annotation; until then no bound applies`},
 	}}
@@ -147,7 +153,7 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 			ctx := context.Background()
 			objs := []client.Object{tc.ns.DeepCopy()}
 			for _, c := range tc.caches {
-				objs = append(objs, c.DeepCopy())
+				objs = append(append(objs, c.DeepCopy()), c.replicas...)
 			}
 			for _, pv := range tc.volumes {
 				objs = append(objs, pv)

@@ -30,6 +30,10 @@ package cachemanager
 // +kubebuilder:rbac:groups=layercache.dev,resources=caches,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=layercache.dev,resources=caches/status,verbs=get;update;patch
 
+// Sum up the replicas in their Cache's status; delete those of Nodes that
+// no longer exist.
+// +kubebuilder:rbac:groups=layercache.dev,resources=cachereplicas,verbs=get;list;watch;delete
+
 // Events: the controllers' own (events.k8s.io) and leader election's
 // (core).
 // +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch;update

@@ -173,7 +173,8 @@ func newFakeClient(t *testing.T, objs ...client.Object) client.Client {
 		WithObjects(objs...).
 		WithStatusSubresource(&v1alpha1.Cache{}).
 		WithIndex(&corev1.Pod{}, indexPodClaims, podClaimsIndex).
-		WithIndex(&v1alpha1.Cache{}, indexCacheNodes, cacheNodesIndex).
+		WithIndex(&v1alpha1.CacheReplica{}, indexReplicaCache, replicaCacheIndex).
+		WithIndex(&v1alpha1.CacheReplica{}, indexReplicaNode, replicaNodeIndex).
 		WithIndex(&corev1.PersistentVolume{}, indexOpenVolumes, openVolumesIndex).
 		WithIndex(&corev1.Pod{}, indexHeldPods, heldPodsIndex).
 		Build()

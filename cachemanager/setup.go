@@ -20,8 +20,10 @@ const (
 	// indexPodClaims indexes pods by the names of the standalone PVCs they
 	// use.
 	indexPodClaims = "layercache.dev/claims"
-	// indexCacheNodes indexes Caches by the nodes in their status.
-	indexCacheNodes = "layercache.dev/nodes"
+	// indexReplicaCache indexes CacheReplicas by their Cache's name.
+	indexReplicaCache = "layercache.dev/replica-cache"
+	// indexReplicaNode indexes CacheReplicas by their node.
+	indexReplicaNode = "layercache.dev/replica-node"
 	// indexOpenVolumes indexes layercache PVs whose build has not ended
 	// by their cache, NAMESPACE/NAME.
 	indexOpenVolumes = "layercache.dev/open-volumes"
@@ -52,8 +54,11 @@ func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer, 
 	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodClaims, podClaimsIndex); err != nil {
 		return fmt.Errorf("indexing pods by claim: %w", err)
 	}
-	if err := idx.IndexField(ctx, &v1alpha1.Cache{}, indexCacheNodes, cacheNodesIndex); err != nil {
-		return fmt.Errorf("indexing caches by node: %w", err)
+	if err := idx.IndexField(ctx, &v1alpha1.CacheReplica{}, indexReplicaCache, replicaCacheIndex); err != nil {
+		return fmt.Errorf("indexing cache replicas by cache: %w", err)
+	}
+	if err := idx.IndexField(ctx, &v1alpha1.CacheReplica{}, indexReplicaNode, replicaNodeIndex); err != nil {
+		return fmt.Errorf("indexing cache replicas by node: %w", err)
 	}
 	if err := idx.IndexField(ctx, &corev1.PersistentVolume{}, indexOpenVolumes, openVolumesIndex); err != nil {
 		return fmt.Errorf("indexing volumes by cache: %w", err)
@@ -170,16 +175,18 @@ func podClaimsIndex(obj client.Object) []string {
 	return claimNames(pod)
 }
 
-func cacheNodesIndex(obj client.Object) []string {
-	c, ok := obj.(*v1alpha1.Cache)
-	if !ok {
-		return nil
+func replicaCacheIndex(obj client.Object) []string {
+	if r, ok := obj.(*v1alpha1.CacheReplica); ok {
+		return []string{r.Spec.Cache}
 	}
-	nodes := make([]string, 0, len(c.Status.Nodes))
-	for _, n := range c.Status.Nodes {
-		nodes = append(nodes, n.Node)
+	return nil
+}
+
+func replicaNodeIndex(obj client.Object) []string {
+	if r, ok := obj.(*v1alpha1.CacheReplica); ok {
+		return []string{r.Spec.Node}
 	}
-	return nodes
+	return nil
 }
 
 // openVolumesIndex keys a layercache PV by its cache until the node agent

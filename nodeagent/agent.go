@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -84,6 +85,7 @@ func Run(ctx context.Context, opts Options) error {
 		Logger:                 logger,
 		Metrics:                metricsserver.Options{BindAddress: opts.MetricsBindAddress},
 		HealthProbeBindAddress: opts.HealthProbeBindAddress,
+		Cache:                  informerOptions(opts.NodeName),
 		// Every node agent serves its own node; there is nothing to elect.
 		LeaderElection: false,
 	})
@@ -128,6 +130,19 @@ func Run(ctx context.Context, opts Options) error {
 	logger.Info("Volume size limits (a claim's storage request) are enforced at commit: a build's larger changes are discarded. " +
 		"The store uses no filesystem project quotas, so a runaway build is not stopped while it runs; --gc-min-free-percent keeps caches from filling the node")
 	return mgr.Start(ctx)
+}
+
+// informerOptions scopes the controller-runtime informers to what the
+// agent reads: its own node's CacheReplicas, never the cluster's, so that
+// its memory does not grow with the number of nodes. No cached object
+// keeps its managed fields.
+func informerOptions(node string) crcache.Options {
+	return crcache.Options{
+		DefaultTransform: crcache.TransformStripManagedFields(),
+		ByObject: map[client.Object]crcache.ByObject{
+			&v1alpha1.CacheReplica{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelReplicaNode: v1alpha1.ReplicaNodeLabel(node)})},
+		},
+	}
 }
 
 // agent ties the provisioner, its informers and the maintenance together.

@@ -225,7 +225,7 @@ func (s *syncer) awaitAnnounced(ctx context.Context, cache *v1alpha1.Cache) (*v1
 
 // othersAnnounced splits the announcements of other nodes into those
 // worth waiting for and those that will not come soon: of a node that
-// is gone or not Ready, or whose publishing fails (its status entry has
+// is gone or not Ready, or whose publishing fails (its CacheReplica has
 // a publishError, as in a registry outage). Waiting for those would only
 // delay every build by the sync timeout.
 func (s *syncer) othersAnnounced(ctx context.Context, cache *v1alpha1.Cache) (wait, skip awaited) {
@@ -256,10 +256,12 @@ func (s *syncer) cannotDeliver(ctx context.Context, cache *v1alpha1.Cache, node 
 	case !ready:
 		return "node " + node + " is not Ready"
 	}
-	for _, n := range cache.Status.Nodes {
-		if n.Node == node && n.PublishError != "" {
-			return "node " + node + " cannot publish now: " + n.PublishError
-		}
+	// Another node's replica is not in this agent's informer (it holds
+	// this node's only); announcements of other nodes are few.
+	var r v1alpha1.CacheReplica
+	key := client.ObjectKey{Namespace: cache.Namespace, Name: v1alpha1.CacheReplicaName(cache.Name, node)}
+	if err := s.caches.reader.Get(ctx, key, &r); err == nil && r.Status.PublishError != "" {
+		return "node " + node + " cannot publish now: " + r.Status.PublishError
 	}
 	return ""
 }

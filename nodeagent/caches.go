@@ -26,8 +26,8 @@ type caches struct {
 	node   string
 }
 
-// fieldManager owns this node's status entry; one per node, so server-side
-// apply keeps the nodes from overwriting each other.
+// fieldManager is this node's: it applies the node's CacheReplicas and
+// names the node in the Caches' managed fields.
 func (c *caches) fieldManager() string { return "layercache-node-" + c.node }
 
 // authorize checks that a claim of namespace may use the cache as asked,
@@ -106,12 +106,12 @@ type syncStatus struct {
 	PublishError string
 }
 
-// nodeStatus is this node's status entry for a cache. Unpublished and
+// replicaStatus is this node's state of a cache. Unpublished and
 // PublishError are reported for a cache that syncs through a registry
 // (synced not nil) only.
-func nodeStatus(node string, info layerfs.CacheInfo, synced *syncStatus) v1alpha1.NodeCacheStatus {
-	st := v1alpha1.NodeCacheStatus{
-		Node: node, Generation: info.Generation, Layers: int32(len(info.Layers)),
+func replicaStatus(info layerfs.CacheInfo, synced *syncStatus) v1alpha1.CacheReplicaStatus {
+	st := v1alpha1.CacheReplicaStatus{
+		Generation: info.Generation, Layers: int32(len(info.Layers)),
 		SizeBytes: info.Bytes, LastWriter: info.LastWriter,
 	}
 	if seed := info.SeededFrom; seed != nil {
@@ -123,80 +123,71 @@ func nodeStatus(node string, info layerfs.CacheInfo, synced *syncStatus) v1alpha
 	}
 	if !info.LastUsed.IsZero() {
 		// The API stores seconds; rounding here keeps repeated applies of an
-		// unchanged cache identical, so they are no-ops on the server.
+		// unchanged cache identical, so that they are skipped.
 		t := metav1.NewTime(info.LastUsed.Truncate(time.Second))
 		st.LastUsed = &t
 	}
 	return st
 }
 
-// statusApply is the server-side apply body that states this node's entry
-// of a Cache's status; with entry nil it states none, which removes the
-// entry this field manager applied before.
-func statusApply(ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) *v1alpha1.CacheApplyConfiguration {
-	b := v1alpha1.CacheApply(ref.Namespace, ref.Name)
-	if entry != nil {
-		b.WithNodeStatus(*entry)
-	}
-	return b
+// replicaKey is this node's CacheReplica of ref.
+func (c *caches) replicaKey(ref layerfs.CacheRef) client.ObjectKey {
+	return client.ObjectKey{Namespace: ref.Namespace, Name: v1alpha1.CacheReplicaName(ref.Name, c.node)}
 }
 
-// holdsEntry tells whether the Cache's status has node's entry exactly as
-// entry would be stored (nil: has none). The comparison goes through JSON,
-// which keeps times to the second as the API server does.
-func holdsEntry(cache *v1alpha1.Cache, node string, entry *v1alpha1.NodeCacheStatus) bool {
-	i := slices.IndexFunc(cache.Status.Nodes, func(n v1alpha1.NodeCacheStatus) bool { return n.Node == node })
-	if entry == nil || i < 0 {
-		return entry == nil && i < 0
+// replica returns this node's CacheReplica of ref from the informer (which
+// holds this node's replicas only), or nil if there is none.
+func (c *caches) replica(ctx context.Context, ref layerfs.CacheRef) (*v1alpha1.CacheReplica, error) {
+	var r v1alpha1.CacheReplica
+	err := c.client.Get(ctx, c.replicaKey(ref), &r)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
 	}
-	have, err1 := json.Marshal(cache.Status.Nodes[i])
-	want, err2 := json.Marshal(entry)
+	if err != nil {
+		return nil, fmt.Errorf("get the CacheReplica of cache %s on node %s: %w", ref, c.node, err)
+	}
+	return &r, nil
+}
+
+// sameStatus tells whether two replica states would be stored alike. The
+// comparison goes through JSON, which keeps times to the second as the API
+// server does.
+func sameStatus(a, b v1alpha1.CacheReplicaStatus) bool {
+	have, err1 := json.Marshal(a)
+	want, err2 := json.Marshal(b)
 	return err1 == nil && err2 == nil && bytes.Equal(have, want)
 }
 
-// withSummary adds the summary fields as they are with this node's entry
-// stated (or withdrawn, entry nil), from the informer's view of the
-// others: one write per report instead of the agent's and then the
-// manager's.
-func withSummary(b *v1alpha1.CacheApplyConfiguration, cache *v1alpha1.Cache, node string, entry *v1alpha1.NodeCacheStatus) *v1alpha1.CacheApplyConfiguration {
-	st := *cache.Status.DeepCopy()
-	st.Nodes = slices.DeleteFunc(st.Nodes, func(n v1alpha1.NodeCacheStatus) bool { return n.Node == node })
-	if entry != nil {
-		st.Nodes = append(st.Nodes, *entry)
+// applyStatus states this node's replica of cache, unless it already
+// says exactly that: then nothing is sent. The replica names the Cache as
+// its owner, so the garbage collector deletes it with a Cache whose
+// replicas no node agent is left to delete.
+func (c *caches) applyStatus(ctx context.Context, cache *v1alpha1.Cache, info layerfs.CacheInfo, synced *syncStatus) error {
+	st := replicaStatus(info, synced)
+	have, err := c.replica(ctx, info.Cache)
+	if err != nil {
+		return err
 	}
-	return b.WithSummary(st.Summarized(nil))
-}
-
-// applyStatus states this node's entry on the Cache. A Cache that does not
-// exist is left alone: the agent creates Caches only for claims.
-func (c *caches) applyStatus(ctx context.Context, info layerfs.CacheInfo, synced *syncStatus) error {
-	st := nodeStatus(c.node, info, synced)
-	return c.apply(ctx, info.Cache, &st)
-}
-
-// removeStatus withdraws this node's entry from the Cache.
-func (c *caches) removeStatus(ctx context.Context, ref layerfs.CacheRef) error {
-	return c.apply(ctx, ref, nil)
-}
-
-// apply states entry (nil: none) with the summary fields, unless the
-// Cache already holds exactly that entry: then nothing is sent. A node
-// that states a summary another node has since changed would take a share
-// of its fields, a write to a Cache where nothing happened.
-func (c *caches) apply(ctx context.Context, ref layerfs.CacheRef, entry *v1alpha1.NodeCacheStatus) error {
-	b := statusApply(ref, entry)
-	if cache, err := c.get(ctx, ref); err == nil && cache != nil {
-		if holdsEntry(cache, c.node, entry) {
-			return nil
-		}
-		b = withSummary(b, cache, c.node, entry)
-	}
-	err := c.client.Status().Apply(ctx, b, client.FieldOwner(c.fieldManager()), client.ForceOwnership)
-	if apierrors.IsNotFound(err) {
+	if have != nil && sameStatus(have.Status, st) && slices.ContainsFunc(have.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == cache.UID }) {
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("apply status of node %s on Cache %s: %w", c.node, ref, err)
+	b := v1alpha1.CacheReplicaApply(cache.Namespace, cache.Name, cache.UID, c.node, st)
+	if err := c.client.Apply(ctx, b, client.FieldOwner(c.fieldManager()), client.ForceOwnership); err != nil {
+		return fmt.Errorf("apply the CacheReplica of cache %s on node %s: %w", info.Cache, c.node, err)
+	}
+	return nil
+}
+
+// removeStatus deletes this node's replica of ref, if the informer has
+// one.
+func (c *caches) removeStatus(ctx context.Context, ref layerfs.CacheRef) error {
+	have, err := c.replica(ctx, ref)
+	if err != nil || have == nil {
+		return err
+	}
+	uid := have.UID
+	if err := c.client.Delete(ctx, have, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("delete the CacheReplica of cache %s on node %s: %w", ref, c.node, err)
 	}
 	return nil
 }

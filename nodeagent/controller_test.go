@@ -104,12 +104,12 @@ func TestControllerTwoNodes(t *testing.T) {
 		_, err := clientset.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err) && len(agents["node-a"].store.committed()) == 1
 	})
-	poll(t, ctx, "node-a's status entry at generation 1", func() bool {
-		var cache v1alpha1.Cache
-		if err := cacheClient.Get(ctx, clientKey(maven), &cache); err != nil {
+	poll(t, ctx, "node-a's replica at generation 1", func() bool {
+		var list v1alpha1.CacheReplicaList
+		if err := cacheClient.List(ctx, &list); err != nil {
 			return false
 		}
-		return len(cache.Status.Nodes) == 1 && cache.Status.Nodes[0].Node == "node-a" && cache.Status.Nodes[0].Generation == 1
+		return len(list.Items) == 1 && list.Items[0].Spec.Node == "node-a" && list.Items[0].Status.Generation == 1
 	})
 
 	if b := agents["node-b"].store; b.mountCount() != 0 || len(b.committed()) != 0 {

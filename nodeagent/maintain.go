@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,7 +18,7 @@ import (
 )
 
 // maintainer keeps the node's caches in line with their Cache resources:
-// status entries, deletion, retention, squash and GC.
+// their CacheReplicas, deletion, retention, squash and GC.
 type maintainer struct {
 	node    string
 	store   store
@@ -50,8 +49,8 @@ func (m *maintainer) report(ctx context.Context, ref layerfs.CacheRef) error {
 	m.metrics.setCache(info)
 	cache, err := m.caches.get(ctx, ref)
 	if err != nil || cache == nil || cache.DeletionTimestamp != nil {
-		// No resource to report on, or one on its way out whose entry the
-		// deletion handler withdraws.
+		// No resource to report on, or one on its way out whose replica
+		// the deletion handler deletes.
 		return err
 	}
 	var synced *syncStatus
@@ -61,7 +60,7 @@ func (m *maintainer) report(ctx context.Context, ref layerfs.CacheRef) error {
 			synced.PublishError = m.publishError(ref)
 		}
 	}
-	if err := m.caches.applyStatus(ctx, info, synced); err != nil {
+	if err := m.caches.applyStatus(ctx, cache, info, synced); err != nil {
 		m.metrics.fail(opReport, "api")
 		return err
 	}
@@ -90,7 +89,7 @@ func (m *maintainer) squash(ctx context.Context, ref layerfs.CacheRef) error {
 	return nil
 }
 
-// remove deletes a cache from this node and withdraws its status entry; it
+// remove deletes a cache from this node and its CacheReplica; it
 // tells whether the cache was on the node.
 func (m *maintainer) remove(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
 	err := m.store.Remove(ctx, ref)
@@ -137,7 +136,7 @@ func (m *maintainer) pass(ctx context.Context) {
 	for _, ref := range res.RemovedCaches {
 		m.metrics.forgetCache(ref)
 		if err := m.caches.removeStatus(ctx, ref); err != nil {
-			logger.Error(err, "Withdraw status of collected cache", "cache", ref.String())
+			logger.Error(err, "Delete the CacheReplica of a collected cache", "cache", ref.String())
 		}
 	}
 	if len(res.RemovedCaches) > 0 || res.RemovedLayers > 0 {
@@ -160,21 +159,21 @@ func (m *maintainer) pass(ctx context.Context) {
 		}
 	}
 	if err := m.withdrawStale(ctx, local); err != nil {
-		logger.Error(err, "Withdraw stale status entries")
+		logger.Error(err, "Delete stale CacheReplicas")
 	}
 }
 
-// withdrawStale removes this node's entry from Caches whose cache is not on
+// withdrawStale deletes this node's replicas of caches that are not on
 // the node (removed with the layerfs CLI, or a store wiped by hand), so
 // that status shows the truth and a Cache's deletion is not held up.
 func (m *maintainer) withdrawStale(ctx context.Context, local map[layerfs.CacheRef]bool) error {
-	var list v1alpha1.CacheList
+	var list v1alpha1.CacheReplicaList
 	if err := m.caches.client.List(ctx, &list); err != nil {
-		return fmt.Errorf("list Caches: %w", err)
+		return fmt.Errorf("list this node's CacheReplicas: %w", err)
 	}
-	for _, c := range list.Items {
-		ref := layerfs.CacheRef{Namespace: c.Namespace, Name: c.Name}
-		if local[ref] || !slices.ContainsFunc(c.Status.Nodes, func(n v1alpha1.NodeCacheStatus) bool { return n.Node == m.node }) {
+	for _, r := range list.Items {
+		ref := layerfs.CacheRef{Namespace: r.Namespace, Name: r.Spec.Cache}
+		if r.Spec.Node != m.node || local[ref] {
 			continue
 		}
 		// A claim may have created the cache since the list was taken.
@@ -184,7 +183,7 @@ func (m *maintainer) withdrawStale(ctx context.Context, local map[layerfs.CacheR
 		if err := m.caches.removeStatus(ctx, ref); err != nil {
 			return err
 		}
-		log.FromContext(ctx).Info("Withdrew status entry of a cache that is not on this node", "cache", ref.String())
+		log.FromContext(ctx).Info("Deleted the CacheReplica of a cache that is not on this node", "cache", ref.String())
 	}
 	return nil
 }
@@ -241,7 +240,7 @@ func (m *maintainer) removeOrphan(ctx context.Context, ref layerfs.CacheRef) err
 }
 
 // removeIfUnused removes a cache from this node unless a writable volume
-// uses it, and withdraws its status entry.
+// uses it, and deletes its CacheReplica.
 func (m *maintainer) removeIfUnused(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
 	removed, err := m.store.RemoveIfUnused(ctx, ref)
 	if err != nil {

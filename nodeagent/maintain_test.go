@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,31 +23,26 @@ import (
 
 var maven = layerfs.CacheRef{Namespace: "ci", Name: "maven"}
 
-func TestStatusApply(t *testing.T) {
+func TestReplicaApply(t *testing.T) {
 	used := time.Date(2026, 3, 1, 12, 30, 45, 999, time.UTC)
 	info := layerfs.CacheInfo{Cache: maven, Generation: 3, Layers: make([]layerfs.LayerInfo, 2), Bytes: 4096, LastUsed: used, LastWriter: "ci/build-1"}
-	entry := nodeStatus("node-a", info, nil)
-	got, err := json.Marshal(statusApply(maven, &entry))
+	got, err := json.Marshal(v1alpha1.CacheReplicaApply("ci", "maven", "uid-1", "node-a", replicaStatus(info, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"kind":"Cache","apiVersion":"layercache.dev/v1alpha1","metadata":{"name":"maven","namespace":"ci"},` +
-		`"status":{"nodes":[{"node":"node-a","generation":3,"layers":2,"sizeBytes":4096,"lastUsed":"2026-03-01T12:30:45Z","lastWriter":"ci/build-1"}]}}`
+	want := `{"kind":"CacheReplica","apiVersion":"layercache.dev/v1alpha1","metadata":{"name":"maven.node-a","namespace":"ci",` +
+		`"labels":{"layercache.dev/cache":"maven","layercache.dev/node":"node-a"},` +
+		`"ownerReferences":[{"apiVersion":"layercache.dev/v1alpha1","kind":"Cache","name":"maven","uid":"uid-1"}]},` +
+		`"spec":{"cache":"maven","node":"node-a"},` +
+		`"status":{"generation":3,"layers":2,"sizeBytes":4096,"lastUsed":"2026-03-01T12:30:45Z","lastWriter":"ci/build-1"}}`
 	if string(got) != want {
 		t.Errorf("apply body\n got %s\nwant %s", got, want)
-	}
-
-	// Withdrawing states no status at all, so server-side apply removes
-	// what this field manager applied before and nothing else.
-	if withdraw := statusApply(maven, nil); withdraw.Status != nil {
-		t.Errorf("withdraw body has a status: %+v", withdraw.Status)
 	}
 
 	// A copy created on a fallback's layers says which, at which
 	// generation; the manager derives status.seededFrom from it.
 	info.SeededFrom = &layerfs.Seed{Cache: layerfs.CacheRef{Namespace: "trusted", Name: "main"}, Generation: 7}
-	entry = nodeStatus("node-a", info, nil)
-	got, err = json.Marshal(entry.SeededFrom)
+	got, err = json.Marshal(replicaStatus(info, nil).SeededFrom)
 	if want := `{"namespace":"trusted","name":"main","generation":7}`; err != nil || string(got) != want {
 		t.Errorf("seededFrom = %s, %v; want %s", got, err, want)
 	}
@@ -61,7 +57,31 @@ func getCache(t *testing.T, c client.Client, ref layerfs.CacheRef) *v1alpha1.Cac
 	return &cache
 }
 
-func TestReportAppliesAndWithdrawsStatus(t *testing.T) {
+// getReplica returns node-a's replica of ref, or nil.
+func getReplica(t *testing.T, c client.Client, ref layerfs.CacheRef) *v1alpha1.CacheReplica {
+	t.Helper()
+	var r v1alpha1.CacheReplica
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: ref.Namespace, Name: v1alpha1.CacheReplicaName(ref.Name, "node-a")}, &r)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &r
+}
+
+// replicaOf returns node's replica of ref, which must exist.
+func replicaOf(t *testing.T, c client.Client, ref layerfs.CacheRef, node string) *v1alpha1.CacheReplica {
+	t.Helper()
+	var r v1alpha1.CacheReplica
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ref.Namespace, Name: v1alpha1.CacheReplicaName(ref.Name, node)}, &r); err != nil {
+		t.Fatalf("the CacheReplica of %s on %s: %v", ref, node, err)
+	}
+	return &r
+}
+
+func TestReportAppliesAndDeletesReplica(t *testing.T) {
 	ctx := context.Background()
 	env := newTestEnv(t, nil, cacheObject("ci", "maven"))
 	env.store.cache(maven).Generation = 2
@@ -71,51 +91,29 @@ func TestReportAppliesAndWithdrawsStatus(t *testing.T) {
 	if err := env.maint.report(ctx, maven); err != nil {
 		t.Fatalf("report: %v", err)
 	}
-	nodes := getCache(t, env.client, maven).Status.Nodes
-	if len(nodes) != 1 || nodes[0].Node != "node-a" || nodes[0].Generation != 2 || nodes[0].SizeBytes != 512 || nodes[0].LastWriter != "ci/build-2" {
-		t.Fatalf("status nodes %+v, want node-a at generation 2", nodes)
+	r := getReplica(t, env.client, maven)
+	if r == nil || r.Spec != (v1alpha1.CacheReplicaSpec{Cache: "maven", Node: "node-a"}) || r.Status.Generation != 2 || r.Status.SizeBytes != 512 || r.Status.LastWriter != "ci/build-2" {
+		t.Fatalf("replica %+v, want node-a's of maven at generation 2", r)
 	}
 	if got := metricValue(t, env.maint.metrics.generation.WithLabelValues("ci", "maven")); got != 2 {
 		t.Errorf("generation gauge %v, want 2", got)
 	}
+	// An unchanged cache is not applied again.
+	rv := r.ResourceVersion
+	if err := env.maint.report(ctx, maven); err != nil {
+		t.Fatalf("report again: %v", err)
+	}
+	if again := getReplica(t, env.client, maven); again.ResourceVersion != rv {
+		t.Errorf("an unchanged report rewrote the replica (resourceVersion %s, then %s)", rv, again.ResourceVersion)
+	}
 
-	// The cache leaves the node: the entry and the per-cache series go.
+	// The cache leaves the node: the replica and the per-cache series go.
 	delete(env.store.caches, maven)
 	if err := env.maint.report(ctx, maven); err != nil {
 		t.Fatalf("report of a removed cache: %v", err)
 	}
-	if nodes := getCache(t, env.client, maven).Status.Nodes; len(nodes) != 0 {
-		t.Errorf("status nodes %+v after the cache left the node, want none", nodes)
-	}
-}
-
-// A report states the summary fields with the node's entry, as the
-// manager would derive them from the whole status, so the manager has
-// nothing left to write. (The fake client's server-side apply replaces
-// lists whole, so the pure part is tested here and the merge in e2e.)
-func TestReportStatesTheSummary(t *testing.T) {
-	used := metav1.NewTime(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-	cache := cacheObject("ci", "maven")
-	cache.Status.Nodes = []v1alpha1.NodeCacheStatus{{Node: "node-b", Generation: 3, SizeBytes: 1024, LastUsed: &used},
-		{Node: "node-a", Generation: 4, SizeBytes: 1}}
-	mine := v1alpha1.NodeCacheStatus{Node: "node-a", Generation: 5, SizeBytes: 2048}
-	whole := v1alpha1.CacheStatus{Nodes: []v1alpha1.NodeCacheStatus{cache.Status.Nodes[0], mine}}
-	tests := []struct {
-		name  string
-		entry *v1alpha1.NodeCacheStatus
-		want  v1alpha1.CacheStatus
-	}{
-		{"stated", &mine, whole.Summarized(nil)},
-		{"withdrawn", nil, v1alpha1.CacheStatus{Nodes: whole.Nodes[:1]}.Summarized(nil)},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := withSummary(statusApply(maven, tt.entry), cache, "node-a", tt.entry).Status
-			if got.Generation != tt.want.Generation || got.Size != tt.want.Size || got.NodeCount != tt.want.NodeCount ||
-				!got.LastUsed.Equal(tt.want.LastUsed) || got.SeededFrom != tt.want.SeededFrom {
-				t.Errorf("summary stated %+v, want that of %+v", got, tt.want)
-			}
-		})
+	if r := getReplica(t, env.client, maven); r != nil {
+		t.Errorf("replica %+v after the cache left the node, want none", r)
 	}
 }
 
@@ -143,7 +141,7 @@ func TestReconcileDeletedCache(t *testing.T) {
 	env.store.cache(maven).Generation = 1
 	liveRef := layerfs.CacheRef{Namespace: "ci", Name: "live"}
 	env.store.cache(liveRef)
-	if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: maven, Generation: 1}, nil); err != nil {
+	if err := env.maint.caches.applyStatus(ctx, getCache(t, env.client, maven), layerfs.CacheInfo{Cache: maven, Generation: 1}, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -156,8 +154,8 @@ func TestReconcileDeletedCache(t *testing.T) {
 	if len(env.store.removed) != 1 || env.store.removed[0] != maven {
 		t.Errorf("removed %v, want only the deleted ci/maven", env.store.removed)
 	}
-	if nodes := getCache(t, env.client, maven).Status.Nodes; len(nodes) != 0 {
-		t.Errorf("entry of node-a still on the deleted Cache: %+v", nodes)
+	if r := getReplica(t, env.client, maven); r != nil {
+		t.Errorf("node-a's replica of the deleted Cache is still there: %+v", r)
 	}
 	// Reconciling again (the finalizer is still there) is harmless.
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ci", Name: "maven"}}
@@ -226,7 +224,7 @@ func TestPass(t *testing.T) {
 		env.store.cache(ref(name)).LastUsed = time.Now().Add(-2 * time.Hour)
 	}
 	env.store.gcRemoves = []layerfs.CacheRef{ref("stale")}
-	if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: ref("stale")}, nil); err != nil {
+	if err := env.maint.caches.applyStatus(ctx, getCache(t, env.client, ref("stale")), layerfs.CacheInfo{Cache: ref("stale")}, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -251,8 +249,8 @@ func TestPass(t *testing.T) {
 	if retention != 2 {
 		t.Errorf("%d RetentionExceeded Events, want 2 (old and read)", retention)
 	}
-	if nodes := getCache(t, env.client, ref("stale")).Status.Nodes; len(nodes) != 0 {
-		t.Errorf("GC removed ci/stale but its status entry stayed: %+v", nodes)
+	if r := getReplica(t, env.client, ref("stale")); r != nil {
+		t.Errorf("GC removed ci/stale but its replica stayed: %+v", r)
 	}
 	// Surviving caches with a Cache resource are queued for a status report.
 	if n := env.maint.reports.queue.Len(); n != 2 {
@@ -311,53 +309,50 @@ func TestRemount(t *testing.T) {
 	env.wantEvent(t, "Warning RemountFailed", "pvc-missing")
 }
 
-func TestPassWithdrawsStaleEntries(t *testing.T) {
+func TestPassDeletesStaleReplicas(t *testing.T) {
 	ctx := context.Background()
 	gone := layerfs.CacheRef{Namespace: "ci", Name: "gone"}
 	env := newTestEnv(t, nil, cacheObject("ci", "maven"), cacheObject("ci", "gone"))
 	env.store.cache(maven)
 	for _, ref := range []layerfs.CacheRef{maven, gone} {
-		if err := env.maint.caches.applyStatus(ctx, layerfs.CacheInfo{Cache: ref, Generation: 1}, nil); err != nil {
+		if err := env.maint.caches.applyStatus(ctx, getCache(t, env.client, ref), layerfs.CacheInfo{Cache: ref, Generation: 1}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	env.maint.pass(ctx)
-	if nodes := getCache(t, env.client, gone).Status.Nodes; len(nodes) != 0 {
-		t.Errorf("entry of a cache not on the node survived: %+v", nodes)
+	if r := getReplica(t, env.client, gone); r != nil {
+		t.Errorf("the replica of a cache not on the node survived: %+v", r)
 	}
-	if nodes := getCache(t, env.client, maven).Status.Nodes; len(nodes) != 1 {
-		t.Errorf("entry of a cache on the node was withdrawn: %+v", nodes)
+	if r := getReplica(t, env.client, maven); r == nil {
+		t.Error("the replica of a cache on the node was deleted")
 	}
 }
 
-// A report sends nothing when the Cache already holds the node's entry as
-// the API server stores it (times to the second): the periodic pass then
-// writes nothing, and takes no share of a summary another node changed.
-func TestHoldsEntry(t *testing.T) {
+// A report sends nothing when the replica already says what the API
+// server would store (times to the second): the periodic pass then
+// writes nothing.
+func TestSameStatus(t *testing.T) {
 	used := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	stored := v1alpha1.NodeCacheStatus{Node: "node-a", Generation: 2, SizeBytes: 512, LastUsed: &metav1.Time{Time: used}}
-	cache := cacheObject("ci", "maven")
-	cache.Status.Nodes = []v1alpha1.NodeCacheStatus{{Node: "node-b", Generation: 2}, stored}
+	stored := v1alpha1.CacheReplicaStatus{Generation: 2, SizeBytes: 512, LastUsed: &metav1.Time{Time: used}}
 	same := stored
 	same.LastUsed = &metav1.Time{Time: used.Add(999 * time.Millisecond)}
 	newer := stored
 	newer.Generation = 3
+	unused := stored
+	unused.LastUsed = nil
 	tests := []struct {
-		name  string
-		node  string
-		entry *v1alpha1.NodeCacheStatus
-		want  bool
+		name string
+		next v1alpha1.CacheReplicaStatus
+		want bool
 	}{
-		{"the stored entry, to the second", "node-a", &same, true},
-		{"a new generation", "node-a", &newer, false},
-		{"withdrawing a stored entry", "node-a", nil, false},
-		{"withdrawing an entry that is not there", "node-c", nil, true},
-		{"an entry that is not there", "node-c", &v1alpha1.NodeCacheStatus{Node: "node-c"}, false},
+		{"the stored state, to the second", same, true},
+		{"a new generation", newer, false},
+		{"no last use", unused, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := holdsEntry(cache, tt.node, tt.entry); got != tt.want {
-				t.Errorf("holdsEntry = %v, want %v", got, tt.want)
+			if got := sameStatus(stored, tt.next); got != tt.want {
+				t.Errorf("sameStatus = %v, want %v", got, tt.want)
 			}
 		})
 	}

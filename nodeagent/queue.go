@@ -75,7 +75,7 @@ func (q *cacheQueue) Run(ctx context.Context) {
 // owner keeps the wiring in one place: no part makes a queue another
 // part runs.
 type workQueues struct {
-	// reports applies a cache's status entry (maintainer.report); fed by
+	// reports applies a cache's CacheReplica (maintainer.report); fed by
 	// provisioning, build ends, sync and maintenance.
 	reports *cacheQueue
 	// squashes merges a deep cache's layers (maintainer.squash); fed by

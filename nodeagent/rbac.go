@@ -24,12 +24,17 @@ package nodeagent
 // The agent checks its own Node at start.
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get
 
-// Create a Cache on first use; state the node's own status entry and
-// append to the published chain (status only: the spec is its owner's).
+// Create a Cache on first use; append to the published chain (status
+// only: the spec is its owner's).
 // Patch a Cache only to add and lift finalizer layercache.dev/registry,
 // which holds a deleted Cache until its registry copy is deleted.
 // +kubebuilder:rbac:groups=layercache.dev,resources=caches,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=layercache.dev,resources=caches/status,verbs=patch
+
+// State the node's own CacheReplicas (server-side apply, which creates
+// them) and delete them when the cache leaves the node; read another
+// node's replica to see whether its publishing fails.
+// +kubebuilder:rbac:groups=layercache.dev,resources=cachereplicas,verbs=get;list;watch;create;patch;delete
 
 // Events: the agent's own (events.k8s.io) and the provisioner library's
 // (core).

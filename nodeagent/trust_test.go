@@ -484,21 +484,12 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	}
 }
 
-// reportedEntry reports node n's view of maven and returns its entry.
-func reportedEntry(t *testing.T, c *syncCluster, n *syncNode) v1alpha1.NodeCacheStatus {
+// reportedEntry reports node n's view of maven and returns its replica's
+// status.
+func reportedEntry(t *testing.T, c *syncCluster, n *syncNode) v1alpha1.CacheReplicaStatus {
 	t.Helper()
 	if err := n.maint.report(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
-	var cache v1alpha1.Cache
-	if err := c.client.Get(context.Background(), clientKey(maven), &cache); err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range cache.Status.Nodes {
-		if e.Node == n.name {
-			return e
-		}
-	}
-	t.Fatalf("no status entry of %s in %+v", n.name, cache.Status.Nodes)
-	return v1alpha1.NodeCacheStatus{}
+	return replicaOf(t, c.client, maven, n.name).Status
 }

@@ -47,16 +47,12 @@ type Retention struct {
 	ClusterMaxAge *metav1.Duration `json:"clusterMaxAge,omitempty"`
 }
 
-// CacheStatus is the cache's state on every node that holds it. Each node
-// agent owns its own entry of Nodes (server-side apply, field manager
-// layercache-node-<node>); the manager derives the other fields from Nodes.
+// CacheStatus sums up the cache's copies on the nodes that hold it, its
+// CacheReplicas (one per node, each written by that node's agent), and
+// holds its published chain. The manager derives the summary fields from
+// the replicas: per-node entries here would grow the Cache with every
+// node that used it, past what etcd stores at a few thousand nodes.
 type CacheStatus struct {
-	// Nodes has one entry per node that holds the cache.
-	// +optional
-	// +listType=map
-	// +listMapKey=node
-	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
-
 	// Generation is the newest generation on any node.
 	// +optional
 	Generation int64 `json:"generation,omitempty"`
@@ -66,8 +62,8 @@ type CacheStatus struct {
 	// +optional
 	Size string `json:"size,omitempty"`
 
-	// NodeCount is the number of entries in Nodes. It exists for the printer
-	// column: a JSONPath column can show only one element of a list.
+	// NodeCount is the number of nodes that hold the cache: its
+	// CacheReplicas (kubectl get cachereplicas -l layercache.dev/cache=NAME).
 	// +optional
 	NodeCount int32 `json:"nodeCount,omitempty"`
 
@@ -78,8 +74,8 @@ type CacheStatus struct {
 	LastUsed *metav1.Time `json:"lastUsed,omitempty"`
 
 	// SeededFrom is what the cache was created on, as
-	// NAMESPACE/NAME@GENERATION of a fallback cache (see
-	// nodes[].seededFrom); nodes seeded from different generations are
+	// NAMESPACE/NAME@GENERATION of a fallback cache (see its replicas'
+	// status.seededFrom); nodes seeded from different generations are
 	// listed, comma-separated. Empty for a cache that started empty.
 	// +optional
 	SeededFrom string `json:"seededFrom,omitempty"`
@@ -174,52 +170,6 @@ type PublishedLayer struct {
 	// +optional
 	// +listType=atomic
 	Covers []string `json:"covers,omitempty"`
-}
-
-// NodeCacheStatus is the cache's state on one node.
-type NodeCacheStatus struct {
-	// Node is the name of the Node.
-	Node string `json:"node"`
-
-	// Generation counts the commits on this node; 0 is the empty cache.
-	Generation int64 `json:"generation"`
-
-	// Layers is the number of layers in the cache's head on this node.
-	Layers int32 `json:"layers"`
-
-	// SizeBytes is the size of the cache's layers on this node.
-	SizeBytes int64 `json:"sizeBytes"`
-
-	// LastUsed is when a volume of the cache was last mounted or committed
-	// on this node.
-	// +optional
-	LastUsed *metav1.Time `json:"lastUsed,omitempty"`
-
-	// LastWriter names who produced the current generation on this node:
-	// the pod (NAMESPACE/NAME) that owned the claim, or the standalone
-	// claim (NAMESPACE/NAME).
-	// +optional
-	LastWriter string `json:"lastWriter,omitempty"`
-
-	// Unpublished counts the layers committed on this node that are not
-	// in the registry yet (it was unreachable, a layer cannot be
-	// published, or the push is under way); they are pushed oldest first,
-	// and PublishError says what holds them back.
-	// +optional
-	Unpublished int32 `json:"unpublished,omitempty"`
-
-	// SeededFrom is the fallback cache whose layers this node's copy of
-	// the cache was created on (annotation layercache.dev/fallback); its
-	// bottom layers are shared with that cache, not copied.
-	// +optional
-	SeededFrom *CacheSeed `json:"seededFrom,omitempty"`
-
-	// PublishError is why this node's last attempt to publish the cache
-	// failed: the registry's answer, a layer that cannot be published
-	// (its path and why), or a published chain the node does not trust.
-	// Empty once a publish succeeds.
-	// +optional
-	PublishError string `json:"publishError,omitempty"`
 }
 
 // CacheSeed names a fallback cache at one of its generations.

@@ -1,6 +1,6 @@
-// Package v1alpha1 holds the layercache.dev/v1alpha1 API: the Cache resource
-// and the names (annotations, finalizer, provisioner) that the node agent,
-// the manager and users share.
+// Package v1alpha1 holds the layercache.dev/v1alpha1 API: the Cache and
+// CacheReplica resources and the names (annotations, finalizer,
+// provisioner) that the node agent, the manager and users share.
 //
 // +kubebuilder:object:generate=true
 // +groupName=layercache.dev
@@ -27,7 +27,7 @@ var (
 )
 
 func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(GroupVersion, &Cache{}, &CacheList{})
+	scheme.AddKnownTypes(GroupVersion, &Cache{}, &CacheList{}, &CacheReplica{}, &CacheReplicaList{})
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil
 }

@@ -5,33 +5,29 @@ import (
 	"strings"
 )
 
-// Summarized drops the entries of gone nodes and derives the summary
-// fields from the rest: what the manager keeps, and what a node agent
-// states with its own entry so that the manager need not write again. The
-// published chain is the node agents' and is kept as it is: left out, the
-// manager's status patch would delete it. LastUsed
-// keeps the newest time ever seen, so a cache that every node evicted
-// still says when it was last used (what cluster-wide retention reads).
-func (in CacheStatus) Summarized(gone map[string]bool) CacheStatus {
+// Summarized derives the summary fields from the cache's replicas on
+// existing nodes: what the manager keeps. The published chain is the node
+// agents' and is kept as it is: left out, the manager's status patch would
+// delete it. LastUsed keeps the newest time ever seen, so a cache that
+// every node evicted still says when it was last used (what cluster-wide
+// retention reads).
+func (in CacheStatus) Summarized(replicas []CacheReplica) CacheStatus {
 	out := CacheStatus{Published: in.Published.DeepCopy(), LastUsed: in.LastUsed.DeepCopy()}
 	var total int64
 	var seeds []string
-	for _, n := range in.Nodes {
-		if gone[n.Node] {
-			continue
+	for i := range replicas {
+		r := &replicas[i].Status
+		out.Generation = max(out.Generation, r.Generation)
+		total += r.SizeBytes
+		if r.LastUsed != nil && (out.LastUsed == nil || r.LastUsed.After(out.LastUsed.Time)) {
+			out.LastUsed = r.LastUsed.DeepCopy()
 		}
-		out.Nodes = append(out.Nodes, *n.DeepCopy())
-		out.Generation = max(out.Generation, n.Generation)
-		total += n.SizeBytes
-		if n.LastUsed != nil && (out.LastUsed == nil || n.LastUsed.After(out.LastUsed.Time)) {
-			out.LastUsed = n.LastUsed.DeepCopy()
-		}
-		if n.SeededFrom != nil {
-			seeds = append(seeds, n.SeededFrom.String())
+		if r.SeededFrom != nil {
+			seeds = append(seeds, r.SeededFrom.String())
 		}
 	}
-	out.NodeCount = int32(len(out.Nodes))
-	if len(out.Nodes) > 0 {
+	out.NodeCount = int32(len(replicas))
+	if len(replicas) > 0 {
 		out.Size = FormatSize(total)
 	}
 	// Nodes that seeded their copies apart (node-local classes) may have

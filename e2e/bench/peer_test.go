@@ -32,7 +32,7 @@ import (
 	"github.com/layercache/layercache/e2e/framework"
 )
 
-var cacheGVR = v1alpha1.GroupVersion.WithResource("caches")
+var replicaGVR = v1alpha1.GroupVersion.WithResource("cachereplicas")
 
 const pollInterval = 200 * time.Millisecond
 
@@ -600,14 +600,14 @@ type commitResult struct {
 	err        error
 }
 
-// watchCommit watches the Cache until its status entry of the node passes
+// watchCommit watches the node's CacheReplica of the cache until it passes
 // generation after, and sends when that was seen. A watch delivers the
 // change within milliseconds, where polling would add its interval.
 func (b *bench) watchCommit(ctx context.Context, name string, after int64, timeout time.Duration) <-chan commitResult {
 	ch := make(chan commitResult, 1)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
-	caches := b.dyn.Resource(cacheGVR).Namespace(b.f.Namespace)
-	selector := fields.OneTermEqualSelector("metadata.name", name).String()
+	caches := b.dyn.Resource(replicaGVR).Namespace(b.f.Namespace)
+	selector := fields.OneTermEqualSelector("metadata.name", v1alpha1.CacheReplicaName(name, b.node.Name)).String()
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtimeapi.Object, error) {
 			o.FieldSelector = selector
@@ -626,7 +626,7 @@ func (b *bench) watchCommit(ctx context.Context, name string, after int64, timeo
 			if !ok || ev.Type == watch.Deleted {
 				return false, nil
 			}
-			gen, err := nodeGeneration(u, b.node.Name)
+			gen, err := replicaGeneration(u)
 			if err != nil || gen <= after {
 				return false, err
 			}
@@ -658,27 +658,22 @@ func awaitCommit(commit <-chan commitResult) commitResult {
 // generation is the cache's generation on the node now; 0 for a cache that
 // does not exist yet.
 func (b *bench) generation(ctx context.Context, name string) (int64, error) {
-	u, err := b.dyn.Resource(cacheGVR).Namespace(b.f.Namespace).Get(ctx, name, metav1.GetOptions{})
+	u, err := b.dyn.Resource(replicaGVR).Namespace(b.f.Namespace).Get(ctx, v1alpha1.CacheReplicaName(name, b.node.Name), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("reading Cache %s/%s: %w", b.f.Namespace, name, err)
+		return 0, fmt.Errorf("reading the CacheReplica of %s/%s on %s: %w", b.f.Namespace, name, b.node.Name, err)
 	}
-	return nodeGeneration(u, b.node.Name)
+	return replicaGeneration(u)
 }
 
-func nodeGeneration(u *unstructured.Unstructured, node string) (int64, error) {
-	var c v1alpha1.Cache
-	if err := runtimeapi.DefaultUnstructuredConverter.FromUnstructured(u.Object, &c); err != nil {
-		return 0, fmt.Errorf("decoding Cache %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+func replicaGeneration(u *unstructured.Unstructured) (int64, error) {
+	var r v1alpha1.CacheReplica
+	if err := runtimeapi.DefaultUnstructuredConverter.FromUnstructured(u.Object, &r); err != nil {
+		return 0, fmt.Errorf("decoding CacheReplica %s/%s: %w", u.GetNamespace(), u.GetName(), err)
 	}
-	for _, n := range c.Status.Nodes {
-		if n.Node == node {
-			return n.Generation, nil
-		}
-	}
-	return 0, nil
+	return r.Status.Generation, nil
 }
 
 // removeLeftovers deletes what an interrupted run left: its namespaces and,

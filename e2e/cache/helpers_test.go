@@ -14,7 +14,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -411,17 +410,19 @@ func (e *env) cache(ctx context.Context, name string) (*v1alpha1.Cache, error) {
 	return &c, nil
 }
 
-// nodeEntry returns the scenario node's status entry of c, or nil.
-func (e *env) nodeEntry(c *v1alpha1.Cache) *v1alpha1.NodeCacheStatus {
-	i := slices.IndexFunc(c.Status.Nodes, func(n v1alpha1.NodeCacheStatus) bool { return n.Node == e.Node.Name })
-	if i < 0 {
+// nodeEntry returns the status of the scenario node's CacheReplica of c,
+// or nil.
+func (e *env) nodeEntry(c *v1alpha1.Cache) *v1alpha1.CacheReplicaStatus {
+	var r v1alpha1.CacheReplica
+	key := client.ObjectKey{Namespace: c.Namespace, Name: v1alpha1.CacheReplicaName(c.Name, e.Node.Name)}
+	if err := e.Caches.Get(e.t.Context(), key, &r); err != nil {
 		return nil
 	}
-	return &c.Status.Nodes[i]
+	return &r.Status
 }
 
 // waitGeneration waits until Cache name reports generation gen both in the
-// node's entry (node agent) and in status.generation (manager).
+// node's replica (node agent) and in status.generation (manager).
 func (e *env) waitGeneration(ctx context.Context, name string, gen int64) *v1alpha1.Cache {
 	e.t.Helper()
 	var last *v1alpha1.Cache

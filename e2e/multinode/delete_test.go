@@ -39,7 +39,7 @@ func TestDeleteACacheDeletesItsRegistryCopy(t *testing.T) {
 	kept := e.waitPublished(ctx, "kept", 1).Status.Published
 	e.run(ctx, e.buildPod("read-gone", b, "gone", "", "test -s /cache/gone.bin"))
 	c := e.waitCache(ctx, "gone", time.Minute, "both nodes holding it", func(c *v1alpha1.Cache) bool {
-		return nodeEntry(c, a) != nil && nodeEntry(c, b) != nil && nodeEntry(c, b).Generation >= 1
+		return e.nodeEntry(c, a) != nil && e.nodeEntry(c, b) != nil && e.nodeEntry(c, b).Generation >= 1
 	})
 	if !slices.Contains(c.Finalizers, v1alpha1.FinalizerRegistry) {
 		t.Fatalf("Cache gone has finalizers %q: want %s, which holds it until its manifest is deleted", c.Finalizers, v1alpha1.FinalizerRegistry)

@@ -5,7 +5,6 @@ package multinode
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,13 +147,14 @@ func statusOf(c *v1alpha1.Cache) any {
 	return c.Status
 }
 
-// nodeEntry is node's status entry of c, or nil.
-func nodeEntry(c *v1alpha1.Cache, node string) *v1alpha1.NodeCacheStatus {
-	i := slices.IndexFunc(c.Status.Nodes, func(n v1alpha1.NodeCacheStatus) bool { return n.Node == node })
-	if i < 0 {
+// nodeEntry is the status of node's CacheReplica of c, or nil.
+func (e *syncEnv) nodeEntry(c *v1alpha1.Cache, node string) *v1alpha1.CacheReplicaStatus {
+	var r v1alpha1.CacheReplica
+	key := client.ObjectKey{Namespace: c.Namespace, Name: v1alpha1.CacheReplicaName(c.Name, node)}
+	if err := e.Caches.Get(e.t.Context(), key, &r); err != nil {
 		return nil
 	}
-	return &c.Status.Nodes[i]
+	return &r.Status
 }
 
 // waitEvent waits for an Event about the Cache or a claim of the scenario

@@ -47,7 +47,7 @@ func TestBuildOnOneNodeWarmsTheOther(t *testing.T) {
 		t.Fatalf("the build on %s read %q, want A's artifact", b, out)
 	}
 	e.waitCache(ctx, "maven", time.Minute, b+" reporting generation 1", func(c *v1alpha1.Cache) bool {
-		n := nodeEntry(c, b)
+		n := e.nodeEntry(c, b)
 		return n != nil && n.Generation >= 1
 	})
 }
@@ -108,7 +108,7 @@ func TestBadCredentialsAreAnEvent(t *testing.T) {
 	e.run(ctx, e.buildPod("build", e.node(0), "gradle", class, "echo x > /cache/x"))
 	e.waitEvent(ctx, "Cache", "gradle", "RegistryFailed", e.Reg.Address, `Secret "`+e.Reg.BadSecret+`"`, "refused the credentials")
 	c := e.waitCache(ctx, "gradle", time.Minute, "the lag showing", func(c *v1alpha1.Cache) bool {
-		n := nodeEntry(c, e.node(0))
+		n := e.nodeEntry(c, e.node(0))
 		return n != nil && n.Generation == 1 && n.Unpublished == 1
 	})
 	if c.Status.Published.Generation != 0 {
@@ -179,7 +179,7 @@ func TestRegistryOutageLosesNothing(t *testing.T) {
 	e.waitSucceeded(ctx, "build")
 	e.waitEvent(ctx, "Cache", "go", "RegistryFailed", e.Reg.Address, "stay on node "+a)
 	e.waitCache(ctx, "go", time.Minute, "node A reporting its unpublished layer", func(c *v1alpha1.Cache) bool {
-		n := nodeEntry(c, a)
+		n := e.nodeEntry(c, a)
 		return n != nil && n.Generation == 1 && n.Unpublished == 1
 	})
 	out := e.run(ctx, e.buildPod("during", b, "go", "", "cat /cache/kept 2>/dev/null || echo cold"))
