@@ -16,6 +16,8 @@ import (
 type syncGroup struct {
 	mu  sync.Mutex
 	fss map[uint64]*fsSync // by device
+	// syncfs is syncFS but in tests.
+	syncfs func(path string) error
 }
 
 // fsSync is one filesystem's rounds: at most one syncfs runs, and the
@@ -62,8 +64,12 @@ func (g *syncGroup) sync(path string) error {
 
 // run runs round r, then the rounds that gathered meanwhile.
 func (g *syncGroup) run(fs *fsSync, r *syncRound) {
+	syncfs := g.syncfs
+	if syncfs == nil {
+		syncfs = syncFS
+	}
 	for r != nil {
-		r.err = syncFS(r.path)
+		r.err = syncfs(r.path)
 		close(r.done)
 		g.mu.Lock()
 		r, fs.next = fs.next, nil
