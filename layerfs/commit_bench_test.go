@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -19,8 +20,17 @@ import (
 // Commit to its return (target: p99 <= 2 s), the median time of one such
 // commit alone, in the same store, measured before, and the p99 from the
 // burst's start when 4 goroutines take the 50 commits in turn (the node
-// agent's build-end workers).
+// agent's build-end workers). LAYERFS_BENCH_WRITE_MBS sets the running
+// builds' rate of writing.
 func BenchmarkConcurrentCommits(b *testing.B) {
+	rate := 50
+	if v := os.Getenv("LAYERFS_BENCH_WRITE_MBS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("LAYERFS_BENCH_WRITE_MBS=%q: want a number of MB per second", v)
+		}
+		rate = n
+	}
 	const (
 		caches, volumes = 5, 50
 		files, fileSize = 300, 10 << 10
@@ -55,7 +65,7 @@ func BenchmarkConcurrentCommits(b *testing.B) {
 		var running sync.WaitGroup
 		for i := range 2 {
 			merged := mustMount(b, s, fmt.Sprintf("running-%d-%s", i, randomID()), cacheName(i))
-			running.Go(func() { keepWriting(b, merged, stop) })
+			running.Go(func() { keepWriting(b, merged, time.Second/time.Duration(2*rate), stop) })
 		}
 		time.Sleep(time.Second) // the running builds' writes are under way
 		lat := make([]time.Duration, volumes)
@@ -114,10 +124,10 @@ func BenchmarkConcurrentCommits(b *testing.B) {
 	}
 }
 
-// keepWriting writes 256 KiB files into dir, 100 a second, until stop.
-func keepWriting(b *testing.B, dir string, stop <-chan struct{}) {
+// keepWriting writes a 256 KiB file into dir every interval, until stop.
+func keepWriting(b *testing.B, dir string, interval time.Duration, stop <-chan struct{}) {
 	data := make([]byte, 256<<10)
-	tick := time.NewTicker(10 * time.Millisecond)
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for i := 0; ; i++ {
 		select {
