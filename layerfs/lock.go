@@ -30,9 +30,13 @@ func (g *lockGates) lock(ctx context.Context, path string) (*fileLock, error) {
 	v, _ := g.m.LoadOrStore(path, make(chan struct{}, 1))
 	gate := v.(chan struct{})
 	select {
-	case gate <- struct{}{}:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("lock %s: waiting for lock: %w", path, ctx.Err())
+	case gate <- struct{}{}: // free: taken even with ctx done, as flockContext does
+	default:
+		select {
+		case gate <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("lock %s: waiting for lock: %w", path, ctx.Err())
+		}
 	}
 	l, err := lockFile(ctx, path, false)
 	if err != nil {

@@ -65,6 +65,16 @@ func TestCacheLockGate(t *testing.T) {
 	if _, err := s.lockCache(ctx, c); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("lockCache while held = %v, want the context's deadline", err)
 	}
+	done, cancelDone := context.WithCancel(context.Background())
+	cancelDone()
+	held.unlock()
+	for range 20 { // a free lock is taken even with a context done
+		l, err := s.lockCache(done, c)
+		must(t, err)
+		l.unlock()
+	}
+	held, err = s.lockCache(context.Background(), c)
+	must(t, err)
 	got := make(chan time.Time)
 	go func() {
 		l, err := s.lockCache(context.Background(), c)
