@@ -14,6 +14,11 @@ import (
 // the head. A volume without changes adds no layer. If anything fails the
 // volume stays (re)mounted with its upper directory, so the commit can be
 // retried.
+//
+// An overlay volume is sealed (unmounted, its data synced, measured)
+// under its own lock only; the cache's lock is taken after, for the head's
+// write alone, so that the commits of one cache do not queue behind each
+// other's syncs (issue 18).
 func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, error) {
 	if err := ValidateName("volume", volumeID); err != nil {
 		return CommitResult{}, err
@@ -21,7 +26,7 @@ func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, erro
 	var res CommitResult
 	var ended *volumeRecord
 	var oldHead string // a snapshot cache's generation before the commit
-	err := s.transact(ctx, scope{store: true, volume: volumeID}, func(t *txn) error {
+	err := s.transact(ctx, scope{store: true, volume: volumeID, cacheLater: true}, func(t *txn) error {
 		r := t.Volume
 		switch {
 		case r == nil:
@@ -31,12 +36,24 @@ func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, erro
 		case r.Upper == "":
 			return fmt.Errorf("volume %q has the store's old layout: run recover (layerfs recover, or restart the node agent) before committing it", volumeID)
 		}
-		ended = r
+		sealed, err := s.sealEarly(t)
+		if err != nil {
+			return err
+		}
+		if err := t.lockCache(ctx); err != nil {
+			if sealed != nil {
+				err = s.remountAfter(t, err)
+			}
+			return err
+		}
+		if t.Volume == nil { // it had landed (see snapshot)
+			return fmt.Errorf("volume %q: %w", volumeID, ErrNotFound)
+		}
+		ended = t.Volume
 		if t.Head != nil && len(t.Head.Layers) > 0 {
 			oldHead = t.Head.Layers[0].ID
 		}
-		var err error
-		res, err = s.commitLocked(t)
+		res, err = s.commitLocked(t, sealed)
 		return err
 	})
 	if err != nil {
@@ -52,20 +69,62 @@ func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, erro
 	return res, nil
 }
 
+// sealResult is what sealing a volume found, before its cache is locked.
+type sealResult struct {
+	layer *LayerInfo // nil for a volume without changes
+	err   error      // an *overLimitError, the only error that is kept
+}
+
+// sealEarly seals an overlay volume before its cache is locked; nil if
+// this volume is sealed under the cache's lock instead (a snapshot
+// volume, a torn one, one whose layer has landed already). On an error
+// the volume is remounted.
+func (s *Store) sealEarly(t *txn) (*sealResult, error) {
+	r := t.Volume
+	if r.Layout == LayoutSnapshot || r.Torn {
+		return nil, nil
+	}
+	// Peeked without the cache's lock: only a commit of this volume,
+	// which needs the volume's lock we hold, can land its layer.
+	if h, err := s.readHead(r.Cache); err == nil && r.landedIn(h) {
+		return nil, nil
+	}
+	layer, err := s.seal(r)
+	var over *overLimitError
+	if err != nil && !errors.As(err, &over) {
+		return nil, s.remountAfter(t, err)
+	}
+	return &sealResult{layer: layer, err: err}, nil
+}
+
+// remountAfter keeps a volume whose commit failed with err usable for a
+// retry; its record is unchanged.
+func (s *Store) remountAfter(t *txn, err error) error {
+	if merr := s.ensureMounted(t); merr != nil {
+		err = fmt.Errorf("%w (the volume stays unmounted until the commit is retried: %v)", err, merr)
+	}
+	return err
+}
+
 // commitLocked commits (or, torn or over its limit, discards) the
 // transaction's volume and saves the result; on success the volume is
-// gone.
-func (s *Store) commitLocked(t *txn) (CommitResult, error) {
+// gone. sealed is what sealEarly found, or nil to seal here.
+func (s *Store) commitLocked(t *txn, sealed *sealResult) (CommitResult, error) {
 	r := t.Volume
 	res := CommitResult{Cache: r.Cache, Torn: r.Torn}
 	if r.Torn {
 		return res, s.discardInstead(t, &res)
 	}
-	seal := s.seal
-	if r.Layout == LayoutSnapshot {
-		seal = s.sealSnapshot
+	var layer *LayerInfo
+	var err error
+	switch {
+	case sealed != nil:
+		layer, err = sealed.layer, sealed.err
+	case r.Layout == LayoutSnapshot:
+		layer, err = s.sealSnapshot(r)
+	default:
+		layer, err = s.seal(r)
 	}
-	layer, err := seal(r)
 	var over *overLimitError
 	if errors.As(err, &over) {
 		res.OverLimit, res.Bytes = true, over.bytes
@@ -75,10 +134,7 @@ func (s *Store) commitLocked(t *txn) (CommitResult, error) {
 		res, err = s.land(t, layer)
 	}
 	if err != nil && t.Volume != nil {
-		// Keep the volume usable for a retry; its record is unchanged.
-		if merr := s.ensureMounted(t); merr != nil {
-			err = fmt.Errorf("%w (the volume stays unmounted until the commit is retried: %v)", err, merr)
-		}
+		err = s.remountAfter(t, err)
 	}
 	if err != nil {
 		return CommitResult{}, err
@@ -102,8 +158,9 @@ func (s *Store) seal(r *volumeRecord) (layer *LayerInfo, err error) {
 	}
 	// The volume was mounted volatile: its data reaches the disk here,
 	// before the head points at it. One syncfs beats an fsync per file
-	// for the thousands of small files a build writes.
-	if err := syncFS(upper); err != nil {
+	// for the thousands of small files a build writes, and concurrent
+	// commits share it.
+	if err := s.syncs.sync(upper); err != nil {
 		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
 	if err := s.clearVolatileMarker(r.ID); err != nil {

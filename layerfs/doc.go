@@ -38,6 +38,14 @@
 // change only in transactions (txn.go). A layer exists iff a head or a
 // volume record names it; the sweep removes the rest.
 //
+// Commits that run at once (builds that end together) share their costs:
+// an overlay volume is sealed (unmounted, synced, measured) under its own
+// lock, and its cache's lock is taken only to write the head; the syncfs
+// that puts a volume's data on disk before its head names it is shared
+// with the commits in flight (one that starts after a commit's writes
+// covers them: syncgroup.go); and a process's waiters for a cache's lock
+// queue in memory ahead of the flock, so the lock passes on at once.
+//
 // Store methods (see store.go and friends):
 //
 //	Open(ctx, Options) (*Store, error)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -14,6 +15,36 @@ import (
 type fileLock struct {
 	f    *os.File
 	path string
+	gate chan struct{} // held with the flock, if it was taken through a gate
+}
+
+// lockGates queues a process's own waiters for an exclusive lock in
+// memory, ahead of the flock: flockContext polls with a backoff of up to
+// 100 ms, which, with many waiters (the commits of one cache when many
+// builds end at once), leaves the lock idle between holders; a gate hands
+// it on at once. Other processes still meet at the flock.
+type lockGates struct{ m sync.Map } // path -> chan struct{} of capacity 1
+
+// lock takes path's gate, then its flock.
+func (g *lockGates) lock(ctx context.Context, path string) (*fileLock, error) {
+	v, _ := g.m.LoadOrStore(path, make(chan struct{}, 1))
+	gate := v.(chan struct{})
+	select {
+	case gate <- struct{}{}: // free: taken even with ctx done, as flockContext does
+	default:
+		select {
+		case gate <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("lock %s: waiting for lock: %w", path, ctx.Err())
+		}
+	}
+	l, err := lockFile(ctx, path, false)
+	if err != nil {
+		<-gate
+		return nil, err
+	}
+	l.gate = gate
+	return l, nil
 }
 
 // maxLockAttempts bounds the retries when a lock file is replaced under us.
@@ -75,11 +106,21 @@ func sameFile(f *os.File, path string) bool {
 }
 
 // unlock releases the lock.
-func (l *fileLock) unlock() { l.f.Close() }
+func (l *fileLock) unlock() {
+	l.f.Close()
+	l.openGate()
+}
+
+func (l *fileLock) openGate() {
+	if l.gate != nil {
+		<-l.gate
+	}
+}
 
 // removeAndUnlock unlinks the lock file of a removed object, then releases
 // it; waiters notice the unlinked inode and retry on a fresh file.
 func (l *fileLock) removeAndUnlock() {
 	os.Remove(l.path)
 	l.f.Close()
+	l.openGate()
 }

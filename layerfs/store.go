@@ -18,6 +18,10 @@ type Store struct {
 	opts Options
 	// snapReady caches that the snapshot area was prepared (snapshot_area.go).
 	snapReady atomic.Bool
+	// syncs shares syncfs between concurrent commits (syncgroup.go).
+	syncs syncGroup
+	// cacheGates queues this process's waiters for a cache's lock (lock.go).
+	cacheGates lockGates
 }
 
 // Open prepares the store's directories under opts.Root and proves with a
@@ -165,7 +169,7 @@ func (s *Store) lockVolume(ctx context.Context, id string) (*fileLock, error) {
 
 func (s *Store) lockCache(ctx context.Context, c CacheRef) (*fileLock, error) {
 	// '_' cannot occur in a DNS-1123 label, so the name is unambiguous.
-	return lockFile(ctx, filepath.Join(s.locksDir(), "cache-"+c.Namespace+"_"+c.Name), false)
+	return s.cacheGates.lock(ctx, filepath.Join(s.locksDir(), "cache-"+c.Namespace+"_"+c.Name))
 }
 
 func (s *Store) progress(p Progress) {

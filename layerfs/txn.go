@@ -23,6 +23,11 @@ type scope struct {
 	// locked and read too, or cache if there is no such volume.
 	volume string
 	cache  CacheRef
+	// cacheLater leaves the volume's cache unlocked and unread until the
+	// closure calls lockCache: a commit seals its volume first, which
+	// needs only the volume's lock, so that the commits of one cache
+	// queue for its lock only to write its head.
+	cacheLater bool
 }
 
 // txn is what a transaction read. The closure changes Volume and Head;
@@ -36,14 +41,14 @@ type txn struct {
 	cache  CacheRef
 	// As last read or written, to tell what changed; nil if absent.
 	savedVolume, savedHead []byte
+	locks                  []func() // releases what was locked, in order
 }
 
 // transact runs fn in a transaction over sc and saves what it changed.
 func (s *Store) transact(ctx context.Context, sc scope, fn func(t *txn) error) error {
 	t := &txn{s: s, ctx: ctx, volID: sc.volume, cache: sc.cache}
-	release, err := t.lockAndRead(ctx, sc)
-	defer release()
-	if err != nil {
+	defer t.release()
+	if err := t.lockAndRead(ctx, sc); err != nil {
 		return err
 	}
 	if err := fn(t); err != nil {
@@ -52,60 +57,67 @@ func (s *Store) transact(ctx context.Context, sc scope, fn func(t *txn) error) e
 	return t.save()
 }
 
-// lockAndRead takes the locks of sc and reads what they guard. release
-// undoes whatever was taken; a lock file whose object does not exist on
-// disk goes, so that unknown and removed names leave no trace.
-func (t *txn) lockAndRead(ctx context.Context, sc scope) (release func(), err error) {
-	var locks []func()
-	release = func() {
-		for i := len(locks) - 1; i >= 0; i-- {
-			locks[i]()
-		}
+// release undoes whatever was locked, newest first.
+func (t *txn) release() {
+	for i := len(t.locks) - 1; i >= 0; i-- {
+		t.locks[i]()
 	}
+	t.locks = nil
+}
+
+// lockAndRead takes the locks of sc and reads what they guard; a lock
+// file whose object does not exist on disk goes when released, so that
+// unknown and removed names leave no trace.
+func (t *txn) lockAndRead(ctx context.Context, sc scope) (err error) {
 	if sc.store {
 		l, err := t.s.lockStore(ctx, false)
 		if err != nil {
-			return release, err
+			return err
 		}
-		locks = append(locks, l.unlock)
+		t.locks = append(t.locks, l.unlock)
 	}
 	if sc.volume != "" {
 		l, err := t.s.lockVolume(ctx, sc.volume)
 		if err != nil {
-			return release, err
+			return err
 		}
-		locks = append(locks, func() { unlockUnless(l, exists(t.s.volumePath(sc.volume))) })
+		t.locks = append(t.locks, func() { unlockUnless(l, exists(t.s.volumePath(sc.volume))) })
 		if t.Volume, err = t.s.readVolumeRecord(sc.volume); err != nil && !errors.Is(err, ErrNotFound) {
-			return release, err
+			return err
 		}
 		if t.Volume != nil {
 			t.cache = t.Volume.Cache
 		}
 	}
-	if t.cache == (CacheRef{}) {
-		return release, t.snapshot()
-	}
-	l, err := t.s.lockCache(ctx, t.cache)
-	if err != nil {
-		return release, err
-	}
-	locks = append(locks, func() { unlockUnless(l, exists(t.s.headPath(t.cache))) })
-	if t.Head, err = t.s.readHead(t.cache); errors.Is(err, ErrNotFound) {
-		t.Head = nil
-	} else if err != nil {
-		return release, fmt.Errorf("cache %s: %w", t.cache, err)
-	}
-	return release, t.snapshot()
-}
-
-// snapshot records what was read. A volume whose layer its cache already
-// holds has ended (a crash came between the commit's head and the
-// removal of its record): the transaction sees no volume, and its save
-// removes the record.
-func (t *txn) snapshot() (err error) {
 	if t.savedVolume, err = encodeOrNil(t.Volume); err != nil {
 		return err
 	}
+	if t.cache == (CacheRef{}) || sc.cacheLater {
+		return nil
+	}
+	return t.lockCache(ctx)
+}
+
+// lockCache locks and reads the transaction's cache (see scope.cacheLater).
+func (t *txn) lockCache(ctx context.Context) (err error) {
+	l, err := t.s.lockCache(ctx, t.cache)
+	if err != nil {
+		return err
+	}
+	t.locks = append(t.locks, func() { unlockUnless(l, exists(t.s.headPath(t.cache))) })
+	if t.Head, err = t.s.readHead(t.cache); errors.Is(err, ErrNotFound) {
+		t.Head = nil
+	} else if err != nil {
+		return fmt.Errorf("cache %s: %w", t.cache, err)
+	}
+	return t.snapshot()
+}
+
+// snapshot records the head as read. A volume whose layer its cache
+// already holds has ended (a crash came between the commit's head and the
+// removal of its record): the transaction sees no volume, and its save
+// removes the record.
+func (t *txn) snapshot() (err error) {
 	if t.Volume != nil && t.Volume.landedIn(t.Head) {
 		t.Volume = nil
 	}
