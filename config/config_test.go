@@ -522,16 +522,19 @@ func TestSettersAgreeWithValues(t *testing.T) {
 }
 
 // The node agent may patch pods only through the policy that keeps it to
-// its finalizer (e2e's TestNodeAgentPodPolicy checks the API server
-// enforces it).
-func TestNodeAgentPodPolicy(t *testing.T) {
+// its finalizer, and write only its own node's CacheReplicas (e2e's
+// TestNodeAgentPodPolicy and TestNodeAgentReplicaPolicy check the API
+// server enforces them).
+func TestNodeAgentPolicies(t *testing.T) {
 	r := render(t, "default")
-	policy := find[*admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "layercache-node-pods")
-	if policy.Spec.FailurePolicy == nil || *policy.Spec.FailurePolicy != admissionregistrationv1.Fail || len(policy.Spec.Validations) == 0 {
-		t.Errorf("policy %s: failurePolicy %v, %d validations; want Fail and some", policy.Name, policy.Spec.FailurePolicy, len(policy.Spec.Validations))
-	}
-	binding := find[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, r, "layercache-node-pods")
-	if binding.Spec.PolicyName != policy.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
-		t.Errorf("binding %+v, want policy %s with Deny", binding.Spec, policy.Name)
+	for _, name := range []string{"layercache-node-pods", "layercache-node-replicas"} {
+		policy := find[*admissionregistrationv1.ValidatingAdmissionPolicy](t, r, name)
+		if policy.Spec.FailurePolicy == nil || *policy.Spec.FailurePolicy != admissionregistrationv1.Fail || len(policy.Spec.Validations) == 0 {
+			t.Errorf("policy %s: failurePolicy %v, %d validations; want Fail and some", policy.Name, policy.Spec.FailurePolicy, len(policy.Spec.Validations))
+		}
+		binding := find[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, r, name)
+		if binding.Spec.PolicyName != policy.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+			t.Errorf("binding %+v, want policy %s with Deny", binding.Spec, policy.Name)
+		}
 	}
 }

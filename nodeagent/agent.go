@@ -48,8 +48,11 @@ const Component = "layercache-node"
 
 // buildEndWorkers bounds the volumes ended at once. Builds that end
 // together then commit side by side; the store's locks keep each cache's
-// commits in order.
-const buildEndWorkers = 4
+// commits in order, and concurrent commits share their syncfs and seal
+// outside the cache's lock, so that 16 at once cost little more than one.
+// With 4, the last of 50 builds that ended together waited for a dozen
+// turns of the others' ends (p99 end to commit 16.6 s).
+const buildEndWorkers = 16
 
 // Run serves as the node agent until ctx ends: it recovers the store,
 // remounts the volumes of PVs bound on this node, then provisions and

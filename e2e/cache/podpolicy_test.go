@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/e2e/framework"
@@ -72,6 +73,67 @@ func TestNodeAgentPodPolicy(t *testing.T) {
 	}
 	for _, tt := range tests {
 		_, err := as(tt.account, tt.node).CoreV1().Pods(e.Namespace).Patch(ctx, "target", types.StrategicMergePatchType, []byte(tt.patch), metav1.PatchOptions{})
+		switch {
+		case tt.allowed && err != nil:
+			t.Errorf("%s: %v, want it allowed", tt.name, err)
+		case !tt.allowed && err == nil:
+			t.Errorf("%s: allowed, want it refused by the policy", tt.name)
+		case !tt.allowed && !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err):
+			t.Errorf("%s: %v, want the policy's refusal", tt.name, err)
+		case !tt.allowed:
+			t.Logf("%s: refused: %v", tt.name, err)
+		}
+	}
+}
+
+// TestNodeAgentReplicaPolicy checks, on the real API server, that
+// ValidatingAdmissionPolicy layercache-node-replicas keeps a node agent to
+// its own node's CacheReplicas: it writes and deletes those, and neither
+// creates, changes nor deletes another node's.
+func TestNodeAgentReplicaPolicy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
+	defer cancel()
+	c := &v1alpha1.Cache{ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: "policy"}}
+	if err := e.Caches.Create(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	agentOn := func(node string) client.Client {
+		cfg := rest.CopyConfig(e.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{
+			UserName: "system:serviceaccount:" + framework.SystemNamespace + ":layercache-node",
+			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + framework.SystemNamespace, "system:authenticated"},
+			Extra:    map[string][]string{"authentication.kubernetes.io/node-name": {node}},
+		}
+		cl, err := client.New(cfg, client.Options{Scheme: e.Caches.Scheme()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl
+	}
+	apply := func(as client.Client, node string, gen int64) error {
+		b := v1alpha1.CacheReplicaApply(c.Namespace, c.Name, c.UID, node, v1alpha1.CacheReplicaStatus{Generation: gen})
+		return as.Apply(ctx, b, client.FieldOwner("layercache-node-"+node), client.ForceOwnership)
+	}
+	remove := func(as client.Client, node string) error {
+		return as.Delete(ctx, &v1alpha1.CacheReplica{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: v1alpha1.CacheReplicaName(c.Name, node)}})
+	}
+	mine, other := agentOn("node-x"), agentOn("node-y")
+	tests := []struct {
+		name    string
+		do      func() error
+		allowed bool
+	}{
+		{"an agent creates its node's replica", func() error { return apply(mine, "node-x", 1) }, true},
+		{"an agent updates its node's replica", func() error { return apply(mine, "node-x", 2) }, true},
+		{"an agent creates another node's replica", func() error { return apply(other, "node-x", 3) }, false},
+		{"an agent deletes another node's replica", func() error { return remove(other, "node-x") }, false},
+		{"an agent deletes its node's replica", func() error { return remove(mine, "node-x") }, true},
+		{"an agent speaks for another node", func() error { return apply(mine, "node-y", 1) }, false},
+	}
+	for _, tt := range tests {
+		err := tt.do()
 		switch {
 		case tt.allowed && err != nil:
 			t.Errorf("%s: %v, want it allowed", tt.name, err)

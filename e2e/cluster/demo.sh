@@ -36,6 +36,7 @@ run_example_twice() {
 		k -n "$ns" logs "job/$job"
 		wait_for_generation "$ns" demo "$i"
 		k -n "$ns" get caches
+		k -n "$ns" get cachereplicas
 	done
 	echo
 	echo "The second build started with the first build's cache: its log lists build 1."

@@ -35,6 +35,13 @@ func RESTConfig(kubeconfig, userAgent string) (*rest.Config, error) {
 	} else if cfg, err = ctrl.GetConfig(); err != nil {
 		return nil, fmt.Errorf("find the API server: %w; run in a pod, or set --kubeconfig or $KUBECONFIG", err)
 	}
+	if cfg.QPS == 0 {
+		// As ctrl.GetConfig does in a pod: no client-side rate limit, the
+		// API server's priority and fairness governs. client-go's default
+		// of 5 requests a second would queue the API writes of 50 builds
+		// that end at once.
+		cfg.QPS = -1
+	}
 	cfg.UserAgent = userAgent
 	return cfg, nil
 }
