@@ -73,16 +73,7 @@ func TestNodeAgentPodPolicy(t *testing.T) {
 	}
 	for _, tt := range tests {
 		_, err := as(tt.account, tt.node).CoreV1().Pods(e.Namespace).Patch(ctx, "target", types.StrategicMergePatchType, []byte(tt.patch), metav1.PatchOptions{})
-		switch {
-		case tt.allowed && err != nil:
-			t.Errorf("%s: %v, want it allowed", tt.name, err)
-		case !tt.allowed && err == nil:
-			t.Errorf("%s: allowed, want it refused by the policy", tt.name)
-		case !tt.allowed && !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err):
-			t.Errorf("%s: %v, want the policy's refusal", tt.name, err)
-		case !tt.allowed:
-			t.Logf("%s: refused: %v", tt.name, err)
-		}
+		wantAdmission(t, tt.name, tt.allowed, err)
 	}
 }
 
@@ -133,16 +124,22 @@ func TestNodeAgentReplicaPolicy(t *testing.T) {
 		{"an agent speaks for another node", func() error { return apply(mine, "node-y", 1) }, false},
 	}
 	for _, tt := range tests {
-		err := tt.do()
-		switch {
-		case tt.allowed && err != nil:
-			t.Errorf("%s: %v, want it allowed", tt.name, err)
-		case !tt.allowed && err == nil:
-			t.Errorf("%s: allowed, want it refused by the policy", tt.name)
-		case !tt.allowed && !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err):
-			t.Errorf("%s: %v, want the policy's refusal", tt.name, err)
-		case !tt.allowed:
-			t.Logf("%s: refused: %v", tt.name, err)
-		}
+		wantAdmission(t, tt.name, tt.allowed, tt.do())
+	}
+}
+
+// wantAdmission checks that a request was allowed, or refused by an
+// admission policy (Invalid) or RBAC (Forbidden), as allowed says.
+func wantAdmission(t *testing.T, name string, allowed bool, err error) {
+	t.Helper()
+	switch {
+	case allowed && err != nil:
+		t.Errorf("%s: %v, want it allowed", name, err)
+	case !allowed && err == nil:
+		t.Errorf("%s: allowed, want it refused by the policy", name)
+	case !allowed && !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err):
+		t.Errorf("%s: %v, want the policy's refusal", name, err)
+	case !allowed:
+		t.Logf("%s: refused: %v", name, err)
 	}
 }
