@@ -15,6 +15,6 @@
 //     the least recently used Caches of a namespace over its size bound
 //     (nssize.go).
 //
-// Everything on the node (mounts, commits, the per-node status entries) is
+// Everything on the node (mounts, commits, the per-node CacheReplicas) is
 // the node agent's; the manager only reads and writes API objects.
 package cachemanager

@@ -14,7 +14,7 @@ package cachemanager
 // There is no kube-controller-manager, scheduler or kubelet. The tests play
 // them (and the node agents, and the users) through the API: they bind
 // claims to PVs, set pods' phases through the status subresource, and apply
-// node entries of Cache status the way a node agent does. Nothing collects
+// CacheReplicas the way a node agent does. Nothing collects
 // garbage and no namespace finishes deleting, so each test deletes what it
 // made.
 //

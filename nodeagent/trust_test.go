@@ -444,7 +444,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	}
 	entry := reportedEntry(t, c, a)
 	if entry.Unpublished != 1 || !strings.Contains(entry.PublishError, "S.gpg-agent is a socket") {
-		t.Errorf("status entry %+v: want 1 unpublished layer and the publish error", entry)
+		t.Errorf("replica status %+v: want 1 unpublished layer and the publish error", entry)
 	}
 
 	// The periodic pass does not export it again while nothing changed.
@@ -480,7 +480,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	}
 	wantEvents(t, a, "Normal "+reasonPublished, 1)
 	if entry := reportedEntry(t, c, a); entry.Unpublished != 0 || entry.PublishError != "" {
-		t.Errorf("status entry %+v after the publish: want nothing unpublished and no error", entry)
+		t.Errorf("replica status %+v after the publish: want nothing unpublished and no error", entry)
 	}
 }
 

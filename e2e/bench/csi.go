@@ -543,7 +543,7 @@ var CSIDefinitions = []string{
 	"create → container runs: from the create call to the script's first marker (ts %.s, the node's clock, which is the test's: " +
 		"the local cluster runs on the test's machine); script done → Succeeded: from its last marker to the watch seeing Succeeded " +
 		"(the container's exit, the volumes' teardown, the kubelet's status report)",
-	"commit seen after: from the watch seeing the pod Succeeded to the watch seeing the Cache's status entry of the node at a newer " +
+	"commit seen after: from the watch seeing the pod Succeeded to the watch seeing the node's CacheReplica of the cache at a newer " +
 		"generation. Negative when the commit lands before the pod's Succeeded is seen, i.e. within create → Succeeded; the next pod of " +
 		"the variant starts only after it",
 	"API writes: POST, PUT, PATCH and DELETE of layercache's node agent (its node) and manager, from their own " + RequestsMetric +

@@ -64,7 +64,7 @@
 // (the build step is done; layercache's container exits right after it) to
 // the moment the next build would see the changes durably stored. For
 // layercache that is when the benchmark observes, through a watch, the
-// Cache's status entry of the node reach a newer generation: the
+// node's CacheReplica of the cache reach a newer generation: the
 // container's exit, the kubelet's report that the pod ended, the node
 // agent's commit (including its syncfs) and its status report all lie
 // inside. For local-path it is the marker "committed", after the copy back

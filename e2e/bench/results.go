@@ -41,8 +41,8 @@ var MetricTitles = map[Metric]string{
 var MetricDefinitions = map[Metric]string{
 	MetricStart: "from the test submitting the build pod (its generic ephemeral volume makes the claim) to the in-pod marker 'ready': " +
 		"at container start for layercache, after copying the cache from the store into the new volume (cp -a) for local-path",
-	MetricCommit: "from the in-pod marker 'built' to the cache being durably committed: for layercache the test's watch seeing the Cache's " +
-		"status entry of the node at a newer generation (container exit, the kubelet reporting the pod ended, the node agent's commit " +
+	MetricCommit: "from the in-pod marker 'built' to the cache being durably committed: for layercache the test's watch seeing the node's " +
+		"CacheReplica of the node at a newer generation (container exit, the kubelet reporting the pod ended, the node agent's commit " +
 		"with syncfs and its status report); for local-path the in-pod marker 'committed' after copying the changes back (cp -a -u) and sync -f",
 	MetricCopyBack: "local-path: from 'built' to the in-pod marker 'copied', the copy back without sync; layercache: its commit metric",
 	MetricNext: "from the test's watch seeing the build pod ended (phase Succeeded, no container running; the test then submits, at once, " +

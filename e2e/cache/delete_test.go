@@ -16,8 +16,8 @@ import (
 )
 
 // TestDeleteCacheClearsNode deletes a Cache while a pod still has a volume
-// of it: the node agent removes the cache from the node and withdraws its
-// status entry, the Cache goes away, a new pod naming the cache starts
+// of it: the node agent removes the cache from the node and deletes its
+// CacheReplica, the Cache goes away, a new pod naming the cache starts
 // empty, and the old pod's changes, committed after the deletion, are
 // dropped instead of reviving the deleted contents.
 func TestDeleteCacheClearsNode(t *testing.T) {

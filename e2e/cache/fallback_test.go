@@ -58,7 +58,7 @@ func TestFallback(t *testing.T) {
 	}
 	c := e.waitGeneration(ctx, "pr-1", 1)
 	if n := e.nodeEntry(c); n.SeededFrom == nil || n.SeededFrom.String() != mainRef+"@1" || n.Layers != 2 {
-		t.Errorf("pr-1's node entry = %+v; want 2 layers (main's and its own), seeded from %s@1", *n, mainRef)
+		t.Errorf("pr-1's replica = %+v; want 2 layers (main's and its own), seeded from %s@1", *n, mainRef)
 	}
 	e.waitSeededFrom(ctx, "pr-1", mainRef+"@1")
 	checkCacheTable(ctx, t, e, "pr-1", map[string]string{"Generation": "1", "Seeded From": mainRef + "@1"})
@@ -142,7 +142,7 @@ func TestFallback(t *testing.T) {
 }
 
 // waitSeededFrom waits until Cache name's derived status.seededFrom is
-// want (the manager derives it from the node entries).
+// want (the manager derives it from the replicas).
 func (e *env) waitSeededFrom(ctx context.Context, name, want string) {
 	e.t.Helper()
 	var last *v1alpha1.Cache

@@ -44,7 +44,7 @@ func TestNextJobSeesCommittedFiles(t *testing.T) {
 	})
 	c := e.waitGeneration(ctx, cacheName, 1)
 	if n := e.nodeEntry(c); n.Layers != 1 || n.SizeBytes <= 0 || n.LastUsed == nil {
-		t.Errorf("node entry after the first commit = %+v, want 1 layer, a size and a last use", *n)
+		t.Errorf("replica after the first commit = %+v, want 1 layer, a size and a last use", *n)
 	}
 	if c.Status.NodeCount != 1 || c.Status.Size == "" || c.Status.LastUsed == nil {
 		t.Errorf("derived status after the first commit = %s, want nodeCount 1, a size and a last use", statusString(c))

@@ -13,11 +13,15 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 )
 
-// cachesGVR is layercache's Cache resource.
-var cachesGVR = v1alpha1.GroupVersion.WithResource("caches")
+// layercacheGVRs are layercache's resources: Caches and their
+// CacheReplicas.
+var layercacheGVRs = []schema.GroupVersionResource{
+	v1alpha1.GroupVersion.WithResource("caches"),
+	v1alpha1.GroupVersion.WithResource("cachereplicas"),
+}
 
 // NamespaceWrites summarises what any write to the test namespace's
-// claims, their PVs, its Caches, its Events and its objects of the extra
+// claims, their PVs, its Caches and CacheReplicas, its Events and its objects of the extra
 // resources (a CI system's own, e.g. Argo's workflows) would change:
 // names, UIDs, resourceVersions, counts. Two equal summaries some minutes
 // apart mean nothing wrote there: the pattern of the tests that catch an
@@ -43,7 +47,7 @@ func (f *Framework) NamespaceWrites(ctx context.Context, extra ...schema.GroupVe
 		}
 	}
 	out := fmt.Sprintf("%d Events (%d objects);", eventCount, len(events.Items))
-	for _, gvr := range append([]schema.GroupVersionResource{cachesGVR}, extra...) {
+	for _, gvr := range append(layercacheGVRs, extra...) {
 		list, err := dyn.Resource(gvr).Namespace(f.Namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return "", fmt.Errorf("listing %s: %w", gvr.Resource, err)

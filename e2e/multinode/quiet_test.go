@@ -12,8 +12,8 @@ import (
 // TestKeptPodsOfASyncedCacheAreQuiet: a build on node A commits and
 // publishes, a build on node B reads it, and both completed pods are kept,
 // as users keep Job pods for hours. Once settled, nothing writes to the
-// namespace for 3 minutes: the Cache (its chain and announcements, its
-// node entries), claims, PVs and Events stay as they are.
+// namespace for 3 minutes: the Cache (its chain and announcements), its
+// CacheReplicas, claims, PVs and Events stay as they are.
 func TestKeptPodsOfASyncedCacheAreQuiet(t *testing.T) {
 	t.Parallel()
 	e := newSyncEnv(t)
