@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,7 +48,7 @@ func (f *Framework) NamespaceWrites(ctx context.Context, extra ...schema.GroupVe
 		}
 	}
 	out := fmt.Sprintf("%d Events (%d objects);", eventCount, len(events.Items))
-	for _, gvr := range append(layercacheGVRs, extra...) {
+	for _, gvr := range slices.Concat(layercacheGVRs, extra) {
 		list, err := dyn.Resource(gvr).Namespace(f.Namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return "", fmt.Errorf("listing %s: %w", gvr.Resource, err)
