@@ -201,12 +201,16 @@ func newAgent(opts Options, st store, c *caches, events events.EventRecorder, m 
 // of the cluster's size.
 func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg prometheus.Registerer) error {
 	resync := controller.DefaultResyncPeriod
-	a.claimInformers = informers.NewSharedInformerFactory(clientset, resync)
-	a.pvInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync,
+	// Claims are the cluster's (the provisioner library must see a claim
+	// to provision it): no cached object keeps its managed fields, which
+	// are often its largest part.
+	strip := informers.WithTransform(crcache.TransformStripManagedFields())
+	a.claimInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync, strip)
+	a.pvInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync, strip,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.Set{labelNode: a.opts.NodeName}.String()
 		}))
-	a.podInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync,
+	a.podInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync, strip,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.opts.NodeName).String()
 		}))
