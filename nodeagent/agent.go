@@ -282,6 +282,9 @@ func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.S
 	if _, err := podInformer.AddEventHandler(a.holds.handlers()); err != nil {
 		return fmt.Errorf("watch this node's pods to hold them: %w", err)
 	}
+	if _, err := pvInformer.AddEventHandler(a.holds.volumeHandlers()); err != nil {
+		return fmt.Errorf("watch this node's PVs to release held pods: %w", err)
+	}
 	if a.opts.KubeletDir != "" {
 		a.csi = newCSIDriver(a.prov, a.opts.KubeletDir)
 		a.csiEnds = newCSIEnds(a.prov, a.csi, podInformer.GetIndexer())

@@ -32,7 +32,9 @@ import (
 // discarded. Held, it stays Terminating until the agent is back.
 //
 // A pod is held before its volume is handed out: at the provisioning of
-// a claim it owns, and at the publish of a CSI inline volume. Neither
+// a claim it owns, and at the publish of a CSI inline volume. A pod of a
+// standalone claim released on pod exit is held by the pod watch while it
+// runs, and released once the manager has recorded its outcome. Neither
 // completes until the hold is in place, so no build runs unheld, even
 // through an API server outage. The pod watch holds, as a backstop, a pod
 // of this node that runs with such a volume and no hold (an agent of an
@@ -75,6 +77,25 @@ func (h *podHolds) released(namespace, name string) {
 	}
 }
 
+// volumeHandlers ask for the release of a standalone claim's pods once
+// the manager has recorded their outcome on the claim's PV.
+func (h *podHolds) volumeHandlers() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, obj any) {
+			pv, ok := obj.(*corev1.PersistentVolume)
+			if !ok || pv.Spec.ClaimRef == nil || pv.Annotations[v1alpha1.AnnotationPodOutcome] == "" {
+				return
+			}
+			objs, _ := h.pods.ByIndex(indexClaim, pv.Spec.ClaimRef.Namespace+"/"+pv.Spec.ClaimRef.Name)
+			for _, o := range objs {
+				if pod, ok := o.(*corev1.Pod); ok && held(pod) {
+					h.released(pod.Namespace, pod.Name)
+				}
+			}
+		},
+	}
+}
+
 // run works the queue with workers goroutines until ctx ends.
 func (h *podHolds) run(ctx context.Context, workers int) {
 	workKeys(ctx, h.queue, workers, "Holding or releasing a build pod; retrying", "pod", h.sync)
@@ -112,38 +133,59 @@ func held(pod *corev1.Pod) bool {
 
 // usesVolumes tells whether the pod has a volume its outcome decides.
 func (h *podHolds) usesVolumes(pod *corev1.Pod) bool {
-	return usesCSI(pod) || len(h.ownedVolumes(pod)) > 0
+	return usesCSI(pod) || len(h.outcomeVolumes(pod)) > 0
 }
 
-// ownedVolumes are the store volumes (PV names) of the claims the pod
-// owns that are bound to this node's PVs.
-func (h *podHolds) ownedVolumes(pod *corev1.Pod) []string {
-	var vols []string
+// outcomeVolumes are this node's PVs of the pod's claims whose volumes its
+// outcome decides: the claims it owns, which the agent ends at the pod's
+// end, and standalone claims released on pod exit, whose outcome the
+// manager records on the PV before it releases the claim (a manager that
+// is away, or failing over, must still find the pod).
+func (h *podHolds) outcomeVolumes(pod *corev1.Pod) []outcomeVolume {
+	var vols []outcomeVolume
 	for _, c := range podfacts.Claims(pod) {
 		claim, err := h.claims.PersistentVolumeClaims(pod.Namespace).Get(c.Name)
 		if err != nil || claim.Spec.VolumeName == "" {
 			continue
 		}
-		if owner, ok := podfacts.OwningPod(claim); !ok || owner.UID != pod.UID {
+		owner, owned := podfacts.OwningPod(claim)
+		if owned && owner.UID != pod.UID || !owned && claim.Annotations[v1alpha1.AnnotationRelease] != v1alpha1.ReleaseOnPodExit {
 			continue
 		}
-		if _, err := h.pvs.Get(claim.Spec.VolumeName); err == nil {
-			vols = append(vols, claim.Spec.VolumeName)
+		if pv, err := h.pvs.Get(claim.Spec.VolumeName); err == nil {
+			vols = append(vols, outcomeVolume{pv: pv, standalone: !owned})
 		}
 	}
 	return vols
 }
 
+// outcomeVolume is a PV whose volume the pod's outcome decides.
+type outcomeVolume struct {
+	pv         *corev1.PersistentVolume
+	standalone bool // of a standalone claim, which the manager releases
+}
+
+// decided tells whether the manager has recorded the outcome of a
+// standalone claim's pods on its PV.
+func (v outcomeVolume) decided() bool {
+	return v.standalone && v.pv.Annotations[v1alpha1.AnnotationPodOutcome] != ""
+}
+
 // openVolumes tells whether a volume of the pod's outcome is still in the
-// store: the store is the truth, as an ended volume leaves it at once.
+// store: the store is the truth, as an ended volume leaves it at once. A
+// standalone claim's volume no longer needs the pod once the manager has
+// recorded its pods' outcome on the PV.
 func (h *podHolds) openVolumes(ctx context.Context, pod *corev1.Pod) (bool, error) {
-	for _, id := range h.ownedVolumes(pod) {
-		_, err := h.store.Volume(ctx, id)
+	for _, v := range h.outcomeVolumes(pod) {
+		if v.decided() {
+			continue
+		}
+		_, err := h.store.Volume(ctx, v.pv.Name)
 		if err == nil {
 			return true, nil
 		}
 		if !errors.Is(err, layerfs.ErrNotFound) {
-			return false, fmt.Errorf("read volume %s: %w", id, err)
+			return false, fmt.Errorf("read volume %s: %w", v.pv.Name, err)
 		}
 	}
 	if !usesCSI(pod) {

@@ -25,6 +25,7 @@ type holdEnv struct {
 	store *fakeStore
 	kube  *fake.Clientset
 	pods  cache.Indexer
+	pvs   cache.Indexer
 }
 
 func newHoldEnv(t *testing.T) *holdEnv {
@@ -45,8 +46,17 @@ func newHoldEnv(t *testing.T) *holdEnv {
 			APIVersion: "v1", Kind: "Pod", Name: "other", UID: "uid-other", Controller: new(true)}}},
 		Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "pvc-elsewhere"},
 	}))
+	// Standalone claims: ws is released on pod exit (the manager records
+	// its pods' outcome on PV pvc-ws), shared is not.
+	for _, c := range []struct{ name, release string }{{"ws", v1alpha1.ReleaseOnPodExit}, {"shared", ""}} {
+		must(t, claims.Add(&corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ci", Name: c.name, Annotations: map[string]string{v1alpha1.AnnotationRelease: c.release}},
+			Spec:       corev1.PersistentVolumeClaimSpec{VolumeName: "pvc-" + c.name},
+		}))
+		must(t, pvs.Add(&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-" + c.name}}))
+	}
 	must(t, pvs.Add(&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-1"}}))
-	e := &holdEnv{store: st, kube: fake.NewClientset(), pods: pods}
+	e := &holdEnv{store: st, kube: fake.NewClientset(), pods: pods, pvs: pvs}
 	e.holds = newPodHolds(st, e.kube, pods, corelisters.NewPersistentVolumeClaimLister(claims), corelisters.NewPersistentVolumeLister(pvs))
 	t.Cleanup(e.holds.queue.ShutDown)
 	return e
@@ -89,21 +99,38 @@ func TestPodHolds(t *testing.T) {
 		}
 		return pod
 	}
+	claimUser := func(claim string, phase corev1.PodPhase) *corev1.Pod {
+		pod := ephemeralPod("user-"+claim, phase, phase == corev1.PodRunning)
+		pod.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}
+		return pod
+	}
 	mountClaim := func(st *fakeStore) { mountFake(t, st, "pvc-1", nil) }
 	mountCSI := func(st *fakeStore) { mountFake(t, st, "csi-1", map[string]string{labelPodUID: "uid-csi-build"}) }
+	mount := func(id string) func(*fakeStore) { return func(st *fakeStore) { mountFake(t, st, id, nil) } }
+	// The manager records the outcome of a standalone claim's pods on its
+	// PV before it releases the claim.
+	decide := func(e *holdEnv) {
+		must(t, e.pvs.Update(&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-ws",
+			Annotations: map[string]string{v1alpha1.AnnotationPodOutcome: v1alpha1.OutcomeSucceeded}}}))
+	}
 	tests := []struct {
 		name    string
 		mount   func(*fakeStore)
 		running *corev1.Pod // the pod while it runs
 		ended   *corev1.Pod // the pod once it ended
-		// endVolume is the store volume the build's end removes.
+		// endVolume is the store volume the build's end removes; or
+		// release, what else lets the pod go.
 		endVolume string
+		release   func(*holdEnv)
 		wantHeld  bool // while it runs
 	}{
 		{name: "a claim the pod owns", mount: mountClaim, running: claimPod(corev1.PodRunning), ended: claimPod(corev1.PodSucceeded),
 			endVolume: "pvc-1", wantHeld: true},
 		{name: "a CSI inline volume", mount: mountCSI, running: csiPod(corev1.PodRunning), ended: csiPod(corev1.PodFailed),
 			endVolume: "csi-1", wantHeld: true},
+		{name: "a standalone claim released on pod exit", mount: mount("pvc-ws"), running: claimUser("ws", corev1.PodRunning),
+			ended: claimUser("ws", corev1.PodSucceeded), release: decide, wantHeld: true},
+		{name: "a standalone claim the manager does not release", mount: mount("pvc-shared"), running: claimUser("shared", corev1.PodRunning)},
 		{name: "a claim of another provisioner", running: ephemeralPod("other", corev1.PodRunning, true)},
 		{name: "a claim whose volume is not mounted yet", running: claimPod(corev1.PodRunning)},
 	}
@@ -137,7 +164,11 @@ func TestPodHolds(t *testing.T) {
 			if got := e.sync(t, ended); !slices.Contains(got, v1alpha1.FinalizerBuildEnd) {
 				t.Fatalf("pod ended, its volume open: finalizers %q, want it still held", got)
 			}
-			must(t, e.store.Discard(context.Background(), tt.endVolume))
+			if tt.release != nil {
+				tt.release(e)
+			} else {
+				must(t, e.store.Discard(context.Background(), tt.endVolume))
+			}
 			got = e.sync(t, ended)
 			if !slices.Equal(got, []string{"example.com/keep"}) {
 				t.Fatalf("pod ended, its volume ended: finalizers %q, want only the other finalizer", got)
