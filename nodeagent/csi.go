@@ -110,10 +110,16 @@ func (d *csiDriver) NodePublishVolume(ctx context.Context, r *csi.NodePublishVol
 	logger := log.FromContext(ctx).WithValues("pod", pod.key(), "volume", id)
 	ctx = log.IntoContext(ctx, logger)
 
+	vol, err := d.prov.store.Volume(ctx, id)
+	if errors.Is(err, layerfs.ErrNotFound) && d.ends.ended(pod) {
+		// A kubelet that restarted while the build ended publishes the
+		// pod's volumes again; a new, empty volume would be ended once
+		// more, a second commit of the same build.
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s: pod %s has ended and its build's volume was ended already; no new volume is made for it", id, pod.key())
+	}
 	if err := d.prov.holds.hold(ctx, pod.Namespace, pod.Name, pod.UID); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "volume %s: hold pod %s until its build's end: %v", id, pod.key(), err)
 	}
-	vol, err := d.prov.store.Volume(ctx, id)
 	switch {
 	case errors.Is(err, layerfs.ErrNotFound):
 		if vol, err = d.mountNew(ctx, r, pod, id); err != nil {

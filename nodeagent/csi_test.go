@@ -298,6 +298,30 @@ func TestCSIVolumeOfAKeptPodEndsBeforeUnpublish(t *testing.T) {
 	}
 }
 
+// A kubelet restarted while the build ended publishes the pod's volume
+// again after the agent ended it: no second, empty volume is made (it
+// would be a second commit of the same build).
+func TestCSIPublishOfAnEndedPodIsRefused(t *testing.T) {
+	ctx := context.Background()
+	e := newCSIEnv(t)
+	e.setPod(t, csiPodObject("first", corev1.PodRunning))
+	target := e.publish(t, "first", map[string]string{attrCache: "maven"})
+	writeTestFile(t, filepath.Join(target, "built.txt"), "from first")
+	e.setPod(t, csiPodObject("first", corev1.PodSucceeded))
+	if err := e.ends.sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.unpublish(t, "first")
+
+	_, err := e.driver.NodePublishVolume(ctx, e.publishRequest("first", map[string]string{attrCache: "maven"}))
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("publish for an ended pod: %v, want FailedPrecondition", err)
+	}
+	if e.volumeOpen(t, "first") || e.generation(t, "maven") != 1 {
+		t.Errorf("volume open %v, generation %d; want no new volume, generation 1", e.volumeOpen(t, "first"), e.generation(t, "maven"))
+	}
+}
+
 // A pod force-deleted while it may still run on the node: its volume waits
 // for the kubelet to stop it and unpublish.
 func TestCSIVolumeOfAForceDeletedPodWaitsForUnpublish(t *testing.T) {

@@ -228,6 +228,20 @@ const (
 	podGone                    // deleted, or replaced by a pod of the same name
 )
 
+// ended tells, from the informer, whether pod p's build has ended: its
+// containers stopped for good, or it went away after that.
+func (e *csiEnds) ended(p csiPod) bool {
+	if e == nil {
+		return false
+	}
+	if obj, ok, _ := e.pods.GetByKey(p.key()); ok {
+		if pod := obj.(*corev1.Pod); pod.UID == p.UID && podfacts.Ended(pod) {
+			return true
+		}
+	}
+	return e.seen.get(string(p.UID)) != ""
+}
+
 // outcome tells the state of the volume's pod and, once it ended, its
 // outcome. The informer answers for pods it has; a pod it lacks is looked
 // up in the API server before it counts as gone, and so is a running pod
