@@ -133,16 +133,24 @@ func TestDefault(t *testing.T) {
 		t.Errorf("StorageClass %s = %+v, want the same provisioner and binding as %s, and layout: snapshot", snap.Name, snap, sc.Name)
 	}
 
-	crd := find[*apiextensionsv1.CustomResourceDefinition](t, r, "caches.layercache.dev")
-	if crd.Spec.Scope != apiextensionsv1.NamespaceScoped || crd.Spec.Names.Kind != "Cache" {
-		t.Errorf("CRD scope %s kind %s, want Namespaced Cache", crd.Spec.Scope, crd.Spec.Names.Kind)
-	}
-	var columns []string
-	for _, c := range crd.Spec.Versions[0].AdditionalPrinterColumns {
-		columns = append(columns, c.Name)
-	}
-	if want := []string{"Generation", "Size", "Nodes", "Last Used", "Seeded From", "Age"}; !slices.Equal(columns, want) {
-		t.Errorf("printer columns = %q, want %q", columns, want)
+	for _, want := range []struct {
+		name, kind string
+		columns    []string
+	}{
+		{"caches.layercache.dev", "Cache", []string{"Generation", "Size", "Nodes", "Last Used", "Seeded From", "Age"}},
+		{"cachereplicas.layercache.dev", "CacheReplica", []string{"Cache", "Node", "Generation", "Layers", "Bytes", "Unpublished", "Last Used"}},
+	} {
+		crd := find[*apiextensionsv1.CustomResourceDefinition](t, r, want.name)
+		if crd.Spec.Scope != apiextensionsv1.NamespaceScoped || crd.Spec.Names.Kind != want.kind {
+			t.Errorf("CRD %s: scope %s kind %s, want Namespaced %s", want.name, crd.Spec.Scope, crd.Spec.Names.Kind, want.kind)
+		}
+		var columns []string
+		for _, c := range crd.Spec.Versions[0].AdditionalPrinterColumns {
+			columns = append(columns, c.Name)
+		}
+		if !slices.Equal(columns, want.columns) {
+			t.Errorf("CRD %s: printer columns = %q, want %q", want.name, columns, want.columns)
+		}
 	}
 
 	ds := find[*appsv1.DaemonSet](t, r, "layercache-node")
