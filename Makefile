@@ -118,11 +118,14 @@ e2e-multinode: ## a fresh two-node cluster with the registry, and the scenarios 
 # 40 builds) runs in make e2e. SOAK_* variables override the sizes.
 # SOAK_FAULTS are the runs, one after the other: the plain load (none),
 # the node agent SIGKILLed SOAK_FAULT_KILLS times mid-load (agent-kill),
-# etcd and kube-apiserver stopped SOAK_FAULT_DOWN mid-load (apiserver).
+# the node agent killed SOAK_FAULT_KILLS times by the kernel's OOM killer
+# (agent-oom), etcd and kube-apiserver stopped SOAK_FAULT_DOWN mid-load
+# (apiserver), the node's kubelet and containerd restarted (node-restart),
+# the leader of two managers SIGKILLed (manager-leader).
 SOAK_CONCURRENT ?= 50
 SOAK_BUILDS ?= 500
 SOAK_DURATION ?= 60m
-SOAK_FAULTS ?= none agent-kill apiserver
+SOAK_FAULTS ?= none agent-kill agent-oom apiserver node-restart manager-leader
 
 .PHONY: soak
 soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUILDS=500 more, once per fault of SOAK_FAULTS; checks every cache and prints each report (_output/soak/report*.md)
@@ -133,14 +136,20 @@ soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUIL
 		echo; cat "$$out/$$name.md" || echo "no report: see _output/soak-$$fault.log"; \
 	done; exit $$rc
 
-# The short fault tests (build tag faults) kill the node agent or stop the
-# control plane, which would break any test running beside them: make e2e
-# runs them alone, after its packages (which run side by side).
+# The short fault tests (build tag faults) kill the node agent, restart
+# the node's daemons or stop the control plane, which would break any test
+# running beside them: make e2e runs them alone, after its packages (which
+# run side by side). make soak-faults runs them all; make e2e only the two
+# that fit its budget: agent-oom takes 54 s alone but 168 s right after
+# agent-kill (the kubelet's CrashLoopBackOff of the same agent grows), and
+# node-restart and manager-leader fail on bugs they found (e2e/README.md,
+# "Faults") until those are fixed.
 SOAK_FAULTS_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^TestLoad(AgentKilled|APIServerDown)$$' -timeout 30m ./e2e/soak/
+SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^TestLoad(AgentKilled|AgentOOM|APIServerDown|NodeRestart|ManagerLeader)$$' -timeout 40m ./e2e/soak/
 
 .PHONY: soak-faults
-soak-faults: up ## the short fault tests, alone on the cluster (make e2e runs them after its packages): the load with the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), then with etcd and kube-apiserver stopped, down 10 s (1.5-2.5 min); reports in _output/soak/short/
-	$(SOAK_FAULTS_SHORT) -v 2>&1 | tee _output/soak-faults.log
+soak-faults: up ## every short fault test, alone on the cluster (make e2e runs agent-kill and apiserver after its packages): the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), OOM-killed twice (about 1 min alone, 3 min right after the SIGKILLs), etcd and kube-apiserver down 10 s (1.5-2.5 min), the node's kubelet and containerd restarted (about 1 min), the manager's leader SIGKILLed (about 1 min); reports in _output/soak/short/
+	$(SOAK_FAULTS_SHORT_ALL) -v 2>&1 | tee _output/soak-faults.log
 
 .PHONY: demo
 demo: DEPLOY = kubectl

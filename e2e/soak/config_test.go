@@ -38,10 +38,12 @@ type config struct {
 	// Output is the directory of report.md and report.json.
 	Output string `json:"output"`
 
-	// Fault injected while phase 2 runs: none, agent-kill or apiserver
-	// (SOAK_FAULT; see fault_test.go).
+	// Fault injected while phase 2 runs: none, agent-kill, agent-oom,
+	// apiserver, node-restart or manager-leader (SOAK_FAULT; see
+	// fault_test.go).
 	Fault string `json:"fault"`
-	// FaultKills is how many times agent-kill SIGKILLs the node agent.
+	// FaultKills is how many times agent-kill SIGKILLs the node agent,
+	// or agent-oom has the kernel's OOM killer kill it.
 	FaultKills int `json:"faultKills,omitempty"`
 	// FaultEvery is the wait before each fault, from phase 2's start or
 	// from the agent's return after the previous kill.
@@ -53,12 +55,21 @@ type config struct {
 
 // Faults the load can run under.
 const (
-	faultNone      = "none"
-	faultAgentKill = "agent-kill"
-	faultAPIServer = "apiserver"
+	faultNone          = "none"
+	faultAgentKill     = "agent-kill"
+	faultAgentOOM      = "agent-oom"
+	faultAPIServer     = "apiserver"
+	faultNodeRestart   = "node-restart"
+	faultManagerLeader = "manager-leader"
 )
 
-var faults = []string{faultNone, faultAgentKill, faultAPIServer}
+var faults = []string{faultNone, faultAgentKill, faultAgentOOM, faultAPIServer, faultNodeRestart, faultManagerLeader}
+
+// agentFault tells whether fault kills the node agent's process (and the
+// kubelet restarts it).
+func agentFault(fault string) bool {
+	return fault == faultAgentKill || fault == faultAgentOOM
+}
 
 func loadConfig() (config, error) {
 	c := config{Concurrent: 10, Builds: 40, Caches: 5, FailPercent: 10, Volume: "both",

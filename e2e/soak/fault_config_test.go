@@ -6,12 +6,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -27,6 +31,8 @@ func TestFaultConfig(t *testing.T) {
 			want: config{Fault: faultAgentKill, FaultKills: 5, FaultEvery: 7 * time.Second, FaultDown: 30 * time.Second}},
 		{env: map[string]string{"SOAK_FAULT": "apiserver", "SOAK_FAULT_DOWN": "1m"},
 			want: config{Fault: faultAPIServer, FaultKills: 3, FaultEvery: 20 * time.Second, FaultDown: time.Minute}},
+		{env: map[string]string{"SOAK_FAULT": "agent-oom", "SOAK_FAULT_KILLS": "2"},
+			want: config{Fault: faultAgentOOM, FaultKills: 2, FaultEvery: 20 * time.Second, FaultDown: 30 * time.Second}},
 		{env: map[string]string{"SOAK_FAULT": "reboot"}, wantErr: "SOAK_FAULT"},
 		{env: map[string]string{"SOAK_FAULT_KILLS": "0"}, wantErr: "SOAK_FAULT_KILLS"},
 		{env: map[string]string{"SOAK_FAULT_DOWN": "-3s"}, wantErr: "SOAK_FAULT_DOWN"},
@@ -76,8 +82,46 @@ func TestTransient(t *testing.T) {
 	}
 }
 
+// TestParseMemcg checks how agent-oom finds a process's memory cgroup in
+// /proc/PID/cgroup: cgroup v1 (the local cluster's hosts, where the
+// unified line is empty), hybrid, and v2 only.
+func TestParseMemcg(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     memcg
+		wantErr  bool
+	}{
+		{name: "v1", in: "9:name=systemd:/\n4:memory:/k8s.io/abc\n1:cpu:/\n0::/\n", want: memcg{dir: "/sys/fs/cgroup/memory/k8s.io/abc"}},
+		{name: "v1 joint controllers", in: "5:memory,hugetlb:/k8s.io/abc\n", want: memcg{dir: "/sys/fs/cgroup/memory/k8s.io/abc"}},
+		{name: "v2", in: "0::/kubepods/pod1/abc\n", want: memcg{dir: "/sys/fs/cgroup/kubepods/pod1/abc", v2: true}},
+		{name: "none", in: "3:cpu:/\n", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseMemcg([]byte(tc.in), "/sys/fs/cgroup")
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err %v, want error %v", err, tc.wantErr)
+			}
+			if got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNodeNumber(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want int
+	}{{"layercache-node1", 1}, {"layercache-node12", 12}, {"layercache-node0", 0}, {"kind-worker", 0}, {"layercache-node", 0}} {
+		got, err := nodeNumber(tc.name)
+		if got != tc.want || (err == nil) != (tc.want > 0) {
+			t.Errorf("nodeNumber(%q) = %d, %v; want %d", tc.name, got, err, tc.want)
+		}
+	}
+}
+
 func TestReportName(t *testing.T) {
-	for fault, want := range map[string]string{faultNone: "report", "": "report", faultAgentKill: "report-agent-kill", faultAPIServer: "report-apiserver"} {
+	for fault, want := range map[string]string{faultNone: "report", "": "report", faultAgentKill: "report-agent-kill", faultAgentOOM: "report-agent-oom", faultNodeRestart: "report-node-restart", faultAPIServer: "report-apiserver"} {
 		if got := reportName(fault); got != want {
 			t.Errorf("reportName(%q) = %q, want %q", fault, got, want)
 		}
@@ -115,5 +159,40 @@ func TestDescribeLostFile(t *testing.T) {
 				t.Errorf("seen at %s: %q lacks %q", tc.seen, got, w)
 			}
 		}
+	}
+}
+
+// TestStandbyOf checks the manager-leader fault's copy of the manager's
+// Deployment: its own selector, its ports moved, one replica.
+func TestStandbyOf(t *testing.T) {
+	labels := map[string]string{"app.kubernetes.io/name": "layercache", "app.kubernetes.io/component": "manager"}
+	orig := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: managerDeployment, Namespace: "layercache-system"}}
+	orig.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
+	orig.Spec.Template.Labels = labels
+	orig.Spec.Template.Spec.Containers = []corev1.Container{{
+		Name:  "manager",
+		Args:  []string{"manager", "--metrics-bind-address=:8082", "--health-probe-bind-address=127.0.0.1:8083", "--leader-elect=true"},
+		Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 8082}, {Name: "health", ContainerPort: 8083}},
+	}}
+	d, err := standbyOf(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	if want := []string{"manager", "--metrics-bind-address=:18082", "--health-probe-bind-address=127.0.0.1:18083", "--leader-elect=true"}; !slices.Equal(c.Args, want) {
+		t.Errorf("args %q, want %q", c.Args, want)
+	}
+	if c.Ports[0].ContainerPort != 18082 || c.Ports[1].ContainerPort != 18083 {
+		t.Errorf("ports %+v", c.Ports)
+	}
+	if d.Name != standbyDeployment || *d.Spec.Replicas != 1 || d.Spec.Selector.MatchLabels[standbyLabel] != "true" || d.Spec.Template.Labels[standbyLabel] != "true" {
+		t.Errorf("standby %s: replicas %d, selector %v, pod labels %v", d.Name, *d.Spec.Replicas, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
+	}
+	if _, ok := orig.Spec.Selector.MatchLabels[standbyLabel]; ok || orig.Spec.Template.Spec.Containers[0].Args[1] != "--metrics-bind-address=:8082" {
+		t.Error("standbyOf changed the original")
+	}
+	orig.Spec.Template.Spec.Containers[0].Args = []string{"manager"}
+	if _, err := standbyOf(orig); err == nil {
+		t.Error("no error for a manager without port flags")
 	}
 }

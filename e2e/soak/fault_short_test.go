@@ -22,6 +22,14 @@ func TestLoadAgentKilled(t *testing.T) {
 	runLoad(t, shortFault(t, faultAgentKill))
 }
 
+// TestLoadAgentOOM is the short load with the node agent killed twice
+// by the kernel's OOM killer (its cgroup's memory limit lowered to its
+// usage, then restored) during phase 2, with the same checks; the
+// kubelet must report the container OOMKilled.
+func TestLoadAgentOOM(t *testing.T) {
+	runLoad(t, shortFault(t, faultAgentOOM))
+}
+
 // TestLoadAPIServerDown is the short load with etcd and kube-apiserver
 // stopped for 10 s during phase 2, with the same checks. The outage is
 // shorter than make soak's (SOAK_FAULT_DOWN, 30 s) because the rest of
@@ -33,6 +41,21 @@ func TestLoadAPIServerDown(t *testing.T) {
 	cfg := shortFault(t, faultAPIServer)
 	cfg.FaultDown = 10 * time.Second
 	runLoad(t, cfg)
+}
+
+// TestLoadNodeRestart is the short load with the node's kubelet and
+// containerd stopped and started again during phase 2 (the containers
+// keep running under their shims), with the same checks.
+func TestLoadNodeRestart(t *testing.T) {
+	runLoad(t, shortFault(t, faultNodeRestart))
+}
+
+// TestLoadManagerLeader is the short load with the manager as two
+// replicas and its leader SIGKILLed during phase 2, while a quarter of
+// phase 2's builds use standalone claims released on pod exit (the
+// manager's duty), with the same checks.
+func TestLoadManagerLeader(t *testing.T) {
+	runLoad(t, shortFault(t, faultManagerLeader))
 }
 
 // shortFault is the short load's config (SOAK_* still apply: seed,

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -52,14 +53,24 @@ type faultEvent struct {
 	OldPID int `json:"oldPID,omitempty"`
 	NewPID int `json:"newPID,omitempty"`
 	// Back: agent-kill, from the kill until the new agent process runs;
-	// apiserver, from the stop until /readyz answers again.
+	// apiserver, from the stop until /readyz answers again; node-restart,
+	// from the stop until the kubelet's /healthz answers again.
 	Back time.Duration `json:"backNanos"`
 	// Ready: agent-kill, from the kill until the agent's pod is Ready
-	// again with one more restart.
+	// again with one more restart; node-restart, from the stop until the
+	// Node is Ready again with a heartbeat of the new kubelet.
 	Ready time.Duration `json:"readyNanos,omitempty"`
-	// Stopping: apiserver, how long stopping both took.
+	// Stopping: apiserver, node-restart, how long stopping both took.
 	Stopping time.Duration `json:"stoppingNanos,omitempty"`
-	Error    string        `json:"error,omitempty"`
+	// agent-oom: the memory limit that made the kernel kill the agent
+	// (the agent's usage when it was set), and how the kubelet reported
+	// the killed container's end.
+	OOMLimit int64 `json:"oomLimit,omitempty"`
+	// manager-leader: Killed is the killed leader's identity, NewLeader
+	// the next holder of the Lease; Back is from the kill to it.
+	NewLeader string `json:"newLeader,omitempty"`
+	Killed    string `json:"killed,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 // faultRun is the fault of one load run and what it did.
@@ -88,14 +99,25 @@ func (l *load) requireHost() {
 // before phase 2 starts gets no fault.
 func (l *load) startFault(ctx context.Context) {
 	l.fault = &faultRun{Kind: l.cfg.Fault, done: make(chan struct{})}
-	if l.cfg.Fault == faultAPIServer {
-		// Registered here, not in the injecting goroutine: a cleanup
-		// cannot be added once the test is over.
+	// Registered here, not in the injecting goroutine: a cleanup cannot
+	// be added once the test is over.
+	switch l.cfg.Fault {
+	case faultAPIServer:
 		l.t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), controlPlaneBound)
 			defer cancel()
 			if out, err := controlPlane(ctx, "start"); err != nil {
 				l.t.Errorf("starting etcd and kube-apiserver again at cleanup: %v\n%s", err, out)
+			}
+		})
+	case faultManagerLeader:
+		l.startStandby(ctx)
+	case faultNodeRestart:
+		l.t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), nodeDaemonsBound)
+			defer cancel()
+			if out, err := l.nodeDaemons(ctx, "start"); err != nil {
+				l.t.Errorf("starting the node's containerd and kubelet again at cleanup: %v\n%s", err, out)
 			}
 		})
 	}
@@ -113,10 +135,14 @@ func (l *load) startFault(ctx context.Context) {
 			return
 		}
 		switch l.cfg.Fault {
-		case faultAgentKill:
+		case faultAgentKill, faultAgentOOM:
 			l.killAgentRepeatedly(ctx)
 		case faultAPIServer:
 			l.stopControlPlane(ctx)
+		case faultNodeRestart:
+			l.restartNode(ctx)
+		case faultManagerLeader:
+			l.killLeader(ctx)
 		}
 	}()
 }
@@ -156,7 +182,8 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// killAgentRepeatedly SIGKILLs the node agent cfg.FaultKills times, each
+// killAgentRepeatedly kills the node agent cfg.FaultKills times (a
+// SIGKILL for agent-kill, the kernel's OOM killer for agent-oom), each
 // FaultEvery after phase 2's start or the previous agent's return.
 func (l *load) killAgentRepeatedly(ctx context.Context) {
 	for i := range l.cfg.FaultKills {
@@ -169,16 +196,17 @@ func (l *load) killAgentRepeatedly(ctx context.Context) {
 		l.fault.Events = append(l.fault.Events, ev)
 		l.mu.Unlock()
 		if ev.Error != "" {
-			l.t.Errorf("agent-kill %d: %s", i+1, ev.Error)
+			l.t.Errorf("%s %d: %s", l.cfg.Fault, i+1, ev.Error)
 			return
 		}
-		l.t.Logf("agent-kill %d: pid %d killed at %s (load running: %v); new pid %d after %s, Ready after %s",
-			i+1, ev.OldPID, ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.NewPID, ev.Back.Round(time.Millisecond), ev.Ready.Round(time.Millisecond))
+		l.t.Logf("%s %d: pid %d killed at %s (load running: %v; %s); new pid %d after %s, Ready after %s",
+			l.cfg.Fault, i+1, ev.OldPID, ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.Killed, ev.NewPID, ev.Back.Round(time.Millisecond), ev.Ready.Round(time.Millisecond))
 	}
 }
 
 // killAgent kills the node's agent and waits for its new process and
-// for its pod to be Ready again.
+// for its pod to be Ready again; under agent-oom it also checks that the
+// kubelet reports the container OOMKilled.
 func (l *load) killAgent(ctx context.Context) faultEvent {
 	var ev faultEvent
 	old, err := l.waitAgent(ctx, 0, agentBackBound)
@@ -192,9 +220,23 @@ func (l *load) killAgent(ctx context.Context) faultEvent {
 		return ev
 	}
 	ev.OldPID, ev.At, ev.DuringLoad = old.PID, time.Now(), l.loadRunning()
-	if err := syscall.Kill(old.PID, syscall.SIGKILL); err != nil {
-		ev.Error = fmt.Sprintf("SIGKILL of pid %d: %v", old.PID, err)
-		return ev
+	switch l.cfg.Fault {
+	case faultAgentOOM:
+		limit, err := oomKill(ctx, l.t, old.PID)
+		ev.OOMLimit = limit
+		if err != nil {
+			ev.Error = fmt.Sprintf("OOM kill of pid %d: %v", old.PID, err)
+			return ev
+		}
+		// The limit was set when the load began to fail allocations;
+		// the kill is when the process went.
+		ev.At = time.Now()
+	default:
+		if err := syscall.Kill(old.PID, syscall.SIGKILL); err != nil {
+			ev.Error = fmt.Sprintf("SIGKILL of pid %d: %v", old.PID, err)
+			return ev
+		}
+		ev.Killed = "SIGKILL"
 	}
 	back, err := l.waitAgent(ctx, old.PID, agentBackBound)
 	if err != nil {
@@ -207,6 +249,17 @@ func (l *load) killAgent(ctx context.Context) faultEvent {
 		return ev
 	}
 	ev.Ready = time.Since(ev.At)
+	if l.cfg.Fault == faultAgentOOM {
+		reason, err := l.agentLastEnd(ctx)
+		if err != nil {
+			ev.Error = fmt.Sprintf("the OOM-killed agent's end as the kubelet reports it: %v", err)
+			return ev
+		}
+		ev.Killed = reason
+		if reason != "OOMKilled" {
+			ev.Error = fmt.Sprintf("the kubelet reports the killed agent container's end as %q, want OOMKilled", reason)
+		}
+	}
 	return ev
 }
 
@@ -331,9 +384,15 @@ func (l *load) stopControlPlane(ctx context.Context) {
 }
 
 // controlPlane runs e2e/cluster/control-plane.sh VERB on the cluster of
+// KUBECONFIG.
+func controlPlane(ctx context.Context, verb string) (string, error) {
+	return clusterScript(ctx, "control-plane.sh", verb)
+}
+
+// clusterScript runs e2e/cluster/SCRIPT ARGS on the cluster of
 // KUBECONFIG (its directory is the cluster's, which may belong to
 // another checkout than the test's).
-func controlPlane(ctx context.Context, verb string) (string, error) {
+func clusterScript(ctx context.Context, script string, args ...string) (string, error) {
 	root, err := repoRoot()
 	if err != nil {
 		return "", err
@@ -346,11 +405,11 @@ func controlPlane(ctx context.Context, verb string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "e2e", "cluster", "control-plane.sh"), verb)
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "e2e", "cluster", script), args...)
 	cmd.Env = append(os.Environ(), "LAYERCACHE_CLUSTER_DIR="+dir)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return string(out), fmt.Errorf("control-plane.sh %s (cluster %s): %w", verb, dir, err)
+		return string(out), fmt.Errorf("%s %s (cluster %s): %w", script, strings.Join(args, " "), dir, err)
 	}
 	return string(out), nil
 }
@@ -398,4 +457,130 @@ func keepPolling(ctx context.Context, err error, last *error) error {
 		return nil
 	}
 	return err
+}
+
+const (
+	// nodeDaemonsBound bounds node-daemons.sh stop or start: 20 s per
+	// daemon before its KILL, or containerd's 60 s and the kubelet's
+	// 120 s to answer.
+	nodeDaemonsBound = 4 * time.Minute
+	// nodeReadyBound bounds the wait for the Node's Ready condition
+	// with a heartbeat of the restarted kubelet.
+	nodeReadyBound = 2 * time.Minute
+)
+
+// restartNode stops the node's containerd and kubelet FaultEvery after
+// phase 2's start and starts them again at once, as a node's daemons are
+// restarted (an upgrade, a crash of either): the pods' containers keep
+// running under their shims. Like stopControlPlane, the start runs even
+// if the test is being cancelled.
+func (l *load) restartNode(ctx context.Context) {
+	if !sleepCtx(ctx, l.cfg.FaultEvery) {
+		l.fault.Note = "the test ended before the restart"
+		return
+	}
+	ev := faultEvent{At: time.Now(), DuringLoad: l.loadRunning()}
+	defer func() {
+		l.mu.Lock()
+		l.fault.Events = append(l.fault.Events, ev)
+		l.mu.Unlock()
+	}()
+	fail := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		ev.Error = strings.TrimPrefix(ev.Error+"; "+msg, "; ")
+		l.t.Error(msg)
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nodeDaemonsBound)
+	out, err := l.nodeDaemons(stopCtx, "stop")
+	cancel()
+	ev.Stopping = time.Since(ev.At)
+	l.t.Logf("node-daemons.sh stop:\n%s", out)
+	if err != nil {
+		fail("%v", err)
+	}
+	l.t.Logf("node-restart: containerd and the kubelet stopped at %s in %s (load running: %v)",
+		ev.At.UTC().Format("15:04:05.000"), ev.Stopping.Round(time.Millisecond), ev.DuringLoad)
+	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nodeDaemonsBound)
+	defer cancel()
+	out, err = l.nodeDaemons(startCtx, "start")
+	ev.Back = time.Since(ev.At)
+	l.t.Logf("node-daemons.sh start:\n%s", out)
+	if err != nil {
+		fail("%v", err)
+		return
+	}
+	// The node's process is new: the test enters its namespace through
+	// the pid that start wrote to cluster.json.
+	c, err := framework.LoadCluster()
+	if err != nil {
+		fail("reading cluster.json after the restart: %v", err)
+		return
+	}
+	n, err := c.Node(l.node.Name)
+	if err != nil {
+		fail("%v", err)
+		return
+	}
+	l.mu.Lock()
+	l.node = n
+	for i := range l.f.Cluster.Nodes {
+		if l.f.Cluster.Nodes[i].Name == n.Name {
+			l.f.Cluster.Nodes[i] = n
+		}
+	}
+	l.mu.Unlock()
+	if err := l.waitNodeReady(startCtx, ev.At.Add(ev.Stopping)); err != nil {
+		fail("node %s after the restart: %v", n.Name, err)
+		return
+	}
+	ev.Ready = time.Since(ev.At)
+	l.t.Logf("node-restart: kubelet healthy %s after the stop, Node Ready %s after it", ev.Back.Round(time.Millisecond), ev.Ready.Round(time.Millisecond))
+}
+
+// waitNodeReady waits until the Node is Ready with a heartbeat after
+// since (the new kubelet's).
+func (l *load) waitNodeReady(ctx context.Context, since time.Time) error {
+	deadline := time.Now().Add(nodeReadyBound)
+	last := "not read yet"
+	for time.Now().Before(deadline) {
+		node, err := l.f.Client.CoreV1().Nodes().Get(ctx, l.node.Name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+		} else {
+			for _, c := range node.Status.Conditions {
+				if c.Type != corev1.NodeReady {
+					continue
+				}
+				last = fmt.Sprintf("Ready %s, last heartbeat %s", c.Status, c.LastHeartbeatTime.UTC().Format(time.TimeOnly))
+				// Heartbeats have second precision.
+				if c.Status == corev1.ConditionTrue && !c.LastHeartbeatTime.Time.Before(since.Truncate(time.Second)) {
+					return nil
+				}
+			}
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("not Ready with a new heartbeat within %s: %s", nodeReadyBound, last)
+}
+
+// nodeDaemons runs e2e/cluster/node-daemons.sh VERB N for the test's
+// node on the cluster of KUBECONFIG.
+func (l *load) nodeDaemons(ctx context.Context, verb string) (string, error) {
+	num, err := nodeNumber(l.node.Name)
+	if err != nil {
+		return "", err
+	}
+	return clusterScript(ctx, "node-daemons.sh", verb, strconv.Itoa(num))
+}
+
+// nodeNumber is N of the local cluster's node layercache-nodeN.
+func nodeNumber(name string) (int, error) {
+	s, ok := strings.CutPrefix(name, "layercache-node")
+	n, err := strconv.Atoi(s)
+	if !ok || err != nil || n < 1 {
+		return 0, fmt.Errorf("node %q is not one of the local cluster's (layercache-nodeN)", name)
+	}
+	return n, nil
 }

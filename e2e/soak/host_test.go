@@ -297,7 +297,9 @@ func (s *sampler) totals() (peakRSS int64, cpu float64, procs []procSample) {
 	return peakRSS, cpu, procs
 }
 
-func (s *sampler) run(ctx context.Context, c *framework.Cluster, n framework.Node, namespace string, caches []string) {
+// run samples until ctx ends; node is the test's node as it is now (the
+// node-restart fault gives it a new process).
+func (s *sampler) run(ctx context.Context, c *framework.Cluster, node func() framework.Node, namespace string, caches []string) {
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for i := 0; ; i++ {
@@ -310,6 +312,7 @@ func (s *sampler) run(ctx context.Context, c *framework.Cluster, n framework.Nod
 		if i%2 != 0 {
 			continue
 		}
+		n := node()
 		for _, cache := range caches {
 			h, err := readHead(ctx, c, n, namespace, cache)
 			if err != nil {

@@ -139,13 +139,13 @@ func runLoad(t *testing.T, cfg config) {
 	if agentErr == nil {
 		agentErr = l.samples.start(node.Name, agent)
 	}
-	if agentErr != nil && cfg.Fault == faultAgentKill {
+	if agentErr != nil && agentFault(cfg.Fault) {
 		t.Fatalf("SOAK_FAULT=%s: %v", cfg.Fault, agentErr)
 	}
 	samplerCtx, stopSampler := context.WithCancel(ctx)
 	defer stopSampler()
 	if agentErr == nil {
-		go l.samples.run(samplerCtx, f.Cluster, node, f.Namespace, l.caches)
+		go l.samples.run(samplerCtx, f.Cluster, l.nodeNow, f.Namespace, l.caches)
 	} else {
 		t.Logf("node agent process: %v; its memory and CPU are not reported", agentErr)
 	}
@@ -204,10 +204,14 @@ func (l *load) endTimeout() time.Duration {
 // faultBudget is the most the fault's injection may take.
 func (l *load) faultBudget() time.Duration {
 	switch l.cfg.Fault {
-	case faultAgentKill:
-		return time.Duration(l.cfg.FaultKills) * (l.cfg.FaultEvery + agentBackBound + agentReadyBound)
+	case faultAgentKill, faultAgentOOM:
+		return time.Duration(l.cfg.FaultKills) * (l.cfg.FaultEvery + oomBound + agentBackBound + agentReadyBound)
 	case faultAPIServer:
 		return l.cfg.FaultEvery + l.cfg.FaultDown + time.Minute + controlPlaneBound + transientBound
+	case faultNodeRestart:
+		return l.cfg.FaultEvery + time.Minute + nodeDaemonsBound + nodeReadyBound
+	case faultManagerLeader:
+		return l.cfg.FaultEvery + time.Minute + takeoverBound
 	}
 	return 0
 }
@@ -245,6 +249,14 @@ type load struct {
 	endLayers map[string]int
 }
 
+// nodeNow is the test's node as it is now: the node-restart fault gives
+// it a new process (framework.Node.PID).
+func (l *load) nodeNow() framework.Node {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.node
+}
+
 // plan decides every build up front from the seed: its cache, its volume
 // kind and whether it fails.
 func (l *load) plan() {
@@ -266,8 +278,10 @@ func (l *load) plan() {
 		if i >= l.cfg.Concurrent {
 			b.Phase = 2
 		}
-		switch l.cfg.Volume {
-		case "both":
+		switch {
+		case l.cfg.Fault == faultManagerLeader && b.Phase == 2 && (i-l.cfg.Concurrent)%standaloneEvery == 0:
+			b.Volume = "standalone"
+		case l.cfg.Volume == "both":
 			b.Volume = []string{"claim", "csi"}[i%2]
 		default:
 			b.Volume = l.cfg.Volume
@@ -293,9 +307,14 @@ exit %d`, l.cfg.FileBytes, mountPath, b.Name, code)
 	pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: l.node.Name}
 	pod.Spec.SecurityContext = nonRoot()
 	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: volumeName, MountPath: mountPath}}
-	if b.Volume == "csi" {
+	switch b.Volume {
+	case "csi":
 		pod.Spec.Volumes = []corev1.Volume{csiVolume(b.Cache, false)}
-	} else {
+	case "standalone":
+		pod.Spec.Volumes = []corev1.Volume{{Name: volumeName, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: b.Name + "-" + volumeName},
+		}}}
+	default:
 		pod.Spec.Volumes = []corev1.Volume{claimVolume(b.Cache)}
 	}
 	return pod
@@ -410,6 +429,21 @@ func (l *load) run(ctx context.Context, ends <-chan endNote) {
 	running := map[string]bool{}
 	launch := func(b *build) bool {
 		b.Created = time.Now()
+		if b.Volume == "standalone" {
+			tries := 0
+			err := retryTransient(loadCtx, func(ctx context.Context) error {
+				tries++
+				_, err := l.f.Client.CoreV1().PersistentVolumeClaims(l.f.Namespace).Create(ctx, l.standaloneClaim(b), metav1.CreateOptions{})
+				if tries > 1 && apierrors.IsAlreadyExists(err) {
+					return nil
+				}
+				return err
+			})
+			if err != nil {
+				l.t.Errorf("build %d: its standalone claim: %v", b.Index, err)
+				return false
+			}
+		}
 		tries := 0
 		err := retryTransient(loadCtx, func(ctx context.Context) error {
 			tries++
@@ -514,6 +548,12 @@ func (l *load) finish(ctx context.Context, n endNote) {
 	err := retryTransient(ctx, func(ctx context.Context) error {
 		var err error
 		logs, err = l.f.PodLogs(ctx, b.Name, "main")
+		if err != nil && l.cfg.Fault == faultNodeRestart && apierrors.IsNotFound(err) && ctx.Err() == nil {
+			// The kubelet serves the logs: while node-restart has it
+			// stopped, the API server answers 404 for pods/log. Not an
+			// API status any more, so retryTransient retries it.
+			return fmt.Errorf("%s (the kubelet may be restarting)", err.Error())
+		}
 		return err
 	})
 	if err != nil {
@@ -635,7 +675,7 @@ func (l *load) collectEnds(ctx context.Context) {
 		default:
 			b.VolumeEnded = ev.FirstTimestamp.Time
 		}
-		if b.Volume == "claim" {
+		if b.Volume == "claim" || b.Volume == "standalone" {
 			l.mu.Lock()
 			b.PV = l.pvByClaim[b.Name+"-"+volumeName]
 			l.mu.Unlock()
@@ -655,7 +695,7 @@ const eventLossWindow = 30 * time.Second
 // killedAfter tells whether the agent-kill fault killed the agent within
 // eventLossWindow after ended.
 func (l *load) killedAfter(ended time.Time) bool {
-	if l.fault == nil || l.fault.Kind != faultAgentKill || ended.IsZero() {
+	if l.fault == nil || !agentFault(l.fault.Kind) || ended.IsZero() {
 		return false
 	}
 	for _, ev := range l.fault.Events {
@@ -772,6 +812,19 @@ func (l *load) cleanUp(ctx context.Context) {
 	})
 	if err != nil {
 		l.t.Fatalf("deleting the kept pods: %v", err)
+	}
+	// Standalone claims (manager-leader) are the test's to delete, once
+	// their volumes have ended (collectEnds).
+	for _, b := range l.builds {
+		if b.Volume != "standalone" {
+			continue
+		}
+		err := retryTransient(ctx, func(ctx context.Context) error {
+			return l.f.Client.CoreV1().PersistentVolumeClaims(l.f.Namespace).Delete(ctx, b.Name+"-"+volumeName, metav1.DeleteOptions{})
+		})
+		if err != nil && !apierrors.IsNotFound(err) {
+			l.t.Errorf("deleting the standalone claim of build %s: %v", b.Name, err)
+		}
 	}
 	var state string
 	var lastErr error

@@ -293,8 +293,13 @@ func awayWindows(f *faultRun, procs []procSample) []window {
 	if f != nil {
 		for _, ev := range f.Events {
 			what := "agent killed"
-			if f.Kind == faultAPIServer {
+			switch f.Kind {
+			case faultAPIServer:
 				what = "API server away"
+			case faultNodeRestart:
+				what = "kubelet and containerd away"
+			case faultManagerLeader:
+				what = "no manager leader"
 			}
 			out = append(out, window{ev.At, ev.At.Add(ev.Back), what})
 		}
@@ -432,6 +437,16 @@ func (r *report) faultMarkdown(w func(string, ...any)) {
 		for i, ev := range f.Events {
 			w("| %d | %s | %v | %d | %d | %.1f s | %.1f s | %s |", i+1, ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.OldPID, ev.NewPID, ev.Back.Seconds(), ev.Ready.Seconds(), ev.Error)
 		}
+	case faultAgentOOM:
+		w("## Fault: agent-oom")
+		w("")
+		w("The node agent's memory cgroup limit lowered to its usage %d time(s) of %d asked, each %s after phase 2's start or the agent's return, until the kernel's OOM killer killed it; the limit restored; the kubelet restarts it after its CrashLoopBackOff delay.", len(f.Events), c.FaultKills, c.FaultEvery)
+		w("")
+		w("| # | killed at (UTC) | during phase 2 | pid | limit | kubelet's reason | new pid | new process after | pod Ready after | error |")
+		w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+		for i, ev := range f.Events {
+			w("| %d | %s | %v | %d | %s | %s | %d | %.1f s | %.1f s | %s |", i+1, ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.OldPID, mib(ev.OOMLimit), ev.Killed, ev.NewPID, ev.Back.Seconds(), ev.Ready.Seconds(), ev.Error)
+		}
 	case faultAPIServer:
 		w("## Fault: apiserver")
 		w("")
@@ -441,6 +456,26 @@ func (r *report) faultMarkdown(w func(string, ...any)) {
 		w("| --- | --- | --- | --- | --- |")
 		for _, ev := range f.Events {
 			w("| %s | %v | %.1f s | %.1f s | %s |", ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.Stopping.Seconds(), ev.Back.Seconds(), ev.Error)
+		}
+	case faultManagerLeader:
+		w("## Fault: manager-leader")
+		w("")
+		w("The manager ran as two replicas (a standby copy of its Deployment beside it); its leader (the holder of its Lease) SIGKILLed %s after phase 2's start. Every %d-th build of phase 2 used a standalone claim with `layercache.dev/release: on-pod-exit`, which only the manager releases.", c.FaultEvery, standaloneEvery)
+		w("")
+		w("| killed at (UTC) | during phase 2 | killed leader | pid | new leader | new leader after | error |")
+		w("| --- | --- | --- | --- | --- | --- | --- |")
+		for _, ev := range f.Events {
+			w("| %s | %v | %s | %d | %s | %.1f s | %s |", ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.Killed, ev.OldPID, ev.NewLeader, ev.Back.Seconds(), ev.Error)
+		}
+	case faultNodeRestart:
+		w("## Fault: node-restart")
+		w("")
+		w("The node's kubelet and containerd stopped (TERM) %s after phase 2's start and started again at once with their recorded command lines in the node's mount namespace (`e2e/cluster/node-daemons.sh`); the containers ran on under their shims.", c.FaultEvery)
+		w("")
+		w("| stopped at (UTC) | during phase 2 | stopping took | kubelet healthy after | Node Ready after | error |")
+		w("| --- | --- | --- | --- | --- | --- |")
+		for _, ev := range f.Events {
+			w("| %s | %v | %.1f s | %.1f s | %.1f s | %s |", ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.Stopping.Seconds(), ev.Back.Seconds(), ev.Ready.Seconds(), ev.Error)
 		}
 	}
 	if f.Note != "" {

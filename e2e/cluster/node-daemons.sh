@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# Stop and start one local node's containerd and kubelet, as a node
+# restart whose containers keep running under their shims (e2e/soak's
+# node-restart fault, SOAK_FAULT=node-restart).
+#
+#   node-daemons.sh stop N    # TERM the kubelet, then containerd (KILL after 20 s each);
+#                             # first records each one's command line, environment,
+#                             # working directory and log file from /proc, and starts a
+#                             # holder of node N's mount namespace
+#   node-daemons.sh start N   # containerd, then the kubelet, with exactly what stop
+#                             # recorded, in node N's mount namespace, under a new node
+#                             # process (node<N>.pid, as up.sh's node.sh: down.sh finds
+#                             # the kubelet as its child, e2e/framework the pid in
+#                             # cluster.json); returns once containerd
+#                             # answers and the kubelet's /healthz is ok
+#   node-daemons.sh status N  # exit 0 when both run and the kubelet is healthy
+#
+# Both verbs are idempotent: stop leaves a stopped daemon alone, start a
+# running one. node.sh (started by up.sh in a private mount namespace)
+# ends once both its daemons have; the namespace lives on in the shims
+# and in the holder, and everything node.sh mounted there (the kubelet's
+# directory, /run/containerd) with it.
+#
+# LAYERCACHE_CLUSTER_DIR names the cluster's directory when it is not this
+# checkout's _output/cluster.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+if [[ -n ${LAYERCACHE_CLUSTER_DIR:-} ]]; then
+	CLUSTER_DIR=$LAYERCACHE_CLUSTER_DIR
+	LOG_DIR=$CLUSTER_DIR/logs
+	PID_DIR=$CLUSTER_DIR/pids
+	STATE_DIR=$CLUSTER_DIR/state
+fi
+# Start order; stop goes the other way.
+DAEMONS=(containerd kubelet)
+STOP_SECONDS=20
+# The holder keeps the namespace for at most this long (a start that
+# never comes; down.sh also kills it, as it is in the cluster's cgroup).
+HOLD_SECONDS=1800
+
+n=${2:-}
+[[ $n =~ ^[0-9]+$ ]] || die "usage: $0 stop|start|status|run NODE_NUMBER"
+SAVED_DIR=$STATE_DIR/node$n-daemons
+NODE_PID_FILE=$PID_DIR/node$n.pid
+HOLDER_PID_FILE=$PID_DIR/node$n-ns.pid
+
+# daemon_pid NAME: the pid of node n's NAME: the child of the node
+# process (node.sh, or the run of a start) named NAME.
+daemon_pid() {
+	local name=$1 parent
+	[[ -f $NODE_PID_FILE ]] || return 0
+	parent=$(<"$NODE_PID_FILE")
+	pgrep -P "$parent" -x "$name" | head -1 || true
+}
+
+save() {
+	local name=$1 pid=$2
+	mkdir -p "$SAVED_DIR"
+	cat "/proc/$pid/cmdline" >"$SAVED_DIR/$name.cmdline"
+	cat "/proc/$pid/environ" >"$SAVED_DIR/$name.environ"
+	readlink "/proc/$pid/cwd" >"$SAVED_DIR/$name.cwd"
+	readlink "/proc/$pid/fd/1" >"$SAVED_DIR/$name.log"
+}
+
+# stop_one NAME PID: TERM, then KILL after STOP_SECONDS.
+stop_one() {
+	local name=$1 pid=$2 i
+	log "stopping $name of node $n (pid $pid)"
+	kill -TERM "$pid"
+	for ((i = 0; i < STOP_SECONDS * 10; i++)); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	log "$name did not stop in ${STOP_SECONDS}s: KILL"
+	kill -KILL "$pid" 2>/dev/null || true
+	for ((i = 0; i < 50; i++)); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	die "$name (pid $pid) survived KILL"
+}
+
+holder() {
+	local pid
+	[[ -f $HOLDER_PID_FILE ]] || return 0
+	pid=$(<"$HOLDER_PID_FILE")
+	[[ $(cat "/proc/$pid/comm" 2>/dev/null) == sleep ]] && echo "$pid"
+	return 0
+}
+
+stop() {
+	local node
+	[[ -f $NODE_PID_FILE ]] || die "no node $n at $CLUSTER_DIR (no $NODE_PID_FILE); run make up"
+	node=$(<"$NODE_PID_FILE")
+	if [[ -z $(holder) ]]; then
+		[[ -e /proc/$node/ns/mnt ]] || die "node $n's process $node is gone: its mount namespace cannot be held"
+		launch "node$n-ns" nsenter --mount="/proc/$node/ns/mnt" -- sleep "$HOLD_SECONDS"
+		wait_for "the holder of node $n's namespace" 10 holder_runs || die "the holder of node $n's mount namespace did not start; see $LOG_DIR/node$n-ns.log"
+	fi
+	# The daemons' pids first (found as the node process's children), then
+	# the node process itself, so that a start's run does not start its
+	# kubelet again (node.sh would only stop waiting), then the daemons.
+	local pids=() name pid
+	for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
+		name=${DAEMONS[i]}
+		pid=$(daemon_pid "$name")
+		if [[ -z $pid ]]; then
+			log "$name of node $n is not running"
+			pids+=("")
+			continue
+		fi
+		save "$name" "$pid"
+		pids+=("$pid")
+	done
+	kill -TERM "$node" 2>/dev/null || true
+	for ((i = ${#DAEMONS[@]} - 1, j = 0; i >= 0; i--, j++)); do
+		[[ -z ${pids[j]} ]] || stop_one "${DAEMONS[i]}" "${pids[j]}"
+	done
+}
+holder_runs() { [[ -n $(holder) ]]; }
+
+kubelet_ok() { curl -sf "http://127.0.0.1:$(kubelet_healthz_port "$n")/healthz"; }
+
+start() {
+	local h name
+	if [[ -n $(daemon_pid kubelet) && -n $(daemon_pid containerd) ]]; then
+		log "containerd and the kubelet of node $n are running"
+	elif [[ -n $(daemon_pid containerd) ]] && grep -qz 'node-daemons.sh' "/proc/$(<"$NODE_PID_FILE")/cmdline" 2>/dev/null; then
+		log "the node process of node $n (a start's) runs containerd and restarts its kubelet"
+	else
+		for name in "${DAEMONS[@]}"; do
+			[[ -s $SAVED_DIR/$name.cmdline ]] ||
+				die "no recorded command line of $name in $SAVED_DIR: only what node-daemons.sh stop stopped can be started (or run make down; make up)"
+		done
+		h=$(holder)
+		[[ -n $h ]] || die "no holder of node $n's mount namespace ($HOLDER_PID_FILE): run make down; make up"
+		log "starting containerd and the kubelet of node $n in the namespace of pid $h"
+		launch "node$n" nsenter --mount="/proc/$h/ns/mnt" -- "$CLUSTER_LIB/node-daemons.sh" run "$n"
+		# The node's process in cluster.json (e2e/framework enters the
+		# node's namespace through it) is the new one.
+		jq --arg name "$(node_name "$n")" --argjson pid "$(<"$NODE_PID_FILE")" \
+			'.nodes |= map(if .name == $name then .pid = $pid else . end)' \
+			"$CLUSTER_DIR/cluster.json" >"$CLUSTER_DIR/cluster.json.new"
+		mv "$CLUSTER_DIR/cluster.json.new" "$CLUSTER_DIR/cluster.json"
+	fi
+	wait_for "containerd of node $n" 60 ctr --address "$(containerd_sock "$n")" version ||
+		die "containerd of node $n did not start in 60s; see $(cat "$SAVED_DIR/containerd.log" 2>/dev/null)"
+	wait_for "the kubelet of node $n" 120 kubelet_ok ||
+		die "the kubelet of node $n was not healthy in 120s; see $(cat "$SAVED_DIR/kubelet.log" 2>/dev/null)"
+	h=$(holder)
+	if [[ -n $h ]]; then kill "$h"; fi
+	rm -f "$HOLDER_PID_FILE"
+	log "containerd and the kubelet of node $n are up"
+}
+
+# run: inside the node's namespace, as the node process: each daemon as
+# recorded, appending to its log, then wait for them as node.sh does. A
+# kubelet that exits within KUBELET_SETTLE seconds of its start (containerd
+# still loading its containers: "server is not initialized yet") is
+# started again, as systemd's Restart= does on a real node.
+KUBELET_SETTLE=30
+KUBELET_TRIES=10
+start_daemon() {
+	local name=$1 args envs cwd out
+	mapfile -d '' args <"$SAVED_DIR/$name.cmdline"
+	mapfile -d '' envs <"$SAVED_DIR/$name.environ"
+	cwd=$(<"$SAVED_DIR/$name.cwd")
+	out=$(<"$SAVED_DIR/$name.log")
+	(cd "$cwd" && exec env -i "${envs[@]}" "${args[@]}") >>"$out" 2>&1 &
+}
+run() {
+	local try started kubelet
+	start_daemon containerd
+	if ! wait_for "containerd of node $n" 60 ctr --address "$(containerd_sock "$n")" version; then
+		echo "containerd of node $n did not start; see $(<"$SAVED_DIR/containerd.log")" >&2
+		exit 1
+	fi
+	for ((try = 1; try <= KUBELET_TRIES; try++)); do
+		start_daemon kubelet
+		kubelet=$! started=$SECONDS
+		wait "$kubelet" || true
+		((SECONDS - started < KUBELET_SETTLE)) || break
+		echo "$(date +%H:%M:%S) the kubelet of node $n exited $((SECONDS - started)) s after its start (try $try of $KUBELET_TRIES): starting it again" >&2
+		sleep 2
+	done
+	wait
+}
+
+status() {
+	local name rc=0
+	for name in "${DAEMONS[@]}"; do
+		if [[ -n $(daemon_pid "$name") ]]; then echo "$name: running (pid $(daemon_pid "$name"))"; else echo "$name: stopped"; rc=1; fi
+	done
+	if kubelet_ok >/dev/null 2>&1; then echo "kubelet healthz: ok"; else echo "kubelet healthz: not ok"; rc=1; fi
+	return "$rc"
+}
+
+require_root
+[[ -d $PID_DIR ]] || die "no cluster at $CLUSTER_DIR (no $PID_DIR); run make up"
+case ${1:-} in
+stop) stop ;;
+start) start ;;
+status) status ;;
+run) run ;;
+*) die "usage: $0 stop|start|status|run NODE_NUMBER" ;;
+esac
