@@ -75,6 +75,14 @@ func (r *CacheReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	if c.DeletionTimestamp.IsZero() && controllerutil.ContainsFinalizer(&c, v1alpha1.FinalizerCleanup) {
+		// A summary was written moments ago: what changed since is summed
+		// up then, in one pass over the replicas, not one per change (a
+		// cache used by thousands of nodes changes many times a second).
+		if wait := r.untilWrite(req.NamespacedName); wait > 0 {
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
+	}
 	replicas, err := replicasOf(ctx, r.Client, &c)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -101,9 +109,6 @@ func (r *CacheReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	want := c.Status.Summarized(held)
 	if equality.Semantic.DeepEqual(want, c.Status) {
 		return reconcile.Result{}, nil
-	}
-	if wait := r.untilWrite(req.NamespacedName); wait > 0 {
-		return reconcile.Result{RequeueAfter: wait}, nil
 	}
 	// Derived fields only: a merge patch of what changed, which leaves the
 	// published chain, the node agents', alone.

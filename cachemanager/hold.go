@@ -37,8 +37,12 @@ const indexHeldPods = "layercache.dev/held-pods"
 type HoldReconciler struct {
 	// Client reads from the informer cache (Nodes as metadata only) and
 	// writes to the API server.
-	Client   client.Client
-	Recorder events.EventRecorder
+	Client client.Client
+	// APIReader confirms, past the informer cache, what a lift rests on:
+	// a Node just created (an autoscaler adding nodes as pods land on
+	// them) may not be in the cache yet, nor a pod's binding.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
 }
 
 // SetupWithManager wires the controller: a held pod is reconciled when it
@@ -85,20 +89,42 @@ func (r *HoldReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	if !heldPod(&pod) {
 		return reconcile.Result{}, nil
 	}
+	if pod.Spec.NodeName == "" && pod.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	gone, err := r.nodeGone(ctx, &pod)
+	if err != nil || !gone {
+		return reconcile.Result{}, err
+	}
 	if pod.Spec.NodeName == "" {
-		if pod.DeletionTimestamp.IsZero() {
-			return reconcile.Result{}, nil
-		}
 		// It never ran: there is no build to end.
 		return reconcile.Result{}, r.lift(ctx, &pod, "was deleted before it was bound to a node, so it ran no build")
 	}
+	return reconcile.Result{}, r.lift(ctx, &pod, fmt.Sprintf("ran on Node %s, which no longer exists, so its layercache agent cannot end the pod's cache volumes: their changes are lost with the node", pod.Spec.NodeName))
+}
+
+// nodeGone tells whether no agent will release the held pod: it is bound
+// to no node, or its Node does not exist, as the informer cache and then
+// the API server say. pod becomes the API server's copy.
+func (r *HoldReconciler) nodeGone(ctx context.Context, pod *corev1.Pod) (bool, error) {
+	if pod.Spec.NodeName != "" && r.nodeExists(ctx, r.Client, pod.Spec.NodeName) {
+		return false, nil
+	}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	if !heldPod(pod) {
+		return false, nil
+	}
+	return pod.Spec.NodeName == "" || !r.nodeExists(ctx, r.APIReader, pod.Spec.NodeName), nil
+}
+
+// nodeExists tells whether reader has Node name; an error other than
+// NotFound counts as existing, so that only a sure answer lifts a hold.
+func (r *HoldReconciler) nodeExists(ctx context.Context, reader client.Reader, name string) bool {
 	node := &metav1.PartialObjectMetadata{}
 	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
-	err := r.Client.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, node)
-	if err == nil || !apierrors.IsNotFound(err) {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
-	}
-	return reconcile.Result{}, r.lift(ctx, &pod, fmt.Sprintf("ran on Node %s, which no longer exists, so its layercache agent cannot end the pod's cache volumes: their changes are lost with the node", pod.Spec.NodeName))
+	return !apierrors.IsNotFound(reader.Get(ctx, types.NamespacedName{Name: name}, node))
 }
 
 // lift removes the hold of a pod that why explains, with a Warning Event.

@@ -32,6 +32,8 @@ func TestHoldReconcile(t *testing.T) {
 		name  string
 		pod   *corev1.Pod
 		nodes []string
+		// fresh are Nodes the API server has and the informer cache not yet.
+		fresh []string
 		want  []string // the pod's finalizers afterwards
 		event string
 	}{
@@ -39,6 +41,8 @@ func TestHoldReconcile(t *testing.T) {
 			want: []string{"example.com/keep", v1alpha1.FinalizerBuildEnd}},
 		{name: "a pod of a deleted Node is released", pod: heldOn("node-gone"), nodes: []string{"node-a"},
 			want: []string{"example.com/keep"}, event: "Warning BuildEndLost"},
+		{name: "a pod of a Node just created stays held", pod: heldOn("node-new"), nodes: []string{"node-a"}, fresh: []string{"node-new"},
+			want: []string{"example.com/keep", v1alpha1.FinalizerBuildEnd}},
 		{name: "an unscheduled pod is left alone", pod: heldOn(""), nodes: []string{"node-a"},
 			want: []string{"example.com/keep", v1alpha1.FinalizerBuildEnd}},
 		{name: "an unscheduled pod that is deleted is released", pod: deleting(heldOn("")), nodes: []string{"node-a"},
@@ -52,8 +56,16 @@ func TestHoldReconcile(t *testing.T) {
 				objs = append(objs, node(n))
 			}
 			c := newFakeClient(t, objs...)
+			api := c
+			if len(tt.fresh) > 0 {
+				all := []client.Object{tt.pod.DeepCopy()}
+				for _, n := range append(tt.nodes, tt.fresh...) {
+					all = append(all, node(n))
+				}
+				api = newFakeClient(t, all...)
+			}
 			rec := events.NewFakeRecorder(10)
-			r := &HoldReconciler{Client: c, Recorder: rec}
+			r := &HoldReconciler{Client: c, APIReader: api, Recorder: rec}
 			// The Node's deletion finds its held pods through the index.
 			if reqs := r.heldPodsOfNode(ctx, node(tt.pod.Spec.NodeName)); tt.pod.Spec.NodeName != "" && len(reqs) != 1 {
 				t.Errorf("Node %s maps to held pods %v, want the pod", tt.pod.Spec.NodeName, reqs)

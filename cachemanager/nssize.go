@@ -39,13 +39,14 @@ type NamespaceSizeReconciler struct {
 }
 
 // SetupWithManager wires the controller: a Namespace is reconciled when it
-// changes and when one of its Caches or their replicas does.
+// changes and when one of its Caches does (a replica's size change shows
+// in its Cache's summary within seconds: watching the replicas themselves
+// would reconcile a namespace on every commit of every node).
 func (r *NamespaceSizeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("namespace-cache-size").
 		For(&corev1.Namespace{}).
 		Watches(&v1alpha1.Cache{}, handler.EnqueueRequestsFromMapFunc(cacheNamespace)).
-		Watches(&v1alpha1.CacheReplica{}, handler.EnqueueRequestsFromMapFunc(cacheNamespace)).
 		Complete(r)
 }
 

@@ -100,7 +100,7 @@ func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer, 
 	if err := sizes.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the namespace cache size controller: %w", err)
 	}
-	holds := &HoldReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(Component)}
+	holds := &HoldReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(Component)}
 	if err := holds.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the pod hold controller: %w", err)
 	}

@@ -4,6 +4,7 @@ package soak
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,16 +14,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/e2e/framework"
 )
 
-// TestStandaloneClaimPodEndsWithoutManager is the smallest reproduction of
+// TestStandaloneClaimPodEndsWithoutManager is the smallest version of
 // what TestLoadManagerLeader found: a standalone claim released on pod
 // exit whose pod succeeds and is deleted while no manager runs (a leader
-// killed, the next not yet elected) is Discarded, "its pod's outcome is
-// unknown", once a manager is back: the build is lost. It wants
-// Committed. It scales the manager's Deployment to 0 and back, so it runs
-// alone (build tag faults).
+// killed, the next not yet elected). The manager releases such a claim
+// with its pods' outcome, so the pod must outlive it: the node agent holds
+// it (finalizer layercache.dev/build-end) until the manager is back and
+// has recorded the outcome, and the build is Committed. (Before the hold
+// it was Discarded, "its pod's outcome is unknown".) It scales the
+// manager's Deployment to 0 and back, so it runs alone (build tag
+// faults).
 func TestStandaloneClaimPodEndsWithoutManager(t *testing.T) {
 	f := framework.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
@@ -88,20 +93,26 @@ func TestStandaloneClaimPodEndsWithoutManager(t *testing.T) {
 	if err := f.Client.CoreV1().Pods(f.Namespace).Delete(ctx, b.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := f.Client.CoreV1().Pods(f.Namespace).Get(ctx, b.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	})
-	if err != nil {
-		t.Fatalf("pod %s was not deleted without the manager: %v", b.Name, err)
+	// Held: it stays, Terminating, while no manager has its outcome.
+	time.Sleep(10 * time.Second)
+	held, err := f.Client.CoreV1().Pods(f.Namespace).Get(ctx, b.Name, metav1.GetOptions{})
+	if err != nil || held.DeletionTimestamp == nil || !slices.Contains(held.Finalizers, v1alpha1.FinalizerBuildEnd) {
+		t.Fatalf("pod %s 10 s after its deletion without a manager: %v, %+v; want it Terminating, held by %s", b.Name, err, held, v1alpha1.FinalizerBuildEnd)
 	}
-	t.Logf("pod %s succeeded and was deleted; scaling the manager back to %d", b.Name, orig.Spec.Replicas)
+	t.Logf("pod %s succeeded and was deleted, and is held; scaling the manager back to %d", b.Name, orig.Spec.Replicas)
 	if err := scale(ctx, orig.Spec.Replicas); err != nil {
 		t.Fatal(err)
 	}
 	reason, message := f.VolumeEnd(ctx, claim.Name, claim.Spec.VolumeName)
 	if reason != "Committed" {
 		t.Errorf("the succeeded build's standalone claim ended %s %q, want Committed", reason, message)
+	}
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := f.Client.CoreV1().Pods(f.Namespace).Get(ctx, b.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Errorf("pod %s still there once its outcome was recorded: %v", b.Name, err)
 	}
 	if err := claims.Delete(ctx, claim.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Errorf("deleting claim %s: %v", claim.Name, err)
