@@ -34,9 +34,12 @@ type run struct {
 	Seconds float64 `json:"seconds"`
 	Logs    string  `json:"logs"`
 
-	SetupWrites    int64   `json:"setupWrites"`
-	SetupSeconds   float64 `json:"setupSeconds"`
-	CatchUpSeconds float64 `json:"catchUpSeconds"`
+	SetupWrites  int64   `json:"setupWrites"`
+	SetupSeconds float64 `json:"setupSeconds"`
+	// PodsRunningSeconds is how long kwok took after the setup to have
+	// every build pod Running.
+	PodsRunningSeconds float64 `json:"podsRunningSeconds"`
+	CatchUpSeconds     float64 `json:"catchUpSeconds"`
 	// SetupReconciles counts the manager's reconciles per controller from
 	// the empty cluster to the caught-up one.
 	SetupReconciles map[string]float64 `json:"setupReconciles"`
@@ -121,6 +124,7 @@ func (rep *report) markdown() string {
 	}
 	row("run time", func(r *run) string { return fmt.Sprintf("%.0f s", r.Seconds) })
 	row("setup: API writes, time", func(r *run) string { return fmt.Sprintf("%d in %.0f s", r.SetupWrites, r.SetupSeconds) })
+	row("kwok: all pods Running after setup", func(r *run) string { return fmt.Sprintf("%.0f s", r.PodsRunningSeconds) })
 	row("manager catch-up after setup", func(r *run) string { return fmt.Sprintf("%.0f s", r.CatchUpSeconds) })
 	row("Cache as stored (limit 1 MiB; etcd 1.5 MiB)", func(r *run) string {
 		return fmt.Sprintf("%d B (%.1f KiB), %d managedFields entries", r.CacheBytes, kib(r.CacheBytes), r.CacheManagedFields)

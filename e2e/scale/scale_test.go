@@ -107,14 +107,17 @@ func scaleRun(t *testing.T, cfg config, repo, bin, kwok string, r *run) {
 		t.Fatalf("setting up %d nodes (%d writes in %.0f s): %v", r.Nodes, writes, r.SetupSeconds, err)
 	}
 	t.Logf("%d nodes, their build pods, claims, PVs and CacheReplicas: %d writes in %.0f s", r.Nodes, writes, r.SetupSeconds)
-	if err := waitPodsRunning(ctx, cp.c, r.Nodes, 5*time.Minute); err != nil {
+	start = time.Now()
+	if err := waitPodsRunning(ctx, cp.c, r.Nodes, time.Minute+time.Duration(r.Nodes)*60*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
+
+	r.PodsRunningSeconds = time.Since(start).Seconds()
 
 	// The manager catches up: every replica in the Cache's summary, and no
 	// reconcile for a while.
 	start = time.Now()
-	summaryErr := waitSummary(ctx, cp.c, mgr, r.Nodes, 10*time.Minute)
+	summaryErr := waitSummary(ctx, cp.c, mgr, r.Nodes, catchUpTimeout(r.Nodes))
 	r.CatchUpSeconds = time.Since(start).Seconds()
 	if summaryErr != nil {
 		t.Errorf("the manager did not sum up the %d replicas in Cache %s/%s: %v", r.Nodes, namespace, cacheName, summaryErr)
@@ -267,6 +270,12 @@ func waitSummary(ctx context.Context, c client.Client, mgr *component, n int, ti
 			return err
 		}
 	}
+}
+
+// catchUpTimeout bounds the manager's catch-up after the setup of n
+// nodes: a minute, and 12 ms per node.
+func catchUpTimeout(n int) time.Duration {
+	return time.Minute + time.Duration(n)*12*time.Millisecond
 }
 
 // replicaSizes lists the CacheReplicas as JSON: their number and the
