@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 )
@@ -30,6 +32,9 @@ const agentNode = "scale-agent"
 // has caught up, every node reports a new generation once per
 // SCALE_UPDATE_PERIOD for SCALE_STEADY, and the test measures.
 func TestScale(t *testing.T) {
+	// envtest logs through controller-runtime's logger; its start-up
+	// lines say nothing the test does not.
+	ctrllog.SetLogger(logr.Discard())
 	repo := repoRoot(t)
 	cfg, err := configFromEnv(repo)
 	if err != nil {
@@ -69,7 +74,12 @@ func TestScale(t *testing.T) {
 // scaleRun is one size's run; it fills r as it goes, so that a failed run
 // still reports what it measured.
 func scaleRun(t *testing.T, cfg config, repo, bin, kwok string, r *run) {
+	// Every wait ends a minute before go test's -timeout would panic, so
+	// that the cleanups still stop etcd, kube-apiserver and the processes.
 	ctx, cancel := context.WithCancel(context.Background())
+	if d, ok := t.Deadline(); ok {
+		ctx, cancel = context.WithDeadline(context.Background(), d.Add(-time.Minute))
+	}
 	t.Cleanup(cancel)
 	logDir := filepath.Join(cfg.Output, fmt.Sprintf("nodes-%d", r.Nodes))
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
