@@ -64,7 +64,7 @@ func configFromEnv(repo string) (config, error) {
 		Binary:                 os.Getenv("SCALE_LAYERCACHE_BIN"),
 		Agent:                  true,
 		MaxManagerWritesPerMin: 60,
-		MaxAgentGrowthMiB:      32,
+		MaxAgentGrowthMiB:      16,
 	}
 	var errs []error
 	if v := os.Getenv("SCALE_NODES"); v != "" {
