@@ -88,7 +88,7 @@ test-envtest: ## the manager's controllers against a real kube-apiserver and etc
 
 # The control plane at scale (e2e/scale): its own etcd, kube-apiserver
 # and kwok with simulated nodes, the real manager and one real node agent.
-# make test runs the short version (300 nodes, 45 s of steady state: about
+# make test runs the short version (300 nodes, 30 s of steady state: about
 # 2 minutes); make scale the full one. Reports in _output/scale.
 SCALE_NODES ?= 1000 5000
 SCALE_STEADY ?= 3m

@@ -58,7 +58,7 @@ type config struct {
 func configFromEnv(repo string) (config, error) {
 	c := config{
 		Nodes:                  []int{300},
-		Steady:                 45 * time.Second,
+		Steady:                 30 * time.Second,
 		UpdatePeriod:           2 * time.Minute,
 		Output:                 filepath.Join(repo, "_output", "scale"),
 		Binary:                 os.Getenv("SCALE_LAYERCACHE_BIN"),
