@@ -102,8 +102,9 @@ test-scale: $(BIN)/kwok ## the short scale test: 300 simulated nodes against the
 .PHONY: scale
 scale: $(BIN)/kwok ## the control plane at SCALE_NODES="1000 5000" simulated nodes (kwok) with the real manager and node agent (needs root; about 10 minutes per 1,000 nodes): _output/scale/report.md and report.json
 	@mkdir -p _output
-	SCALE_NODES="$(SCALE_NODES)" SCALE_STEADY=$(SCALE_STEADY) $(SCALE_TEST) -run '^TestScale$$' -timeout 3h ./e2e/scale/ 2>&1 | tee _output/scale.log; \
-		rc=$${PIPESTATUS[0]}; echo; cat _output/scale/report.md || echo "no report: see _output/scale.log"; exit $$rc
+	export SCALE_NODES="$(SCALE_NODES)" SCALE_STEADY=$(SCALE_STEADY); rc=0; \
+	$(SCALE_TEST) -run '^TestScale$$' -timeout 3h ./e2e/scale/ 2>&1 | tee _output/scale.log || rc=1; \
+	echo; cat _output/scale/report.md || echo "no report: see _output/scale.log"; exit $$rc
 
 .PHONY: bench
 bench: ## layerfs, registry-sync and cross-node handoff benchmarks (needs root): each ratio beside its target (hack/bench-targets.txt); fails on clear misses
