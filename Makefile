@@ -104,7 +104,7 @@ scale: $(BIN)/kwok ## the control plane at SCALE_NODES="1000 5000" simulated nod
 	@mkdir -p _output
 	export SCALE_NODES="$(SCALE_NODES)" SCALE_STEADY=$(SCALE_STEADY); rc=0; \
 	$(SCALE_TEST) -run '^TestScale$$' -timeout 3h ./e2e/scale/ 2>&1 | tee _output/scale.log || rc=1; \
-	echo; cat _output/scale/report.md || echo "no report: see _output/scale.log"; exit $$rc
+	echo; cat "$${SCALE_OUTPUT:-_output/scale}/report.md" || echo "no report: see _output/scale.log"; exit $$rc
 
 .PHONY: bench
 bench: ## layerfs, registry-sync and cross-node handoff benchmarks (needs root): each ratio beside its target (hack/bench-targets.txt); fails on clear misses
