@@ -88,7 +88,7 @@ test-envtest: ## the manager's controllers against a real kube-apiserver and etc
 
 # The control plane at scale (e2e/scale): its own etcd, kube-apiserver
 # and kwok with simulated nodes, the real manager and one real node agent.
-# make test runs the short version (300 nodes, 30 s of steady state: 95 s
+# make test runs the short version (300 nodes, 30 s of steady state: 95-112 s
 # measured); make scale the full one. Reports in _output/scale.
 SCALE_NODES ?= 1000 5000
 SCALE_STEADY ?= 3m
@@ -96,7 +96,7 @@ SCALE_TEST = assets=$$(e2e/cluster/envtest-assets.sh); \
 	KUBEBUILDER_ASSETS=$$assets SCALE_KWOK_BIN=$(BIN)/kwok $(GO) test -tags scale -count=1 -v
 
 .PHONY: test-scale
-test-scale: $(BIN)/kwok ## the short scale test: 300 simulated nodes against the real manager (needs root; about 1.5 minutes); report in _output/scale
+test-scale: $(BIN)/kwok ## the short scale test: 300 simulated nodes against the real manager (needs root; about 2 minutes); report in _output/scale
 	$(SCALE_TEST) -timeout 15m ./e2e/scale/
 
 .PHONY: scale
