@@ -90,6 +90,17 @@ func TestNodeAgentReplicaPolicy(t *testing.T) {
 	if err := e.Caches.Create(ctx, c); err != nil {
 		t.Fatal(err)
 	}
+	// A Node no agent runs on (the manager deletes the replicas of Nodes
+	// that do not exist); unschedulable, so that no pod lands there.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: e.Namespace + "-policy"}, Spec: corev1.NodeSpec{Unschedulable: true}}
+	if _, err := e.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("deleting Node %s: %v", node.Name, err)
+		}
+	})
 	agentOn := func(node string) client.Client {
 		cfg := rest.CopyConfig(e.Config)
 		cfg.Impersonate = rest.ImpersonationConfig{
@@ -110,18 +121,18 @@ func TestNodeAgentReplicaPolicy(t *testing.T) {
 	remove := func(as client.Client, node string) error {
 		return as.Delete(ctx, &v1alpha1.CacheReplica{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: v1alpha1.CacheReplicaName(c.Name, node)}})
 	}
-	mine, other := agentOn("node-x"), agentOn("node-y")
+	mine, other := agentOn(node.Name), agentOn("some-other-node")
 	tests := []struct {
 		name    string
 		do      func() error
 		allowed bool
 	}{
-		{"an agent creates its node's replica", func() error { return apply(mine, "node-x", 1) }, true},
-		{"an agent updates its node's replica", func() error { return apply(mine, "node-x", 2) }, true},
-		{"an agent creates another node's replica", func() error { return apply(other, "node-x", 3) }, false},
-		{"an agent deletes another node's replica", func() error { return remove(other, "node-x") }, false},
-		{"an agent deletes its node's replica", func() error { return remove(mine, "node-x") }, true},
-		{"an agent speaks for another node", func() error { return apply(mine, "node-y", 1) }, false},
+		{"an agent creates its node's replica", func() error { return apply(mine, node.Name, 1) }, true},
+		{"an agent updates its node's replica", func() error { return apply(mine, node.Name, 2) }, true},
+		{"an agent overwrites another node's replica", func() error { return apply(other, node.Name, 3) }, false},
+		{"an agent deletes another node's replica", func() error { return remove(other, node.Name) }, false},
+		{"an agent deletes its node's replica", func() error { return remove(mine, node.Name) }, true},
+		{"an agent speaks for another node", func() error { return apply(mine, "some-other-node", 1) }, false},
 	}
 	for _, tt := range tests {
 		wantAdmission(t, tt.name, tt.allowed, tt.do())
