@@ -276,16 +276,24 @@ func TestCSIVolumeOfAPodGoneAfterUnpublishIsDiscarded(t *testing.T) {
 // A pod kept after it completed: the agent ends its volume at once, and
 // unmounts the target itself; the kubelet's later unpublish finds it done.
 // The next pod sees the commit.
-func TestCSIVolumeOfAKeptPodEndsBeforeUnpublish(t *testing.T) {
-	ctx := context.Background()
-	e := newCSIEnv(t)
+// buildFirst runs pod "first" with a CSI volume of maven that writes
+// built.txt and succeeds, and sweeps: its volume ends before the
+// kubelet's unpublish. It returns the target.
+func (e *csiEnv) buildFirst(t *testing.T) string {
+	t.Helper()
 	e.setPod(t, csiPodObject("first", corev1.PodRunning))
 	target := e.publish(t, "first", map[string]string{attrCache: "maven"})
 	writeTestFile(t, filepath.Join(target, "built.txt"), "from first")
 	e.setPod(t, csiPodObject("first", corev1.PodSucceeded))
-	if err := e.ends.sweep(ctx); err != nil {
+	if err := e.ends.sweep(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return target
+}
+
+func TestCSIVolumeOfAKeptPodEndsBeforeUnpublish(t *testing.T) {
+	e := newCSIEnv(t)
+	target := e.buildFirst(t)
 	if mounted, _ := mountinfo.Mounted(target); mounted || e.volumeOpen(t, "first") || e.generation(t, "maven") != 1 {
 		t.Fatalf("target mounted %v, volume open %v, generation %d; want unmounted, ended, 1", mounted, e.volumeOpen(t, "first"), e.generation(t, "maven"))
 	}
@@ -304,13 +312,7 @@ func TestCSIVolumeOfAKeptPodEndsBeforeUnpublish(t *testing.T) {
 func TestCSIPublishOfAnEndedPodIsRefused(t *testing.T) {
 	ctx := context.Background()
 	e := newCSIEnv(t)
-	e.setPod(t, csiPodObject("first", corev1.PodRunning))
-	target := e.publish(t, "first", map[string]string{attrCache: "maven"})
-	writeTestFile(t, filepath.Join(target, "built.txt"), "from first")
-	e.setPod(t, csiPodObject("first", corev1.PodSucceeded))
-	if err := e.ends.sweep(ctx); err != nil {
-		t.Fatal(err)
-	}
+	e.buildFirst(t)
 	e.unpublish(t, "first")
 
 	_, err := e.driver.NodePublishVolume(ctx, e.publishRequest("first", map[string]string{attrCache: "maven"}))
