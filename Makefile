@@ -63,7 +63,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags scale ./e2e/scale/
 
 .PHONY: test
-test: verify-generate test-unit test-envtest test-scale bench e2e ## everything: generated files current, unit and real-mount tests, the manager against a real API server, benchmarks, then e2e on a local cluster
+test: verify-generate test-unit test-envtest test-scale bench e2e ## everything: generated files current, unit and real-mount tests, the manager against a real API server, the short scale test (kwok), benchmarks, then e2e on a local cluster
 
 .PHONY: test-unit
 test-unit: test-deps ## unit tests and real-mount tests (needs root)

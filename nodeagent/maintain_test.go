@@ -60,23 +60,29 @@ func getCache(t *testing.T, c client.Client, ref layerfs.CacheRef) *v1alpha1.Cac
 // getReplica returns node-a's replica of ref, or nil.
 func getReplica(t *testing.T, c client.Client, ref layerfs.CacheRef) *v1alpha1.CacheReplica {
 	t.Helper()
-	var r v1alpha1.CacheReplica
-	err := c.Get(context.Background(), client.ObjectKey{Namespace: ref.Namespace, Name: v1alpha1.CacheReplicaName(ref.Name, "node-a")}, &r)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &r
+	return lookupReplica(t, c, ref, "node-a")
 }
 
 // replicaOf returns node's replica of ref, which must exist.
 func replicaOf(t *testing.T, c client.Client, ref layerfs.CacheRef, node string) *v1alpha1.CacheReplica {
 	t.Helper()
+	r := lookupReplica(t, c, ref, node)
+	if r == nil {
+		t.Fatalf("no CacheReplica of %s on %s", ref, node)
+	}
+	return r
+}
+
+// lookupReplica returns node's replica of ref, or nil.
+func lookupReplica(t *testing.T, c client.Client, ref layerfs.CacheRef, node string) *v1alpha1.CacheReplica {
+	t.Helper()
 	var r v1alpha1.CacheReplica
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ref.Namespace, Name: v1alpha1.CacheReplicaName(ref.Name, node)}, &r); err != nil {
-		t.Fatalf("the CacheReplica of %s on %s: %v", ref, node, err)
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: ref.Namespace, Name: v1alpha1.CacheReplicaName(ref.Name, node)}, &r)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 	return &r
 }

@@ -48,36 +48,16 @@ running() {
 	return 0
 }
 
-# save NAME PID records what start needs to run NAME again as it was.
-save() {
-	local name=$1 pid=$2
-	mkdir -p "$SAVED_DIR"
-	cat "/proc/$pid/cmdline" >"$SAVED_DIR/$name.cmdline"
-	cat "/proc/$pid/environ" >"$SAVED_DIR/$name.environ"
-	readlink "/proc/$pid/cwd" >"$SAVED_DIR/$name.cwd"
-}
-
 stop_one() {
-	local name=$1 pid i
+	local name=$1 pid
 	pid=$(running "$name")
 	if [[ -z $pid ]]; then
 		log "$name is not running"
 		return
 	fi
-	save "$name" "$pid"
+	save_process "$SAVED_DIR" "$name" "$pid"
 	log "stopping $name (pid $pid)"
-	kill -TERM "$pid"
-	for ((i = 0; i < STOP_SECONDS * 10; i++)); do
-		kill -0 "$pid" 2>/dev/null || return 0
-		sleep 0.1
-	done
-	log "$name did not stop in ${STOP_SECONDS}s: KILL"
-	kill -KILL "$pid" 2>/dev/null || true
-	for ((i = 0; i < 50; i++)); do
-		kill -0 "$pid" 2>/dev/null || return 0
-		sleep 0.1
-	done
-	die "$name (pid $pid) survived KILL"
+	terminate "$name" "$pid" "$STOP_SECONDS"
 }
 
 etcd_ok() { curl -sf "http://127.0.0.1:$ETCD_CLIENT_PORT/health"; }

@@ -200,6 +200,36 @@ pid_alive() {
 
 # mounts_under PREFIX...: mount points at or below any PREFIX, or whose
 # source (bind mounts) or overlay options point into one, deepest first.
+# save_process DIR NAME PID records in DIR what it takes to run process
+# PID again as it was (control-plane.sh, node-daemons.sh): its command
+# line, environment, directory and where its output went.
+save_process() {
+	local dir=$1 name=$2 pid=$3
+	mkdir -p "$dir"
+	cat "/proc/$pid/cmdline" >"$dir/$name.cmdline"
+	cat "/proc/$pid/environ" >"$dir/$name.environ"
+	readlink "/proc/$pid/cwd" >"$dir/$name.cwd"
+	readlink "/proc/$pid/fd/1" >"$dir/$name.log"
+}
+
+# terminate NAME PID SECONDS: TERM, then KILL after SECONDS; dies if the
+# process survives KILL.
+terminate() {
+	local name=$1 pid=$2 seconds=$3 i
+	kill -TERM "$pid"
+	for ((i = 0; i < seconds * 10; i++)); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	log "$name did not stop in ${seconds}s: KILL"
+	kill -KILL "$pid" 2>/dev/null || true
+	for ((i = 0; i < 50; i++)); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	die "$name (pid $pid) survived KILL"
+}
+
 mounts_under() {
 	awk -v prefixes="$*" '
 	function decode(s) { gsub(/\\040/, " ", s); gsub(/\\011/, "\t", s); gsub(/\\012/, "\n", s); gsub(/\\134/, "\\", s); return s }

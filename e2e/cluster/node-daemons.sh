@@ -54,31 +54,11 @@ daemon_pid() {
 	pgrep -P "$parent" -x "$name" | head -1 || true
 }
 
-save() {
-	local name=$1 pid=$2
-	mkdir -p "$SAVED_DIR"
-	cat "/proc/$pid/cmdline" >"$SAVED_DIR/$name.cmdline"
-	cat "/proc/$pid/environ" >"$SAVED_DIR/$name.environ"
-	readlink "/proc/$pid/cwd" >"$SAVED_DIR/$name.cwd"
-	readlink "/proc/$pid/fd/1" >"$SAVED_DIR/$name.log"
-}
-
 # stop_one NAME PID: TERM, then KILL after STOP_SECONDS.
 stop_one() {
-	local name=$1 pid=$2 i
+	local name=$1 pid=$2
 	log "stopping $name of node $n (pid $pid)"
-	kill -TERM "$pid"
-	for ((i = 0; i < STOP_SECONDS * 10; i++)); do
-		kill -0 "$pid" 2>/dev/null || return 0
-		sleep 0.1
-	done
-	log "$name did not stop in ${STOP_SECONDS}s: KILL"
-	kill -KILL "$pid" 2>/dev/null || true
-	for ((i = 0; i < 50; i++)); do
-		kill -0 "$pid" 2>/dev/null || return 0
-		sleep 0.1
-	done
-	die "$name (pid $pid) survived KILL"
+	terminate "$name" "$pid" "$STOP_SECONDS"
 }
 
 holder() {
@@ -110,7 +90,7 @@ stop() {
 			pids+=("")
 			continue
 		fi
-		save "$name" "$pid"
+		save_process "$SAVED_DIR" "$name" "$pid"
 		pids+=("$pid")
 	done
 	kill -TERM "$node" 2>/dev/null || true
