@@ -36,6 +36,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/layercache/layercache/internal/envtestassets"
+
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,7 +98,7 @@ func runSuite(m *testing.M) int {
 	// silences controller-runtime's warning about its unset global logger.
 	ctrl.SetLogger(logr.Discard())
 
-	assets, err := envtestAssets()
+	assets, err := envtestassets.Dir("test-envtest")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "envtest: %v\n", err)
 		return 1
@@ -121,32 +123,6 @@ func runSuite(m *testing.M) int {
 		return 1
 	}
 	return m.Run()
-}
-
-// envtestAssets returns the directory of kube-apiserver and etcd, or an
-// error that says how to make it.
-func envtestAssets() (string, error) {
-	const fix = "run `make test-envtest`, which builds kube-apiserver (e2e/cluster/build-kubernetes.sh), installs Debian's etcd-server and sets KUBEBUILDER_ASSETS; " +
-		"or set KUBEBUILDER_ASSETS to the directory that e2e/cluster/envtest-assets.sh prints"
-	dir := os.Getenv("KUBEBUILDER_ASSETS")
-	if dir == "" {
-		return "", fmt.Errorf("KUBEBUILDER_ASSETS is not set, so there is no kube-apiserver and etcd to test against: %s", fix)
-	}
-	var errs []error
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		path := filepath.Join(dir, bin)
-		fi, err := os.Stat(path)
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("%s: %w", bin, err))
-		case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
-			errs = append(errs, fmt.Errorf("%s: %s is not an executable file", bin, path))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return "", fmt.Errorf("KUBEBUILDER_ASSETS=%s lacks a binary (%w): %s", dir, err, fix)
-	}
-	return dir, nil
 }
 
 // prepareCluster makes what every test expects: the scheme, the

@@ -4,7 +4,6 @@ package scale
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/layercache/layercache/internal/envtestassets"
 
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,7 +42,7 @@ type controlPlane struct {
 // when the test ends.
 func startControlPlane(t *testing.T, crdDir string) *controlPlane {
 	t.Helper()
-	assets, err := envtestAssets()
+	assets, err := envtestassets.Dir("test-scale")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,32 +122,6 @@ func (cp *controlPlane) get(ctx context.Context, path string) ([]byte, error) {
 		return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, b)
 	}
 	return b, nil
-}
-
-// envtestAssets returns the directory of kube-apiserver and etcd, or an
-// error that says how to make it.
-func envtestAssets() (string, error) {
-	const fix = "run `make test-scale` or `make scale`, which build kube-apiserver (e2e/cluster/build-kubernetes.sh), install Debian's etcd-server and set KUBEBUILDER_ASSETS; " +
-		"or set KUBEBUILDER_ASSETS to the directory that e2e/cluster/envtest-assets.sh prints"
-	dir := os.Getenv("KUBEBUILDER_ASSETS")
-	if dir == "" {
-		return "", fmt.Errorf("KUBEBUILDER_ASSETS is not set, so there is no kube-apiserver and etcd to run: %s", fix)
-	}
-	var errs []error
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
-		path := filepath.Join(dir, bin)
-		fi, err := os.Stat(path)
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("%s: %w", bin, err))
-		case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
-			errs = append(errs, fmt.Errorf("%s: %s is not an executable file", bin, path))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return "", fmt.Errorf("KUBEBUILDER_ASSETS=%s lacks a binary (%w): %s", dir, err, fix)
-	}
-	return dir, nil
 }
 
 // freeAddress returns a loopback address with a port that was free a
