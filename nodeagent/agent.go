@@ -148,39 +148,6 @@ func informerOptions(node string) crcache.Options {
 	}
 }
 
-// slimClaim cuts a claim that the scheduler placed on another node down to
-// what the provision controller reads to pass it by (its selected node,
-// provisioner, class and volume): the provisioner library must watch every
-// claim in the cluster, and the agent's memory should not grow with the
-// number of nodes. Other objects, and claims of this node or of none yet,
-// only lose their managed fields.
-func slimClaim(node string) cache.TransformFunc {
-	strip := crcache.TransformStripManagedFields()
-	return func(obj any) (any, error) {
-		c, ok := obj.(*corev1.PersistentVolumeClaim)
-		if !ok {
-			return strip(obj)
-		}
-		if selected := c.Annotations[annSelectedNode]; selected == "" || selected == node {
-			return strip(obj)
-		}
-		keep := map[string]string{}
-		// The provisioner annotations, as the library reads them.
-		for _, k := range []string{annSelectedNode, "volume.kubernetes.io/storage-provisioner", "volume.beta.kubernetes.io/storage-provisioner"} {
-			if v, ok := c.Annotations[k]; ok {
-				keep[k] = v
-			}
-		}
-		return &corev1.PersistentVolumeClaim{
-			TypeMeta: c.TypeMeta,
-			ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: c.Namespace, UID: c.UID, ResourceVersion: c.ResourceVersion,
-				DeletionTimestamp: c.DeletionTimestamp, Annotations: keep},
-			Spec:   corev1.PersistentVolumeClaimSpec{StorageClassName: c.Spec.StorageClassName, VolumeName: c.Spec.VolumeName},
-			Status: corev1.PersistentVolumeClaimStatus{Phase: c.Status.Phase},
-		}, nil
-	}
-}
-
 // agent ties the provisioner, its informers and the maintenance together.
 type agent struct {
 	opts  Options
@@ -236,10 +203,9 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg pr
 	resync := controller.DefaultResyncPeriod
 	// No cached object keeps its managed fields, which are often its
 	// largest part; claims are the cluster's, so those of other nodes are
-	// cut down further (slimClaim).
+	// left out (nodeClaimInformer).
 	strip := informers.WithTransform(crcache.TransformStripManagedFields())
-	a.claimInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync,
-		informers.WithTransform(slimClaim(a.opts.NodeName)))
+	a.claimInformers = newClaimInformers(clientset, a.opts.NodeName, resync)
 	a.pvInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync, strip,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.Set{labelNode: a.opts.NodeName}.String()

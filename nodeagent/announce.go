@@ -47,6 +47,13 @@ func (s *syncer) announce(ctx context.Context, ref layerfs.CacheRef, volume stri
 		return
 	}
 	s.setInFlight(volume, true)
+	// A cache without a published chain (no registry, or none published
+	// yet) has nothing to announce into: spare the commit's path a live
+	// read. A chain this node's informer has not seen yet only misses
+	// one announcement, which is never more than a hint.
+	if cached, err := s.caches.get(ctx, ref); err == nil && (cached == nil || cached.Status.Published == nil) {
+		return
+	}
 	now := metav1.NewTime(time.Now().UTC().Truncate(time.Second))
 	_, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		mine := v1alpha1.AnnouncedLayer{Node: s.node, Volume: volume}
