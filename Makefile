@@ -164,15 +164,12 @@ soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUIL
 # running beside them: make e2e runs them alone, after its packages (which
 # run side by side). make soak-faults runs them all; make e2e all but
 # agent-oom, which takes 54 s alone but 168 s right after agent-kill (the
-# kubelet's CrashLoopBackOff of the same agent grows), and node-reboot
-# (67 s), which fails whenever it hits a bug it found that is not fixed
-# yet: a claim's pod started by the rebooted kubelet before the agent
-# remounts its volume (e2e/README.md, "Faults").
-SOAK_FAULTS_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|APIServerDown|NodeRestart|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 30m ./e2e/soak/
+# kubelet's CrashLoopBackOff of the same agent grows).
+SOAK_FAULTS_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|APIServerDown|NodeRestart|NodeReboot|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 30m ./e2e/soak/
 SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|AgentOOM|APIServerDown|NodeRestart|NodeReboot|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 40m ./e2e/soak/
 
 .PHONY: soak-faults
-soak-faults: up ## every short fault test, alone on the cluster (make e2e runs all but agent-oom after its packages): the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), OOM-killed twice (about 1 min alone, 3 min right after the SIGKILLs), etcd and kube-apiserver down 10 s (1.5-2.5 min), the node's kubelet and containerd restarted (about 1 min), the node rebooted but its kernel (about 1 min; fails when it hits the claims' remount race), the manager's leader SIGKILLed (about 1 min); reports in _output/soak/short/
+soak-faults: up ## every short fault test, alone on the cluster (make e2e runs all but agent-oom after its packages): the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), OOM-killed twice (about 1 min alone, 3 min right after the SIGKILLs), etcd and kube-apiserver down 10 s (1.5-2.5 min), the node's kubelet and containerd restarted (about 1 min), the node rebooted but its kernel (about 70 s), the manager's leader SIGKILLed (about 1 min); reports in _output/soak/short/
 	$(SOAK_FAULTS_SHORT_ALL) -v 2>&1 | tee _output/soak-faults.log
 
 .PHONY: demo
