@@ -142,11 +142,13 @@ e2e-multinode: ## a fresh two-node cluster with the registry, and the scenarios 
 # the node agent killed SOAK_FAULT_KILLS times by the kernel's OOM killer
 # (agent-oom), etcd and kube-apiserver stopped SOAK_FAULT_DOWN mid-load
 # (apiserver), the node's kubelet and containerd restarted (node-restart),
-# the leader of two managers SIGKILLed (manager-leader).
+# the node rebooted: its daemons, shims, containers and mounts gone, its
+# store's files kept (node-reboot), the leader of two managers SIGKILLed
+# (manager-leader).
 SOAK_CONCURRENT ?= 50
 SOAK_BUILDS ?= 500
 SOAK_DURATION ?= 60m
-SOAK_FAULTS ?= none agent-kill agent-oom apiserver node-restart manager-leader
+SOAK_FAULTS ?= none agent-kill agent-oom apiserver node-restart node-reboot manager-leader
 
 .PHONY: soak
 soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUILDS=500 more, once per fault of SOAK_FAULTS; checks every cache and prints each report (_output/soak/report*.md)
@@ -163,11 +165,11 @@ soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUIL
 # run side by side). make soak-faults runs them all; make e2e all but
 # agent-oom, which takes 54 s alone but 168 s right after agent-kill (the
 # kubelet's CrashLoopBackOff of the same agent grows).
-SOAK_FAULTS_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|APIServerDown|NodeRestart|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 30m ./e2e/soak/
-SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|AgentOOM|APIServerDown|NodeRestart|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 40m ./e2e/soak/
+SOAK_FAULTS_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|APIServerDown|NodeRestart|NodeReboot|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 30m ./e2e/soak/
+SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|AgentOOM|APIServerDown|NodeRestart|NodeReboot|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 40m ./e2e/soak/
 
 .PHONY: soak-faults
-soak-faults: up ## every short fault test, alone on the cluster (make e2e runs all but agent-oom after its packages): the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), OOM-killed twice (about 1 min alone, 3 min right after the SIGKILLs), etcd and kube-apiserver down 10 s (1.5-2.5 min), the node's kubelet and containerd restarted (about 1 min), the manager's leader SIGKILLed (about 1 min); reports in _output/soak/short/
+soak-faults: up ## every short fault test, alone on the cluster (make e2e runs all but agent-oom after its packages): the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), OOM-killed twice (about 1 min alone, 3 min right after the SIGKILLs), etcd and kube-apiserver down 10 s (1.5-2.5 min), the node's kubelet and containerd restarted (about 1 min), the node rebooted but its kernel (about 70 s), the manager's leader SIGKILLed (about 1 min); reports in _output/soak/short/
 	$(SOAK_FAULTS_SHORT_ALL) -v 2>&1 | tee _output/soak-faults.log
 
 .PHONY: demo

@@ -189,7 +189,7 @@ func newAgent(opts Options, st store, c *caches, events events.EventRecorder, m 
 	maint.unpublish = sync.unpublish
 	sync.reports, sync.squashes, sync.publishes = queues.reports, queues.squashes, queues.publishes
 	prov := &Provisioner{
-		node: opts.NodeName, hostname: opts.NodeName, store: st, caches: c, events: events, metrics: m,
+		node: opts.NodeName, hostname: opts.NodeName, store: st, gateRoot: opts.Root, caches: c, events: events, metrics: m,
 		reports: queues.reports, squashes: queues.squashes, seen: newOutcomes(), sync: sync,
 	}
 	return &agent{opts: opts, store: st, prov: prov, maint: maint, queues: queues}
@@ -311,6 +311,9 @@ func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.S
 // run recovers, remounts, then serves; it returns when ctx ends.
 func (a *agent) run(ctx context.Context) error {
 	logger := log.FromContext(ctx)
+	if err := mountGate(a.opts.Root); err != nil {
+		return err
+	}
 	res, err := a.store.Recover(ctx)
 	if err != nil && len(res.Failed) == 0 {
 		return fmt.Errorf("recover layer store %s: %w", a.opts.Root, err)
@@ -339,7 +342,7 @@ func (a *agent) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list this node's PVs: %w", err)
 	}
-	n := remount(ctx, a.store, a.prov.events, a.prov.metrics, a.opts.NodeName, pvs)
+	n := remount(ctx, a.store, a.prov.events, a.prov.metrics, a.opts.NodeName, a.prov.gateRoot, pvs)
 	logger.Info("Checked mounts of this node's PVs", "pvs", len(pvs), "remounted", n)
 
 	// An agent that cannot serve CSI volumes stops, loudly (its pod

@@ -69,6 +69,9 @@ func newTestEnv(t testing.TB, st store, objs ...client.Object) *testEnv {
 	opts := DefaultOptions()
 	opts.NodeName = "node-a"
 	a := newAgent(opts, st, &caches{client: c, reader: c, node: "node-a"}, events, testMetrics(t))
+	// The fake store's volumes are nowhere: no mount gate (gate_test.go
+	// tests it on a tmpfs of its own).
+	a.prov.gateRoot = ""
 	return &testEnv{prov: a.prov, maint: a.maint, store: fs, client: c, events: events}
 }
 

@@ -271,9 +271,11 @@ func retentionExceeded(r *v1alpha1.Retention, info layerfs.CacheInfo, now time.T
 }
 
 // remount mounts again the volumes of PVs bound on this node whose mounts
-// are gone (a reboot, or a lost mount namespace), so their pods find them.
-// Released PVs are left for Delete, which commits unmounted volumes as well.
-func remount(ctx context.Context, st store, events events.EventRecorder, m *metrics, node string, pvs []*corev1.PersistentVolume) (remounted int) {
+// are gone (a reboot, or a lost mount namespace), so their pods find them,
+// and opens the mount gate of those whose PV goes through the gate of the
+// store at gateRoot. Released PVs are left for Delete, which commits
+// unmounted volumes as well.
+func remount(ctx context.Context, st store, events events.EventRecorder, m *metrics, node, gateRoot string, pvs []*corev1.PersistentVolume) (remounted int) {
 	logger := log.FromContext(ctx)
 	for _, pv := range pvs {
 		if pv.Annotations[v1alpha1.AnnotationNode] != node {
@@ -292,17 +294,24 @@ func remount(ctx context.Context, st store, events events.EventRecorder, m *metr
 			logger.Error(err, "PV without volume", "pv", pv.Name)
 			continue
 		}
-		if vol.Mounted {
-			continue
+		if !vol.Mounted {
+			if _, err := st.Mount(ctx, pv.Name, layerfs.MountOptions{Cache: vol.Cache, ReadOnly: vol.ReadOnly, Writer: vol.Writer}); err != nil {
+				m.fail(opRemount, "error")
+				events.Eventf(pv, nil, corev1.EventTypeWarning, reasonRemountFailed, actionRemount, "remounting volume %s on node %s failed: %v", pv.Name, node, err)
+				logger.Error(err, "Remount", "pv", pv.Name)
+				continue
+			}
+			remounted++
+			logger.Info("Remounted", "pv", pv.Name, "cache", vol.Cache.String())
 		}
-		if _, err := st.Mount(ctx, pv.Name, layerfs.MountOptions{Cache: vol.Cache, ReadOnly: vol.ReadOnly, Writer: vol.Writer}); err != nil {
+		if gateRoot == "" || pv.Spec.HostPath == nil || pv.Spec.HostPath.Path != gatePath(gateRoot, pv.Name) {
+			continue // a PV of before the gate, or a test's
+		}
+		if err := openGate(gateRoot, pv.Name, vol.MergedPath); err != nil {
 			m.fail(opRemount, "error")
-			events.Eventf(pv, nil, corev1.EventTypeWarning, reasonRemountFailed, actionRemount, "remounting volume %s on node %s failed: %v", pv.Name, node, err)
+			events.Eventf(pv, nil, corev1.EventTypeWarning, reasonRemountFailed, actionRemount, "volume %s on node %s: %v", pv.Name, node, err)
 			logger.Error(err, "Remount", "pv", pv.Name)
-			continue
 		}
-		remounted++
-		logger.Info("Remounted", "pv", pv.Name, "cache", vol.Cache.String())
 	}
 	return remounted
 }

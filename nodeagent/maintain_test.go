@@ -305,7 +305,7 @@ func TestRemount(t *testing.T) {
 		pv("pvc-other", "node-b", corev1.VolumeBound),
 		pv("pvc-missing", "node-a", corev1.VolumeBound),
 	}
-	n := remount(ctx, env.store, env.events, env.prov.metrics, "node-a", pvs)
+	n := remount(ctx, env.store, env.events, env.prov.metrics, "node-a", "", pvs)
 	if n != 1 || env.store.mounts != 1 || !env.store.volumes["pvc-bound"].Mounted {
 		t.Errorf("remounted %d (%d mounts), want only pvc-bound", n, env.store.mounts)
 	}

@@ -52,6 +52,9 @@ type Provisioner struct {
 	node     string
 	hostname string
 	store    store
+	// gateRoot is the store's root, whose mount gate (gate.go) the PVs
+	// go through; "" (tests) points them at the mount points.
+	gateRoot string
 	caches   *caches
 	events   events.EventRecorder
 	metrics  *metrics
@@ -141,8 +144,16 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 		p.metrics.fail(opProvision, reasonMountFailed)
 		return nil, controller.ProvisioningFinished, fmt.Errorf("mount volume %s of cache %s on node %s: %w", opts.PVName, req.Cache, p.node, err)
 	}
+	path := vol.MergedPath
+	if p.gateRoot != "" {
+		if err := openGate(p.gateRoot, opts.PVName, vol.MergedPath); err != nil {
+			p.metrics.fail(opProvision, reasonMountFailed)
+			return nil, controller.ProvisioningFinished, err
+		}
+		path = gatePath(p.gateRoot, opts.PVName)
+	}
 	pv := buildPV(pvSpec{
-		Name: opts.PVName, Node: p.node, Hostname: p.hostname,
+		Name: opts.PVName, Node: p.node, Hostname: p.hostname, Path: path,
 		Request: req, Volume: vol, Claim: claim, Class: opts.StorageClass,
 	})
 	p.metrics.provisionSeconds.WithLabelValues(string(req.Mode)).Observe(time.Since(start).Seconds())
@@ -199,8 +210,13 @@ func (p *Provisioner) Delete(ctx context.Context, pv *corev1.PersistentVolume) e
 	if !p.ShouldDelete(ctx, pv) {
 		return &controller.IgnoredError{Reason: fmt.Sprintf("PV %s belongs to node %q, this is node %s", pv.Name, pv.Annotations[v1alpha1.AnnotationNode], p.node)}
 	}
-	_, err := p.end(ctx, pv, endCause{Outcome: p.seen.get(claimKey(pv)), Trigger: triggerRelease, Subject: pv})
-	return err
+	if _, err := p.end(ctx, pv, endCause{Outcome: p.seen.get(claimKey(pv)), Trigger: triggerRelease, Subject: pv}); err != nil {
+		return err
+	}
+	if p.gateRoot == "" {
+		return nil
+	}
+	return closeGate(p.gateRoot, pv.Name)
 }
 
 // owningPod returns the pod that owns claim, or nil for a standalone claim.

@@ -24,6 +24,7 @@ type pvSpec struct {
 	Name     string
 	Node     string // node name: identity of the agent that owns the volume
 	Hostname string // value of the node's kubernetes.io/hostname label
+	Path     string // the hostPath: the volume's mount point, or its gate
 	Request  volumeRequest
 	Volume   *layerfs.Volume
 	Claim    *corev1.PersistentVolumeClaim
@@ -63,7 +64,7 @@ func buildPV(s pvSpec) *corev1.PersistentVolume {
 			},
 			VolumeMode: s.Claim.Spec.VolumeMode,
 			PersistentVolumeSource: corev1.PersistentVolumeSource{
-				HostPath: &corev1.HostPathVolumeSource{Path: s.Volume.MergedPath, Type: &hostPathType},
+				HostPath: &corev1.HostPathVolumeSource{Path: s.Path, Type: &hostPathType},
 			},
 			NodeAffinity: &corev1.VolumeNodeAffinity{
 				Required: &corev1.NodeSelector{

@@ -25,7 +25,7 @@ func TestBuildPV(t *testing.T) {
 	req := volumeRequest{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Mode: "write", Commit: "always"}
 	vol := &layerfs.Volume{ID: "pvc-1", BaseGeneration: 7, MergedPath: "/var/lib/layercache/volumes/pvc-1/merged"}
 
-	got := buildPV(pvSpec{Name: "pvc-1", Node: "node-a", Hostname: "host-a", Request: req, Volume: vol, Claim: claim, Class: class})
+	got := buildPV(pvSpec{Name: "pvc-1", Node: "node-a", Hostname: "host-a", Path: vol.MergedPath, Request: req, Volume: vol, Claim: claim, Class: class})
 
 	dir := corev1.HostPathDirectory
 	want := &corev1.PersistentVolume{
@@ -63,7 +63,7 @@ func TestBuildPV(t *testing.T) {
 	// claim says nothing.
 	class.ReclaimPolicy = nil
 	claim.Spec.AccessModes = nil
-	got = buildPV(pvSpec{Name: "pvc-1", Node: "node-a", Hostname: "node-a", Request: req, Volume: vol, Claim: claim, Class: class})
+	got = buildPV(pvSpec{Name: "pvc-1", Node: "node-a", Hostname: "node-a", Path: vol.MergedPath, Request: req, Volume: vol, Claim: claim, Class: class})
 	if got.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete {
 		t.Errorf("reclaim policy %q, want Delete", got.Spec.PersistentVolumeReclaimPolicy)
 	}

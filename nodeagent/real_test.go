@@ -256,7 +256,7 @@ func TestRealRemountAfterReboot(t *testing.T) {
 		t.Fatal(err)
 	}
 	pv.Status.Phase = corev1.VolumeBound
-	if n := remount(ctx, st, env.events, env.prov.metrics, "node-a", []*corev1.PersistentVolume{pv}); n != 1 {
+	if n := remount(ctx, st, env.events, env.prov.metrics, "node-a", "", []*corev1.PersistentVolume{pv}); n != 1 {
 		t.Fatalf("remounted %d volumes, want 1", n)
 	}
 	wantFile(t, pv, "work.txt", "in progress")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stop and start one local node's containerd and kubelet, as a node
 # restart whose containers keep running under their shims (e2e/soak's
-# node-restart fault, SOAK_FAULT=node-restart).
+# node-restart fault, SOAK_FAULT=node-restart), or reboot the node
+# (SOAK_FAULT=node-reboot).
 #
 #   node-daemons.sh stop N    # TERM the kubelet, then containerd (KILL after 20 s each);
 #                             # first records each one's command line, environment,
@@ -13,13 +14,26 @@
 #                             # the kubelet as its child, e2e/framework the pid in
 #                             # cluster.json); returns once containerd
 #                             # answers and the kubelet's /healthz is ok
+#   node-daemons.sh reboot N  # node N reboots, all but the kernel: SIGKILL of its node
+#                             # process, containerd, the kubelet, its shims and every
+#                             # process of its containers (the node agent's too); the
+#                             # unmount of every mount below its store on the host (its
+#                             # other mounts die with its namespace); the removal of what
+#                             # a real node keeps on tmpfs (containerd's and runc's state)
+#                             # and of the containers' emptied cgroups; then node.sh in a
+#                             # new mount namespace, as up.sh starts it; returns as start
 #   node-daemons.sh status N  # exit 0 when both run and the kubelet is healthy
 #
-# Both verbs are idempotent: stop leaves a stopped daemon alone, start a
-# running one. node.sh (started by up.sh in a private mount namespace)
-# ends once both its daemons have; the namespace lives on in the shims
-# and in the holder, and everything node.sh mounted there (the kubelet's
-# directory, /run/containerd) with it.
+# The kernel is not rebooted: /proc/sys/kernel/random/boot_id stays, and
+# with it the page cache, so layerfs sees no torn volume (its own tests
+# cover that path). The store's files stay, as on a disk.
+#
+# All verbs are idempotent: stop leaves a stopped daemon alone, start a
+# running one, reboot of a node that is down only boots it. node.sh
+# (started by up.sh in a private mount namespace) ends once both its
+# daemons have; after stop the namespace lives on in the shims and in the
+# holder, and everything node.sh mounted there (the kubelet's directory,
+# /run/containerd) with it; after reboot's kills it is gone.
 #
 # LAYERCACHE_CLUSTER_DIR names the cluster's directory when it is not this
 # checkout's _output/cluster.
@@ -40,7 +54,7 @@ STOP_SECONDS=20
 HOLD_SECONDS=1800
 
 n=${2:-}
-[[ $n =~ ^[0-9]+$ ]] || die "usage: $0 stop|start|status|run NODE_NUMBER"
+[[ $n =~ ^[0-9]+$ ]] || die "usage: $0 stop|start|reboot|status|run NODE_NUMBER"
 SAVED_DIR=$STATE_DIR/node$n-daemons
 NODE_PID_FILE=$PID_DIR/node$n.pid
 HOLDER_PID_FILE=$PID_DIR/node$n-ns.pid
@@ -117,21 +131,173 @@ start() {
 		[[ -n $h ]] || die "no holder of node $n's mount namespace ($HOLDER_PID_FILE): run make down; make up"
 		log "starting containerd and the kubelet of node $n in the namespace of pid $h"
 		launch "node$n" nsenter --mount="/proc/$h/ns/mnt" -- "$CLUSTER_LIB/node-daemons.sh" run "$n"
-		# The node's process in cluster.json (e2e/framework enters the
-		# node's namespace through it) is the new one.
-		jq --arg name "$(node_name "$n")" --argjson pid "$(<"$NODE_PID_FILE")" \
-			'.nodes |= map(if .name == $name then .pid = $pid else . end)' \
-			"$CLUSTER_DIR/cluster.json" >"$CLUSTER_DIR/cluster.json.new"
-		mv "$CLUSTER_DIR/cluster.json.new" "$CLUSTER_DIR/cluster.json"
+		record_node_pid
 	fi
-	wait_for "containerd of node $n" 60 ctr --address "$(containerd_sock "$n")" version ||
-		die "containerd of node $n did not start in 60s; see $(cat "$SAVED_DIR/containerd.log" 2>/dev/null)"
-	wait_for "the kubelet of node $n" 120 kubelet_ok ||
-		die "the kubelet of node $n was not healthy in 120s; see $(cat "$SAVED_DIR/kubelet.log" 2>/dev/null)"
+	wait_up "$(cat "$SAVED_DIR/containerd.log" 2>/dev/null)" "$(cat "$SAVED_DIR/kubelet.log" 2>/dev/null)"
 	h=$(holder)
 	if [[ -n $h ]]; then kill "$h"; fi
 	rm -f "$HOLDER_PID_FILE"
 	log "containerd and the kubelet of node $n are up"
+}
+
+# record_node_pid: the node's process in cluster.json (e2e/framework
+# enters the node's namespace through it) is the new one.
+record_node_pid() {
+	jq --arg name "$(node_name "$n")" --argjson pid "$(<"$NODE_PID_FILE")" \
+		'.nodes |= map(if .name == $name then .pid = $pid else . end)' \
+		"$CLUSTER_DIR/cluster.json" >"$CLUSTER_DIR/cluster.json.new"
+	mv "$CLUSTER_DIR/cluster.json.new" "$CLUSTER_DIR/cluster.json"
+}
+
+# wait_up CONTAINERD_LOG KUBELET_LOG: until containerd answers and the
+# kubelet is healthy; dies naming the logs.
+wait_up() {
+	wait_for "containerd of node $n" 60 ctr --address "$(containerd_sock "$n")" version ||
+		die "containerd of node $n did not start in 60s; see $1"
+	wait_for "the kubelet of node $n" 120 kubelet_ok ||
+		die "the kubelet of node $n was not healthy in 120s; see $2"
+}
+
+# --- reboot -----------------------------------------------------------------
+
+# descendants PID...: every descendant of each PID.
+descendants() {
+	local p c
+	for p in "$@"; do
+		for c in $(pgrep -P "$p"); do
+			echo "$c"
+			descendants "$c"
+		done
+	done
+}
+
+# container_ids: the ids of node n's containers and sandboxes, from
+# containerd's runtime state (gone once reboot has run).
+container_ids() {
+	find "$(node_dir "$n")/containerd/state/io.containerd.runtime.v2.task/k8s.io/" \
+		-mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null || true
+}
+
+# container_cgroups: the cgroup directories (every hierarchy) of node n's
+# containers: containerd names them /k8s.io/<id> (down.sh).
+container_cgroups() {
+	local mnt id
+	for id in $(container_ids); do
+		while read -r mnt; do
+			[[ -d $mnt/k8s.io/$id ]] && echo "$mnt/k8s.io/$id"
+		done < <(cgroup_mounts)
+	done
+}
+
+# node_pids: every host process of node n: its node process and what
+# runs under it, the holder, the shims serving its containerd, what runs
+# under them, and anything left in its containers' cgroups.
+node_pids() {
+	local sock shims=() pid cg node=
+	sock=$(containerd_sock "$n")
+	# The recorded node process, unless it has ended (and its pid is
+	# another process's now).
+	if [[ -f $NODE_PID_FILE ]] && grep -qzE 'node(-daemons)?\.sh' "/proc/$(<"$NODE_PID_FILE")/cmdline" 2>/dev/null; then
+		node=$(<"$NODE_PID_FILE")
+	fi
+	for pid in $(pgrep -f containerd-shim); do
+		[[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") == *" -address $sock "* ]] && shims+=("$pid")
+	done
+	{
+		if [[ -n $node ]]; then
+			echo "$node"
+			descendants "$node"
+		fi
+		holder
+		printf '%s\n' "${shims[@]}"
+		descendants "${shims[@]}"
+		for cg in $(container_cgroups); do cat "$cg/cgroup.procs" 2>/dev/null; done
+	} | grep -v '^$' | sort -un
+}
+
+# alive PID: PID runs (a zombie has ended: init reaps it).
+alive() {
+	local state
+	state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 1
+	[[ -n $state && $state != Z ]]
+}
+
+# power_off: SIGKILL every process of node n, stopped first so that none
+# forks or restarts another meanwhile; bounded by POWER_OFF_SECONDS.
+POWER_OFF_SECONDS=30
+power_off() {
+	local pids pid i left
+	for ((i = 0; i < POWER_OFF_SECONDS * 2; i++)); do
+		mapfile -t pids < <(node_pids)
+		left=()
+		for pid in "${pids[@]}"; do alive "$pid" && left+=("$pid"); done
+		((${#left[@]})) || return 0
+		((i > 0)) || log "killing ${#left[@]} processes of node $n (daemons, shims, containers)"
+		kill -STOP "${left[@]}" 2>/dev/null || true
+		kill -KILL "${left[@]}" 2>/dev/null || true
+		sleep 0.5
+	done
+	die "processes of node $n survived ${POWER_OFF_SECONDS}s of SIGKILL: ${left[*]}"
+}
+
+# store_mounts: the mounts strictly below node n's store as the host sees
+# it (the volumes' overlays and any image mounts), deepest first.
+store_mounts() {
+	local root mp
+	root=$(node_host_root "$n")
+	while IFS= read -r mp; do
+		[[ $mp == "$root"/* ]] && echo "$mp"
+	done < <(mounts_under "$root")
+	return 0
+}
+
+# unmount_store: what a reboot unmounts of the store, which is shared with
+# the host: every mount below it; then the loop devices of its images.
+unmount_store() {
+	local pass mp mps file backing dev
+	for ((pass = 0; pass < 5; pass++)); do
+		mapfile -t mps < <(store_mounts)
+		((${#mps[@]})) || break
+		((pass > 0)) || log "unmounting ${#mps[@]} mounts below the store of node $n"
+		for mp in "${mps[@]}"; do
+			umount "$mp" 2>/dev/null || umount -l "$mp" 2>/dev/null || true
+		done
+	done
+	mapfile -t mps < <(store_mounts)
+	((${#mps[@]} == 0)) || die "mounts below the store of node $n left: ${mps[*]}"
+	for file in /sys/block/loop*/loop/backing_file; do
+		[[ -f $file ]] || continue
+		backing=$(<"$file")
+		[[ $backing == "$(node_store "$n")"/* || $backing == "$(node_host_root "$n")"/* ]] || continue
+		dev=/dev/$(basename "$(dirname "$(dirname "$file")")")
+		losetup -d "$dev" 2>/dev/null || die "loop device $dev still holds $backing"
+	done
+}
+
+# forget_runtime: what a real node keeps on tmpfs and loses in a reboot:
+# containerd's state directory (shim sockets, netns mounts), runc's, and
+# the containers' cgroups, emptied by power_off.
+forget_runtime() {
+	local cg dir
+	dir=$(node_dir "$n")
+	for cg in $(container_cgroups); do
+		rmdir "$cg" 2>/dev/null || log "warning: cgroup $cg of a killed container could not be removed"
+	done
+	rm -rf "$dir/containerd/state" "$dir/runc"
+}
+
+reboot() {
+	[[ -f $CLUSTER_DIR/cluster.json ]] || die "no node $n at $CLUSTER_DIR (no cluster.json); run make up"
+	local at=$SECONDS
+	power_off
+	rm -f "$HOLDER_PID_FILE"
+	unmount_store
+	forget_runtime
+	log "node $n is off ($((SECONDS - at)) s); booting it"
+	launch "node$n" unshare --mount --propagation unchanged "$CLUSTER_LIB/node.sh" "$n"
+	record_node_pid
+	wait_up "$LOG_DIR/node$n.log and $LOG_DIR/node$n-containerd.log" "$LOG_DIR/node$n-kubelet.log"
+	log "node $n rebooted: containerd and the kubelet are up ($((SECONDS - at)) s)"
 }
 
 # run: inside the node's namespace, as the node process: each daemon as
@@ -181,7 +347,8 @@ require_root
 case ${1:-} in
 stop) stop ;;
 start) start ;;
+reboot) reboot ;;
 status) status ;;
 run) run ;;
-*) die "usage: $0 stop|start|status|run NODE_NUMBER" ;;
+*) die "usage: $0 stop|start|reboot|status|run NODE_NUMBER" ;;
 esac

@@ -39,7 +39,7 @@ type config struct {
 	Output string `json:"output"`
 
 	// Fault injected while phase 2 runs: none, agent-kill, agent-oom,
-	// apiserver, node-restart or manager-leader (SOAK_FAULT; see
+	// apiserver, node-restart, node-reboot or manager-leader (SOAK_FAULT; see
 	// fault_test.go).
 	Fault string `json:"fault"`
 	// FaultKills is how many times agent-kill SIGKILLs the node agent,
@@ -60,15 +60,22 @@ const (
 	faultAgentOOM      = "agent-oom"
 	faultAPIServer     = "apiserver"
 	faultNodeRestart   = "node-restart"
+	faultNodeReboot    = "node-reboot"
 	faultManagerLeader = "manager-leader"
 )
 
-var faults = []string{faultNone, faultAgentKill, faultAgentOOM, faultAPIServer, faultNodeRestart, faultManagerLeader}
+var faults = []string{faultNone, faultAgentKill, faultAgentOOM, faultAPIServer, faultNodeRestart, faultNodeReboot, faultManagerLeader}
 
 // agentFault tells whether fault kills the node agent's process (and the
 // kubelet restarts it).
 func agentFault(fault string) bool {
 	return fault == faultAgentKill || fault == faultAgentOOM
+}
+
+// nodeFault tells whether fault stops the node's kubelet (node-restart,
+// node-reboot): meanwhile the API server cannot serve pod logs.
+func nodeFault(fault string) bool {
+	return fault == faultNodeRestart || fault == faultNodeReboot
 }
 
 func loadConfig() (config, error) {

@@ -33,6 +33,8 @@ func TestFaultConfig(t *testing.T) {
 			want: config{Fault: faultAPIServer, FaultKills: 3, FaultEvery: 20 * time.Second, FaultDown: time.Minute}},
 		{env: map[string]string{"SOAK_FAULT": "agent-oom", "SOAK_FAULT_KILLS": "2"},
 			want: config{Fault: faultAgentOOM, FaultKills: 2, FaultEvery: 20 * time.Second, FaultDown: 30 * time.Second}},
+		{env: map[string]string{"SOAK_FAULT": "node-reboot"},
+			want: config{Fault: faultNodeReboot, FaultKills: 3, FaultEvery: 20 * time.Second, FaultDown: 30 * time.Second}},
 		{env: map[string]string{"SOAK_FAULT": "reboot"}, wantErr: "SOAK_FAULT"},
 		{env: map[string]string{"SOAK_FAULT_KILLS": "0"}, wantErr: "SOAK_FAULT_KILLS"},
 		{env: map[string]string{"SOAK_FAULT_DOWN": "-3s"}, wantErr: "SOAK_FAULT_DOWN"},
@@ -121,7 +123,7 @@ func TestNodeNumber(t *testing.T) {
 }
 
 func TestReportName(t *testing.T) {
-	for fault, want := range map[string]string{faultNone: "report", "": "report", faultAgentKill: "report-agent-kill", faultAgentOOM: "report-agent-oom", faultNodeRestart: "report-node-restart", faultAPIServer: "report-apiserver"} {
+	for fault, want := range map[string]string{faultNone: "report", "": "report", faultAgentKill: "report-agent-kill", faultAgentOOM: "report-agent-oom", faultNodeRestart: "report-node-restart", faultNodeReboot: "report-node-reboot", faultAPIServer: "report-apiserver"} {
 		if got := reportName(fault); got != want {
 			t.Errorf("reportName(%q) = %q, want %q", fault, got, want)
 		}

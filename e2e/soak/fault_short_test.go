@@ -50,6 +50,21 @@ func TestLoadNodeRestart(t *testing.T) {
 	runLoad(t, shortFault(t, faultNodeRestart))
 }
 
+// TestLoadNodeReboot is the short load with the node rebooted during
+// phase 2 (e2e/cluster/node-daemons.sh reboot): its agent, kubelet,
+// containerd, shims and containers SIGKILLed, every mount of the node
+// gone (the store's overlays unmounted on the host too), the store's
+// files kept; then containerd and the kubelet start in a new mount
+// namespace and the agent's startup remounts the volumes of still-bound
+// PVs. The builds the reboot killed must end Failed and be discarded;
+// the others as decided; with the same checks. The kernel is not
+// rebooted: its boot id stays, so layerfs's torn-volume path (volatile
+// overlays after a lost page cache) does not fire here; its own tests
+// cover it.
+func TestLoadNodeReboot(t *testing.T) {
+	runLoad(t, shortFault(t, faultNodeReboot))
+}
+
 // TestLoadManagerLeader is the short load with the manager as two
 // replicas and its leader SIGKILLed during phase 2, while a quarter of
 // phase 2's builds use standalone claims released on pod exit (the

@@ -53,15 +53,21 @@ type faultEvent struct {
 	OldPID int `json:"oldPID,omitempty"`
 	NewPID int `json:"newPID,omitempty"`
 	// Back: agent-kill, from the kill until the new agent process runs;
-	// apiserver, from the stop until /readyz answers again; node-restart,
-	// from the stop until the kubelet's /healthz answers again.
+	// apiserver, from the stop until /readyz answers again; node-restart
+	// and node-reboot, from the stop until the kubelet's /healthz answers
+	// again.
 	Back time.Duration `json:"backNanos"`
 	// Ready: agent-kill, from the kill until the agent's pod is Ready
-	// again with one more restart; node-restart, from the stop until the
-	// Node is Ready again with a heartbeat of the new kubelet.
+	// again with one more restart; node-restart and node-reboot, from the
+	// stop until the Node is Ready again with a heartbeat of the new
+	// kubelet.
 	Ready time.Duration `json:"readyNanos,omitempty"`
 	// Stopping: apiserver, node-restart, how long stopping both took.
 	Stopping time.Duration `json:"stoppingNanos,omitempty"`
+	// AgentReady: node-reboot, from the reboot until a new agent
+	// process runs and its pod is Ready (its startup's Recover and
+	// remount are done).
+	AgentReady time.Duration `json:"agentReadyNanos,omitempty"`
 	// agent-oom: the memory limit that made the kernel kill the agent
 	// (the agent's usage when it was set), and how the kubelet reported
 	// the killed container's end.
@@ -80,6 +86,8 @@ type faultRun struct {
 	// Note says why the fault did less than asked, if it did.
 	Note string        `json:"note,omitempty"`
 	done chan struct{} // closed when the injection is over
+	// started is when the (first) injection began (guarded by load.mu).
+	started time.Time
 }
 
 // requireHost fails the test unless a fault can be injected here: the
@@ -112,7 +120,10 @@ func (l *load) startFault(ctx context.Context) {
 		})
 	case faultManagerLeader:
 		l.startStandby(ctx)
-	case faultNodeRestart:
+	case faultNodeRestart, faultNodeReboot:
+		// start after a reboot finds both daemons running, or starts
+		// what a failed reboot's kills left recorded by no stop: then it
+		// fails, and says how to recover.
 		l.t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), nodeDaemonsBound)
 			defer cancel()
@@ -139,7 +150,7 @@ func (l *load) startFault(ctx context.Context) {
 			l.killAgentRepeatedly(ctx)
 		case faultAPIServer:
 			l.stopControlPlane(ctx)
-		case faultNodeRestart:
+		case faultNodeRestart, faultNodeReboot:
 			l.restartNode(ctx)
 		case faultManagerLeader:
 			l.killLeader(ctx)
@@ -472,14 +483,21 @@ const (
 // restartNode stops the node's containerd and kubelet FaultEvery after
 // phase 2's start and starts them again at once, as a node's daemons are
 // restarted (an upgrade, a crash of either): the pods' containers keep
-// running under their shims. Like stopControlPlane, the start runs even
-// if the test is being cancelled.
+// running under their shims. Under node-reboot it reboots the node
+// instead (node-daemons.sh reboot): every process and mount of the node
+// gone, its store's files kept; then it also waits for the node agent's
+// new process, whose startup remounts the volumes of still-bound PVs. Like
+// stopControlPlane, the start runs even if the test is being cancelled.
 func (l *load) restartNode(ctx context.Context) {
 	if !sleepCtx(ctx, l.cfg.FaultEvery) {
 		l.fault.Note = "the test ended before the restart"
 		return
 	}
-	ev := faultEvent{At: time.Now(), DuringLoad: l.loadRunning()}
+	oldAgent, agentErr := findAgent(l.node.Name)
+	ev := faultEvent{At: time.Now(), DuringLoad: l.loadRunning(), OldPID: oldAgent.PID}
+	l.mu.Lock()
+	l.fault.started = ev.At
+	l.mu.Unlock()
 	defer func() {
 		l.mu.Lock()
 		l.fault.Events = append(l.fault.Events, ev)
@@ -490,23 +508,17 @@ func (l *load) restartNode(ctx context.Context) {
 		ev.Error = strings.TrimPrefix(ev.Error+"; "+msg, "; ")
 		l.t.Error(msg)
 	}
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nodeDaemonsBound)
-	out, err := l.nodeDaemons(stopCtx, "stop")
-	cancel()
-	ev.Stopping = time.Since(ev.At)
-	l.t.Logf("node-daemons.sh stop:\n%s", out)
-	if err != nil {
-		fail("%v", err)
-	}
-	l.t.Logf("node-restart: containerd and the kubelet stopped at %s in %s (load running: %v)",
-		ev.At.UTC().Format("15:04:05.000"), ev.Stopping.Round(time.Millisecond), ev.DuringLoad)
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nodeDaemonsBound)
 	defer cancel()
-	out, err = l.nodeDaemons(startCtx, "start")
-	ev.Back = time.Since(ev.At)
-	l.t.Logf("node-daemons.sh start:\n%s", out)
-	if err != nil {
-		fail("%v", err)
+	if l.cfg.Fault == faultNodeReboot {
+		out, err := l.nodeDaemons(startCtx, "reboot")
+		ev.Back = time.Since(ev.At)
+		l.t.Logf("node-daemons.sh reboot:\n%s", out)
+		if err != nil {
+			fail("%v", err)
+			return
+		}
+	} else if !l.stopStartNode(ctx, startCtx, &ev, fail) {
 		return
 	}
 	// The node's process is new: the test enters its namespace through
@@ -534,7 +546,149 @@ func (l *load) restartNode(ctx context.Context) {
 		return
 	}
 	ev.Ready = time.Since(ev.At)
-	l.t.Logf("node-restart: kubelet healthy %s after the stop, Node Ready %s after it", ev.Back.Round(time.Millisecond), ev.Ready.Round(time.Millisecond))
+	l.t.Logf("%s: kubelet healthy %s after the stop, Node Ready %s after it", l.cfg.Fault, ev.Back.Round(time.Millisecond), ev.Ready.Round(time.Millisecond))
+	if l.cfg.Fault != faultNodeReboot {
+		return
+	}
+	if agentErr != nil {
+		fail("the node agent before the reboot: %v", agentErr)
+		return
+	}
+	if err := l.waitAgentBack(startCtx, &ev); err != nil {
+		fail("the node agent after the reboot: %v", err)
+		return
+	}
+	l.t.Logf("node-reboot: agent pid %d killed, new pid %d with its pod Ready %s after the reboot", ev.OldPID, ev.NewPID, ev.AgentReady.Round(time.Millisecond))
+	if err := l.reapStranded(startCtx, ev.At); err != nil {
+		fail("deleting the pods the reboot stranded: %v", err)
+	}
+}
+
+const (
+	// strandedWait is how long after the agent's return reapStranded
+	// looks for stranded pods; strandedSettle how long one must stay so.
+	strandedWait   = 20 * time.Second
+	strandedSettle = 5 * time.Second
+	// exitStranded marks the end reapStranded reports for a pod it
+	// deleted.
+	exitStranded = "stranded"
+)
+
+// reapStranded deletes the build pods that node-reboot stranded and
+// reports them ended. Their container was created, not started, when the
+// node went down; the new kubelet finds that container in containerd's
+// records, and for a pod of restartPolicy Never that had containers it
+// makes no new sandbox (kuberuntime_manager.go, computePodActions), so
+// it neither runs the pod nor fails it: the pod stays Pending, its
+// volumes set up. A CI system's timeout would delete it; the test does
+// so at once, and its volume must then be discarded.
+func (l *load) reapStranded(ctx context.Context, rebootAt time.Time) error {
+	seen := map[string]time.Time{}
+	reaped := map[string]bool{}
+	for deadline := time.Now().Add(strandedWait); time.Now().Before(deadline); {
+		pods, err := l.f.Client.CoreV1().Pods(l.f.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "soak=build"})
+		if err != nil && !transient(err) {
+			return err
+		}
+		var items []corev1.Pod
+		if pods != nil {
+			items = pods.Items
+		}
+		for _, p := range items {
+			if reaped[p.Name] || !stranded(&p, rebootAt) {
+				delete(seen, p.Name)
+				continue
+			}
+			if _, ok := seen[p.Name]; !ok {
+				seen[p.Name] = time.Now()
+			}
+			if time.Since(seen[p.Name]) < strandedSettle {
+				continue
+			}
+			l.t.Logf("node-reboot: pod %s stranded (Pending, its container created before the reboot and never started): deleting it", p.Name)
+			err := l.f.Client.CoreV1().Pods(l.f.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("deleting pod %s: %w", p.Name, err)
+			}
+			reaped[p.Name] = true
+			l.endsIn <- endNote{name: p.Name, phase: p.Status.Phase, at: time.Now(), exit: exitStranded}
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// stranded tells a pod created before the reboot that is Pending with a
+// container that was created and waits.
+func stranded(p *corev1.Pod, rebootAt time.Time) bool {
+	if p.Status.Phase != corev1.PodPending || !p.CreationTimestamp.Time.Before(rebootAt) {
+		return false
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.ContainerID != "" && cs.State.Waiting != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// stopStartNode is node-restart's stop and start of the node's daemons.
+func (l *load) stopStartNode(ctx, startCtx context.Context, ev *faultEvent, fail func(string, ...any)) bool {
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nodeDaemonsBound)
+	out, err := l.nodeDaemons(stopCtx, "stop")
+	cancel()
+	ev.Stopping = time.Since(ev.At)
+	l.t.Logf("node-daemons.sh stop:\n%s", out)
+	if err != nil {
+		fail("%v", err)
+	}
+	l.t.Logf("node-restart: containerd and the kubelet stopped at %s in %s (load running: %v)",
+		ev.At.UTC().Format("15:04:05.000"), ev.Stopping.Round(time.Millisecond), ev.DuringLoad)
+	out, err = l.nodeDaemons(startCtx, "start")
+	ev.Back = time.Since(ev.At)
+	l.t.Logf("node-daemons.sh start:\n%s", out)
+	if err != nil {
+		fail("%v", err)
+		return false
+	}
+	return true
+}
+
+// waitAgentBack waits for the rebooted node's new agent process and for
+// its pod to turn Ready after the reboot: until the new kubelet reports
+// it, the pod shows its Ready condition of before the reboot.
+func (l *load) waitAgentBack(ctx context.Context, ev *faultEvent) error {
+	back, err := l.waitAgent(ctx, ev.OldPID, agentBackBound)
+	if err != nil {
+		return fmt.Errorf("no new process within %s: %w", agentBackBound, err)
+	}
+	ev.NewPID = back.PID
+	deadline := time.Now().Add(agentReadyBound)
+	last := "not read yet"
+	for time.Now().Before(deadline) {
+		p, err := l.agentPod(ctx)
+		if err != nil {
+			last = err.Error()
+		} else {
+			for _, c := range p.Status.Conditions {
+				if c.Type != corev1.PodReady {
+					continue
+				}
+				last = fmt.Sprintf("pod %s Ready %s since %s", p.Name, c.Status, c.LastTransitionTime.UTC().Format(time.TimeOnly))
+				// Transition times have second precision.
+				if c.Status == corev1.ConditionTrue && !c.LastTransitionTime.Time.Before(ev.At.Truncate(time.Second)) {
+					ev.AgentReady = time.Since(ev.At)
+					return nil
+				}
+			}
+		}
+		if !sleepCtx(ctx, 500*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("pid %d: its pod did not turn Ready within %s: %s", back.PID, agentReadyBound, last)
 }
 
 // waitNodeReady waits until the Node is Ready with a heartbeat after
@@ -581,6 +735,105 @@ func nodeNumber(name string) (int, error) {
 	n, err := strconv.Atoi(s)
 	if !ok || err != nil || n < 1 {
 		return 0, fmt.Errorf("node %q is not one of the local cluster's (layercache-nodeN)", name)
+	}
+	return n, nil
+}
+
+const (
+	// quietWindow is how long checkQuiet watches the cluster once
+	// everything of the test is gone.
+	quietWindow = 10 * time.Second
+	// quietWrites and quietEvents bound what may happen in quietWindow:
+	// the agent's and manager's periodic writes (reports, leases) fit,
+	// a loop retrying a lost volume or mount does not.
+	quietWrites = 30
+	quietEvents = 5
+)
+
+// checkQuiet fails the test if, once the fault is over and every pod,
+// claim and PV of the test has gone, the node agent and the manager keep
+// writing to the API server, or Events about the test's objects keep
+// coming: a write or Event storm the fault left behind.
+func (l *load) checkQuiet(ctx context.Context) {
+	before, err := l.scrapeWrites(ctx)
+	if err != nil {
+		l.t.Logf("quiet check: API writes unavailable: %v", err)
+	}
+	eventsBefore, err := l.testEvents(ctx)
+	if err != nil {
+		l.t.Errorf("quiet check: %v", err)
+		return
+	}
+	if !sleepCtx(ctx, quietWindow) {
+		return
+	}
+	eventsAfter, err := l.testEvents(ctx)
+	if err != nil {
+		l.t.Errorf("quiet check: %v", err)
+		return
+	}
+	if n := eventsAfter - eventsBefore; n > quietEvents {
+		l.t.Errorf("%d Events about the test's objects in the %s after its end, over %d: an Event storm", n, quietWindow, quietEvents)
+	}
+	if before == nil {
+		return
+	}
+	after, err := l.scrapeWrites(ctx)
+	if err == nil {
+		var d map[string]map[string]float64
+		if d, err = diffWrites(before, after); err == nil {
+			l.quietWrites = d
+		}
+	}
+	if err != nil {
+		l.t.Logf("quiet check: API writes unavailable: %v", err)
+		return
+	}
+	for comp, byMethod := range l.quietWrites {
+		var sum float64
+		for _, v := range byMethod {
+			sum += v
+		}
+		if sum > quietWrites {
+			l.t.Errorf("%s made %g API writes in the %s after the test's end (%v), over %d: a write storm", comp, sum, quietWindow, byMethod, quietWrites)
+		}
+	}
+}
+
+// testEvents counts the Events (with their repeats) about the test's
+// namespace and its PVs.
+func (l *load) testEvents(ctx context.Context) (int, error) {
+	var n int
+	err := retryTransient(ctx, func(ctx context.Context) error {
+		n = 0
+		nsEvents, err := l.f.Client.CoreV1().Events(l.f.Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		pvEvents, err := l.f.Client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("involvedObject.kind", "PersistentVolume").String(),
+		})
+		if err != nil {
+			return err
+		}
+		l.mu.Lock()
+		ours := map[string]bool{}
+		for _, pv := range l.pvByClaim {
+			ours[pv] = true
+		}
+		l.mu.Unlock()
+		for _, ev := range append(nsEvents.Items, pvEvents.Items...) {
+			if ev.Namespace == l.f.Namespace || ours[ev.InvolvedObject.Name] {
+				n += int(max(ev.Count, 1))
+				if ev.Series != nil {
+					n += int(ev.Series.Count)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("listing the test's Events: %w", err)
 	}
 	return n, nil
 }

@@ -60,6 +60,10 @@ type build struct {
 	Volume     string `json:"volume"` // claim or csi
 	ExpectFail bool   `json:"expectFail"`
 	Kept       bool   `json:"kept"`
+	// Interrupted: node-reboot killed the build's container before it
+	// exited by itself; its pod ends Failed whatever the build decided,
+	// so its volume must be discarded and its file never land.
+	Interrupted bool `json:"interrupted,omitempty"`
 
 	Created time.Time `json:"created"` // the test's clock before the create call
 	Started time.Time `json:"started"` // the container's first instruction (/proc/uptime)
@@ -73,7 +77,7 @@ type build struct {
 }
 
 func (b *build) wantReason() string {
-	if b.ExpectFail {
+	if b.ExpectFail || b.Interrupted {
 		return "Discarded"
 	}
 	return "Committed"
@@ -168,6 +172,9 @@ func runLoad(t *testing.T, cfg config) {
 	l.collectEnds(ctx)
 	l.checkCaches(ctx, agent)
 	l.cleanUp(ctx)
+	if cfg.Fault != faultNone {
+		l.checkQuiet(ctx)
+	}
 	totalTime := time.Since(start)
 
 	stopSampler()
@@ -247,6 +254,12 @@ type load struct {
 	checkPods  []string
 	// endLayers is each cache's depth once the builds stopped.
 	endLayers map[string]int
+	// endsIn is where watchPods reports pods' ends; reapStranded adds
+	// the stranded pods it deletes.
+	endsIn chan<- endNote
+	// quietWrites are each component's API writes by method in the
+	// quiet window after the test's end (checkQuiet).
+	quietWrites map[string]map[string]float64
 }
 
 // nodeNow is the test's node as it is now: the node-restart fault gives
@@ -372,6 +385,7 @@ func (l *load) watchPods(ctx context.Context) <-chan endNote {
 		}
 		ends <- endNote{name: p.Name, phase: p.Status.Phase, at: time.Now(), exit: exit}
 	}
+	l.endsIn = ends
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: note, UpdateFunc: func(_, o any) { note(o) }}); err != nil {
 		l.t.Fatal(err)
 	}
@@ -520,10 +534,26 @@ func (l *load) run(ctx context.Context, ends <-chan endNote) {
 	l.t.Logf("phase 2: %d builds, at most %d at once, ended in %s", len(churn), c, time.Since(t2).Round(time.Millisecond))
 }
 
+// interrupted tells whether the pod of n was killed by node-reboot: it
+// ended Failed after the reboot began with an exit code that is none of
+// the build's script (0, 1, or 3 when its write failed): the kubelet
+// reports the container the reboot took with none it saw, or SIGKILL's.
+func (l *load) interrupted(n endNote) bool {
+	if n.exit == exitStranded {
+		return true
+	}
+	if l.cfg.Fault != faultNodeReboot || n.phase != corev1.PodFailed || slices.Contains([]string{"0", "1", "3"}, n.exit) {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.fault.started.IsZero() && n.at.After(l.fault.started)
+}
+
 func (l *load) failures() []string {
 	var out []string
 	for _, b := range l.builds {
-		if !b.SeenEnd.IsZero() && (b.Started.IsZero() || b.Ended.IsZero()) {
+		if !b.SeenEnd.IsZero() && !b.Interrupted && (b.Started.IsZero() || b.Ended.IsZero()) {
 			out = append(out, b.Name)
 		}
 	}
@@ -537,8 +567,13 @@ var uptimeLine = regexp.MustCompile(`(?m)^(start|end) ([0-9.]+)$`)
 func (l *load) finish(ctx context.Context, n endNote) {
 	b := l.byName[n.name]
 	b.SeenEnd = n.at
+	b.Interrupted = l.interrupted(n)
+	if n.exit == exitStranded {
+		// Deleted by reapStranded: it never ran, so it has no log.
+		return
+	}
 	want := corev1.PodSucceeded
-	if b.ExpectFail {
+	if b.ExpectFail || b.Interrupted {
 		want = corev1.PodFailed
 	}
 	if n.phase != want {
@@ -548,15 +583,19 @@ func (l *load) finish(ctx context.Context, n endNote) {
 	err := retryTransient(ctx, func(ctx context.Context) error {
 		var err error
 		logs, err = l.f.PodLogs(ctx, b.Name, "main")
-		if err != nil && l.cfg.Fault == faultNodeRestart && apierrors.IsNotFound(err) && ctx.Err() == nil {
-			// The kubelet serves the logs: while node-restart has it
-			// stopped, the API server answers 404 for pods/log. Not an
-			// API status any more, so retryTransient retries it.
+		if err != nil && nodeFault(l.cfg.Fault) && apierrors.IsNotFound(err) && ctx.Err() == nil {
+			// The kubelet serves the logs: while node-restart or
+			// node-reboot has it stopped, the API server answers 404
+			// for pods/log. Not an API status any more, so
+			// retryTransient retries it.
 			return fmt.Errorf("%s (the kubelet may be restarting)", err.Error())
 		}
 		return err
 	})
-	if err != nil {
+	switch {
+	case err != nil && b.Interrupted:
+		l.t.Logf("pod %s, killed by the reboot: no log: %v", b.Name, err)
+	case err != nil:
 		l.t.Errorf("pod %s: %v", b.Name, err)
 	}
 	for _, m := range uptimeLine.FindAllStringSubmatch(logs, -1) {
@@ -571,13 +610,28 @@ func (l *load) finish(ctx context.Context, n endNote) {
 			b.Ended = l.clock.at(up)
 		}
 	}
-	if b.Started.IsZero() || b.Ended.IsZero() {
-		l.t.Errorf("pod %s: no start and end times in its log %q", b.Name, logs)
+	if logs == "" && l.cfg.Fault == faultNodeReboot && !b.Interrupted {
+		// A pod that ended just before the reboot: the new kubelet
+		// serves its log empty. Its outcome still counts (its phase
+		// above, its volume's end and its cache's files); only its
+		// times are lost.
+		l.t.Logf("pod %s (%s, exit %s): its log is empty after the reboot; its times are not reported", b.Name, n.phase, n.exit)
+		l.deleteUnlessKept(ctx, b)
+		return
 	}
+	if (b.Started.IsZero() || b.Ended.IsZero()) && !b.Interrupted {
+		l.t.Errorf("pod %s (%s, exit %s): no start and end times in its log %q", b.Name, n.phase, n.exit, logs)
+	}
+	l.deleteUnlessKept(ctx, b)
+}
+
+// deleteUnlessKept deletes build b's ended pod, as CI systems do, unless
+// the test keeps it.
+func (l *load) deleteUnlessKept(ctx context.Context, b *build) {
 	if b.Kept {
 		return
 	}
-	err = retryTransient(ctx, func(ctx context.Context) error {
+	err := retryTransient(ctx, func(ctx context.Context) error {
 		return l.f.Client.CoreV1().Pods(l.f.Namespace).Delete(ctx, b.Name, metav1.DeleteOptions{})
 	})
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -714,7 +768,7 @@ func (l *load) checkCaches(ctx context.Context, agent agentProc) {
 	l.endLayers = map[string]int{}
 	want := map[string][]string{}
 	for _, b := range l.builds {
-		if !b.ExpectFail {
+		if !b.ExpectFail && !b.Interrupted {
 			want[b.Cache] = append(want[b.Cache], fmt.Sprintf("%s %d", b.Name, l.cfg.FileBytes))
 		}
 	}

@@ -48,16 +48,22 @@ func newLatency(ds []time.Duration) latency {
 }
 
 type report struct {
-	Config    config  `json:"config"`
-	Node      string  `json:"node"`
-	Namespace string  `json:"namespace"`
-	Completed int     `json:"completedBuilds"`
-	Succeeded int     `json:"succeeded"`
-	Failed    int     `json:"failed"`
-	Kept      int     `json:"kept"`
-	Passed    bool    `json:"passed"`
-	LoadSec   float64 `json:"loadSeconds"`
-	TotalSec  float64 `json:"totalSeconds"`
+	Config    config `json:"config"`
+	Node      string `json:"node"`
+	Namespace string `json:"namespace"`
+	Completed int    `json:"completedBuilds"`
+	Succeeded int    `json:"succeeded"`
+	Failed    int    `json:"failed"`
+	// Interrupted builds were killed by node-reboot (and discarded),
+	// whatever they had decided.
+	Interrupted int `json:"interrupted,omitempty"`
+	// QuietWrites are the API writes by component and method in the
+	// quiet window after a fault run's end.
+	QuietWrites map[string]map[string]float64 `json:"quietWrites,omitempty"`
+	Kept        int                           `json:"kept"`
+	Passed      bool                          `json:"passed"`
+	LoadSec     float64                       `json:"loadSeconds"`
+	TotalSec    float64                       `json:"totalSeconds"`
 
 	// Start: pod created (the test's clock before the create call) →
 	// the container's first instruction (/proc/uptime), by volume kind.
@@ -114,7 +120,8 @@ func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 // cfg.Output and logs the Markdown.
 func (l *load) writeReport(ctx context.Context, in reportInput) *report {
 	r := &report{Config: l.cfg, Node: l.node.Name, Namespace: l.f.Namespace, Builds: l.builds,
-		LoadSec: in.loadTime.Seconds(), TotalSec: in.totalTime.Seconds(), Passed: !l.t.Failed(), EndLayers: l.endLayers}
+		LoadSec: in.loadTime.Seconds(), TotalSec: in.totalTime.Seconds(), Passed: !l.t.Failed(), EndLayers: l.endLayers,
+		QuietWrites: l.quietWrites}
 	starts := map[string][]time.Duration{}
 	ends := map[string][]time.Duration{}
 	for _, b := range l.builds {
@@ -122,9 +129,12 @@ func (l *load) writeReport(ctx context.Context, in reportInput) *report {
 			continue
 		}
 		r.Completed++
-		if b.ExpectFail {
+		switch {
+		case b.Interrupted:
+			r.Interrupted++
+		case b.ExpectFail:
 			r.Failed++
-		} else {
+		default:
 			r.Succeeded++
 			r.LogicalBytes += int64(l.cfg.FileBytes)
 		}
@@ -305,6 +315,8 @@ func awayWindows(f *faultRun, procs []procSample) []window {
 				what = "API server away"
 			case faultNodeRestart:
 				what = "kubelet and containerd away"
+			case faultNodeReboot:
+				what = "node rebooting"
 			case faultManagerLeader:
 				what = "no manager leader"
 			}
@@ -357,7 +369,7 @@ func (r *report) markdown() string {
 	w("%s, %s. %d concurrent, then %d churn builds at most %d at once, over %d caches; %d%% decided to fail; volumes: %s; %d-byte file per build; every %d-th pod kept, the others deleted at their end; seed %d; node %s, namespace %s.",
 		time.Now().UTC().Format(time.RFC3339), verdict, c.Concurrent, c.Builds, c.Concurrent, c.Caches, c.FailPercent, c.Volume, c.FileBytes, c.KeepEvery, c.Seed, r.Node, r.Namespace)
 	w("")
-	w("Completed builds: %d (%d succeeded, %d failed, %d kept). Load phases: %.1f s; with checks and clean-up: %.1f s.", r.Completed, r.Succeeded, r.Failed, r.Kept, r.LoadSec, r.TotalSec)
+	w("Completed builds: %d (%d succeeded, %d failed, %d killed by the fault, %d kept). Load phases: %.1f s; with checks and clean-up: %.1f s.", r.Completed, r.Succeeded, r.Failed, r.Interrupted, r.Kept, r.LoadSec, r.TotalSec)
 	w("")
 	w("| figure | measured | target (issue) |")
 	w("| --- | --- | --- |")
@@ -476,6 +488,16 @@ func (r *report) faultMarkdown(w func(string, ...any)) {
 		for _, ev := range f.Events {
 			w("| %s | %v | %s | %d | %s | %.1f s | %s |", ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.Killed, ev.OldPID, ev.NewLeader, ev.Back.Seconds(), ev.Error)
 		}
+	case faultNodeReboot:
+		w("## Fault: node-reboot")
+		w("")
+		w("The node rebooted %s after phase 2's start (`e2e/cluster/node-daemons.sh reboot`): its agent, kubelet, containerd, shims and containers SIGKILLed, every mount of the node gone (the store's overlays unmounted on the host), containerd's and runc's state removed as a tmpfs would lose them, the store's files kept; then node.sh in a new mount namespace. The kernel did not reboot (same boot id: no torn volumes). %d build(s) were killed by it.", c.FaultEvery, r.Interrupted)
+		w("")
+		w("| rebooted at (UTC) | during phase 2 | kubelet healthy after | Node Ready after | agent pid | new pid | agent Ready after | error |")
+		w("| --- | --- | --- | --- | --- | --- | --- | --- |")
+		for _, ev := range f.Events {
+			w("| %s | %v | %.1f s | %.1f s | %d | %d | %.1f s | %s |", ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.Back.Seconds(), ev.Ready.Seconds(), ev.OldPID, ev.NewPID, ev.AgentReady.Seconds(), ev.Error)
+		}
 	case faultNodeRestart:
 		w("## Fault: node-restart")
 		w("")
@@ -490,6 +512,10 @@ func (r *report) faultMarkdown(w func(string, ...any)) {
 	if f.Note != "" {
 		w("")
 		w("Note: %s.", f.Note)
+	}
+	if r.QuietWrites != nil {
+		w("")
+		w("API writes in the %s after the test's end (no Event or write storm left): %v.", quietWindow, r.QuietWrites)
 	}
 	w("")
 }
