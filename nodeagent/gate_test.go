@@ -19,16 +19,13 @@ import (
 // unmounted) makes the path vanish, which the kubelet's hostPath check
 // refuses; the agent's startup (mountGate, remount) brings it back.
 func TestMountGateReboot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounts a tmpfs: run as root")
-	}
+	requireRoot(t)
 	ctx := context.Background()
 	root := t.TempDir()
 	dir := filepath.Join(root, gateDir)
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	env := newTestEnv(t, nil)
-	vol, err := env.store.Mount(ctx, "pvc-bound", layerfs.MountOptions{Cache: maven, Writer: "ci/p"})
-	if err != nil {
+	if _, err := env.store.Mount(ctx, "pvc-bound", layerfs.MountOptions{Cache: maven, Writer: "ci/p"}); err != nil {
 		t.Fatal(err)
 	}
 	mountPoint := filepath.Join(root, "volumes", "pvc-bound", "merged")
@@ -39,7 +36,6 @@ func TestMountGateReboot(t *testing.T) {
 	pv := testPV(map[string]string{v1alpha1.AnnotationNode: "node-a"})
 	pv.Name, pv.Status.Phase = "pvc-bound", corev1.VolumeBound
 	pv.Spec.HostPath = &corev1.HostPathVolumeSource{Path: gatePath(root, pv.Name)}
-	_ = vol
 
 	steps := []struct {
 		name     string
