@@ -54,14 +54,21 @@ type faultEvent struct {
 	NewPID int `json:"newPID,omitempty"`
 	// Back: agent-kill, from the kill until the new agent process runs;
 	// apiserver, from the stop until /readyz answers again; node-restart,
-	// from the stop until the kubelet's /healthz answers again.
+	// from the stop until the kubelet's /healthz answers again; registry,
+	// from the stop until the registry answers again.
 	Back time.Duration `json:"backNanos"`
 	// Ready: agent-kill, from the kill until the agent's pod is Ready
 	// again with one more restart; node-restart, from the stop until the
 	// Node is Ready again with a heartbeat of the new kubelet.
 	Ready time.Duration `json:"readyNanos,omitempty"`
-	// Stopping: apiserver, node-restart, how long stopping both took.
+	// Stopping: apiserver, node-restart, how long stopping both took;
+	// registry, stopping the registry.
 	Stopping time.Duration `json:"stoppingNanos,omitempty"`
+	// registry: Backlog is the generations node 1 had committed but not
+	// published when the registry answered again; Published is from then
+	// until all of them were in their Caches' chains.
+	Backlog   int64         `json:"backlog,omitempty"`
+	Published time.Duration `json:"publishedNanos,omitempty"`
 	// agent-oom: the memory limit that made the kernel kill the agent
 	// (the agent's usage when it was set), and how the kubelet reported
 	// the killed container's end.
@@ -78,8 +85,10 @@ type faultRun struct {
 	Kind   string       `json:"kind"`
 	Events []faultEvent `json:"events"`
 	// Note says why the fault did less than asked, if it did.
-	Note string        `json:"note,omitempty"`
-	done chan struct{} // closed when the injection is over
+	Note string `json:"note,omitempty"`
+	// Registry is what the registry fault measured after the load.
+	Registry *registryFigures `json:"registry,omitempty"`
+	done     chan struct{}    // closed when the injection is over
 }
 
 // requireHost fails the test unless a fault can be injected here: the
@@ -112,6 +121,8 @@ func (l *load) startFault(ctx context.Context) {
 		})
 	case faultManagerLeader:
 		l.startStandby(ctx)
+	case faultRegistry:
+		l.startRegistryRun()
 	case faultNodeRestart:
 		l.t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), nodeDaemonsBound)
@@ -143,6 +154,8 @@ func (l *load) startFault(ctx context.Context) {
 			l.restartNode(ctx)
 		case faultManagerLeader:
 			l.killLeader(ctx)
+		case faultRegistry:
+			l.registryOutage(ctx)
 		}
 	}()
 }
@@ -485,11 +498,7 @@ func (l *load) restartNode(ctx context.Context) {
 		l.fault.Events = append(l.fault.Events, ev)
 		l.mu.Unlock()
 	}()
-	fail := func(format string, args ...any) {
-		msg := fmt.Sprintf(format, args...)
-		ev.Error = strings.TrimPrefix(ev.Error+"; "+msg, "; ")
-		l.t.Error(msg)
-	}
+	fail := func(format string, args ...any) { l.failEvent(&ev, format, args...) }
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nodeDaemonsBound)
 	out, err := l.nodeDaemons(stopCtx, "stop")
 	cancel()
@@ -535,6 +544,13 @@ func (l *load) restartNode(ctx context.Context) {
 	}
 	ev.Ready = time.Since(ev.At)
 	l.t.Logf("node-restart: kubelet healthy %s after the stop, Node Ready %s after it", ev.Back.Round(time.Millisecond), ev.Ready.Round(time.Millisecond))
+}
+
+// failEvent fails the test and adds the failure to ev's error.
+func (l *load) failEvent(ev *faultEvent, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	ev.Error = strings.TrimPrefix(ev.Error+"; "+msg, "; ")
+	l.t.Error(msg)
 }
 
 // waitNodeReady waits until the Node is Ready with a heartbeat after
