@@ -144,20 +144,33 @@ e2e-multinode: ## a fresh two-node cluster with the registry, and the scenarios 
 # (apiserver), the node's kubelet and containerd restarted (node-restart),
 # the node rebooted: its daemons, shims, containers and mounts gone, its
 # store's files kept (node-reboot), the leader of two managers SIGKILLed
-# (manager-leader).
+# (manager-leader). The registry fault (registry: the registry stopped
+# SOAK_FAULT_DOWN mid-load) needs two nodes: make soak-registry runs it on
+# a cluster of its own.
 SOAK_CONCURRENT ?= 50
 SOAK_BUILDS ?= 500
 SOAK_DURATION ?= 60m
 SOAK_FAULTS ?= none agent-kill agent-oom apiserver node-restart node-reboot manager-leader
 
-.PHONY: soak
-soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUILDS=500 more, once per fault of SOAK_FAULTS; checks every cache and prints each report (_output/soak/report*.md)
-	out=$${SOAK_OUTPUT:-_output/soak}; rc=0; for fault in $(SOAK_FAULTS); do \
+# SOAK_RUN runs TestLoad once per fault of $(1) and prints each report.
+SOAK_RUN = out=$${SOAK_OUTPUT:-_output/soak}; rc=0; for fault in $(1); do \
 		name=report; [[ $$fault == none ]] || name=report-$$fault; rm -f "$$out/$$name.md"; \
 		SOAK_FAULT=$$fault SOAK_CONCURRENT=$(SOAK_CONCURRENT) SOAK_BUILDS=$(SOAK_BUILDS) SOAK_DURATION=$(SOAK_DURATION) \
 			e2e/cluster/run-e2e.sh -run '^TestLoad$$' -v -timeout 90m ./e2e/soak/ 2>&1 | tee _output/soak-$$fault.log || rc=1; \
 		echo; cat "$$out/$$name.md" || echo "no report: see _output/soak-$$fault.log"; \
 	done; exit $$rc
+
+.PHONY: soak
+soak: up ## load one node: SOAK_CONCURRENT=50 build pods at once, then SOAK_BUILDS=500 more, once per fault of SOAK_FAULTS; checks every cache and prints each report (_output/soak/report*.md)
+	$(call SOAK_RUN,$(SOAK_FAULTS))
+
+# make up with another NODES replaces the cluster: run make soak and make
+# soak-registry one after the other, not side by side.
+.PHONY: soak-registry
+soak-registry: NODES = 2
+soak-registry: WITH =
+soak-registry: up ## make soak's load on node 1 of a two-node cluster with the registry stopped SOAK_FAULT_DOWN (30 s) mid-load: everything published after, node 2 reads the same files, no Event or write storm (_output/soak/report-registry.md)
+	$(call SOAK_RUN,registry)
 
 # The short fault tests (build tag faults) kill the node agent, restart
 # the node's daemons or stop the control plane, which would break any test

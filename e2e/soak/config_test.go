@@ -39,8 +39,8 @@ type config struct {
 	Output string `json:"output"`
 
 	// Fault injected while phase 2 runs: none, agent-kill, agent-oom,
-	// apiserver, node-restart, node-reboot or manager-leader (SOAK_FAULT; see
-	// fault_test.go).
+	// apiserver, node-restart, node-reboot, manager-leader (SOAK_FAULT;
+	// see fault_test.go) or registry (registry_test.go).
 	Fault string `json:"fault"`
 	// FaultKills is how many times agent-kill SIGKILLs the node agent,
 	// or agent-oom has the kernel's OOM killer kill it.
@@ -49,8 +49,11 @@ type config struct {
 	// from the agent's return after the previous kill.
 	FaultEvery time.Duration `json:"faultEvery,omitempty"`
 	// FaultDown is how long apiserver keeps etcd and kube-apiserver
-	// stopped.
+	// stopped, and registry the registry.
 	FaultDown time.Duration `json:"faultDown,omitempty"`
+	// QuietWatch is how long registry watches the test's namespace for
+	// writes once everything is checked and cleaned up (SOAK_QUIET_WATCH).
+	QuietWatch time.Duration `json:"quietWatch,omitempty"`
 }
 
 // Faults the load can run under.
@@ -62,9 +65,10 @@ const (
 	faultNodeRestart   = "node-restart"
 	faultNodeReboot    = "node-reboot"
 	faultManagerLeader = "manager-leader"
+	faultRegistry      = "registry"
 )
 
-var faults = []string{faultNone, faultAgentKill, faultAgentOOM, faultAPIServer, faultNodeRestart, faultNodeReboot, faultManagerLeader}
+var faults = []string{faultNone, faultAgentKill, faultAgentOOM, faultAPIServer, faultNodeRestart, faultNodeReboot, faultManagerLeader, faultRegistry}
 
 // agentFault tells whether fault kills the node agent's process (and the
 // kubelet restarts it).
@@ -81,7 +85,7 @@ func nodeFault(fault string) bool {
 func loadConfig() (config, error) {
 	c := config{Concurrent: 10, Builds: 40, Caches: 5, FailPercent: 10, Volume: "both",
 		Duration: 3 * time.Minute, Seed: time.Now().UnixNano(), FileBytes: 64 << 10, KeepEvery: 10,
-		Fault: faultNone, FaultKills: 3, FaultEvery: 20 * time.Second, FaultDown: 30 * time.Second}
+		Fault: faultNone, FaultKills: 3, FaultEvery: 20 * time.Second, FaultDown: 30 * time.Second, QuietWatch: 3 * time.Minute}
 	ints := []struct {
 		env string
 		p   *int
@@ -122,6 +126,7 @@ func loadConfig() (config, error) {
 		{"SOAK_DURATION", &c.Duration},
 		{"SOAK_FAULT_EVERY", &c.FaultEvery},
 		{"SOAK_FAULT_DOWN", &c.FaultDown},
+		{"SOAK_QUIET_WATCH", &c.QuietWatch},
 	}
 	for _, d := range durations {
 		s := os.Getenv(d.env)
@@ -138,7 +143,9 @@ func loadConfig() (config, error) {
 		if !slices.Contains(faults, s) {
 			return c, fmt.Errorf("SOAK_FAULT=%q: want one of %v", s, faults)
 		}
-		c.Fault = s
+		if err := c.setFault(s); err != nil {
+			return c, err
+		}
 	}
 	if s := os.Getenv("SOAK_SEED"); s != "" {
 		v, err := strconv.ParseInt(s, 10, 64)
@@ -162,6 +169,20 @@ func loadConfig() (config, error) {
 		c.Output = filepath.Join(root, c.Output)
 	}
 	return c, nil
+}
+
+// setFault puts c under fault, with what the fault implies: a cache that
+// syncs through a registry refuses CSI inline volumes
+// (RegistryCacheNotInline), so the registry fault's builds use claims.
+func (c *config) setFault(fault string) error {
+	c.Fault = fault
+	if fault == faultRegistry {
+		if s := os.Getenv("SOAK_VOLUME"); s != "" && s != "claim" {
+			return fmt.Errorf("SOAK_VOLUME=%q with SOAK_FAULT=registry: the registry's caches take claims only (CSI inline volumes are node-local); use claim", s)
+		}
+		c.Volume = "claim"
+	}
+	return nil
 }
 
 // repoRoot is the directory of go.mod above the test's directory.

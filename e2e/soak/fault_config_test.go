@@ -19,28 +19,44 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// TestFaultConfig checks the SOAK_FAULT* variables; it needs no cluster.
+// TestFaultConfig checks the SOAK_FAULT* variables and what they imply;
+// it needs no cluster.
 func TestFaultConfig(t *testing.T) {
+	def := config{Fault: faultNone, Volume: "both", FaultKills: 3, FaultEvery: 20 * time.Second, FaultDown: 30 * time.Second, QuietWatch: 3 * time.Minute}
+	with := func(change func(*config)) config {
+		c := def
+		change(&c)
+		return c
+	}
 	for _, tc := range []struct {
 		env     map[string]string
 		want    config
 		wantErr string
 	}{
-		{env: nil, want: config{Fault: faultNone, FaultKills: 3, FaultEvery: 20 * time.Second, FaultDown: 30 * time.Second}},
+		{env: nil, want: def},
 		{env: map[string]string{"SOAK_FAULT": "agent-kill", "SOAK_FAULT_KILLS": "5", "SOAK_FAULT_EVERY": "7s"},
-			want: config{Fault: faultAgentKill, FaultKills: 5, FaultEvery: 7 * time.Second, FaultDown: 30 * time.Second}},
+			want: with(func(c *config) { c.Fault, c.FaultKills, c.FaultEvery = faultAgentKill, 5, 7*time.Second })},
 		{env: map[string]string{"SOAK_FAULT": "apiserver", "SOAK_FAULT_DOWN": "1m"},
-			want: config{Fault: faultAPIServer, FaultKills: 3, FaultEvery: 20 * time.Second, FaultDown: time.Minute}},
+			want: with(func(c *config) { c.Fault, c.FaultDown = faultAPIServer, time.Minute })},
 		{env: map[string]string{"SOAK_FAULT": "agent-oom", "SOAK_FAULT_KILLS": "2"},
-			want: config{Fault: faultAgentOOM, FaultKills: 2, FaultEvery: 20 * time.Second, FaultDown: 30 * time.Second}},
+			want: with(func(c *config) { c.Fault, c.FaultKills = faultAgentOOM, 2 })},
+		// The registry's caches refuse CSI inline volumes: claims only.
+		{env: map[string]string{"SOAK_FAULT": "registry", "SOAK_FAULT_DOWN": "10s", "SOAK_QUIET_WATCH": "30s"},
+			want: with(func(c *config) {
+				c.Fault, c.Volume, c.FaultDown, c.QuietWatch = faultRegistry, "claim", 10*time.Second, 30*time.Second
+			})},
+		{env: map[string]string{"SOAK_FAULT": "registry", "SOAK_VOLUME": "claim"},
+			want: with(func(c *config) { c.Fault, c.Volume = faultRegistry, "claim" })},
+		{env: map[string]string{"SOAK_FAULT": "registry", "SOAK_VOLUME": "both"}, wantErr: "claims only"},
 		{env: map[string]string{"SOAK_FAULT": "node-reboot"},
-			want: config{Fault: faultNodeReboot, FaultKills: 3, FaultEvery: 20 * time.Second, FaultDown: 30 * time.Second}},
+			want: with(func(c *config) { c.Fault = faultNodeReboot })},
 		{env: map[string]string{"SOAK_FAULT": "reboot"}, wantErr: "SOAK_FAULT"},
 		{env: map[string]string{"SOAK_FAULT_KILLS": "0"}, wantErr: "SOAK_FAULT_KILLS"},
 		{env: map[string]string{"SOAK_FAULT_DOWN": "-3s"}, wantErr: "SOAK_FAULT_DOWN"},
+		{env: map[string]string{"SOAK_QUIET_WATCH": "soon"}, wantErr: "SOAK_QUIET_WATCH"},
 	} {
 		t.Run(fmt.Sprint(tc.env), func(t *testing.T) {
-			for _, k := range []string{"SOAK_FAULT", "SOAK_FAULT_KILLS", "SOAK_FAULT_EVERY", "SOAK_FAULT_DOWN"} {
+			for _, k := range []string{"SOAK_FAULT", "SOAK_FAULT_KILLS", "SOAK_FAULT_EVERY", "SOAK_FAULT_DOWN", "SOAK_QUIET_WATCH", "SOAK_VOLUME"} {
 				t.Setenv(k, tc.env[k])
 			}
 			c, err := loadConfig()
@@ -53,7 +69,7 @@ func TestFaultConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := config{Fault: c.Fault, FaultKills: c.FaultKills, FaultEvery: c.FaultEvery, FaultDown: c.FaultDown}
+			got := config{Fault: c.Fault, Volume: c.Volume, FaultKills: c.FaultKills, FaultEvery: c.FaultEvery, FaultDown: c.FaultDown, QuietWatch: c.QuietWatch}
 			if got != tc.want {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
@@ -123,7 +139,7 @@ func TestNodeNumber(t *testing.T) {
 }
 
 func TestReportName(t *testing.T) {
-	for fault, want := range map[string]string{faultNone: "report", "": "report", faultAgentKill: "report-agent-kill", faultAgentOOM: "report-agent-oom", faultNodeRestart: "report-node-restart", faultNodeReboot: "report-node-reboot", faultAPIServer: "report-apiserver"} {
+	for fault, want := range map[string]string{faultNone: "report", "": "report", faultAgentKill: "report-agent-kill", faultAgentOOM: "report-agent-oom", faultNodeRestart: "report-node-restart", faultNodeReboot: "report-node-reboot", faultAPIServer: "report-apiserver", faultRegistry: "report-registry"} {
 		if got := reportName(fault); got != want {
 			t.Errorf("reportName(%q) = %q, want %q", fault, got, want)
 		}

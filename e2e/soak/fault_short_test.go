@@ -73,6 +73,17 @@ func TestLoadManagerLeader(t *testing.T) {
 	runLoad(t, shortFault(t, faultManagerLeader))
 }
 
+// TestLoadRegistryDown is the short load on a two-node cluster (`make up
+// NODES=2`; it fails on fewer) with the registry stopped for 10 s during
+// phase 2: node 1's builds commit through the outage, then everything is
+// published, node 2 reads the same files, and the namespace is quiet for
+// 30 s. It stops the registry, so it runs alone, after e2e/multinode.
+func TestLoadRegistryDown(t *testing.T) {
+	cfg := shortFault(t, faultRegistry)
+	cfg.FaultDown, cfg.QuietWatch = 10*time.Second, 30*time.Second
+	runLoad(t, cfg)
+}
+
 // shortFault is the short load's config (SOAK_* still apply: seed,
 // sizes, output) under fault, with the first injection 5 s into phase 2
 // so that it lands while the builds run, and two kills (the first
@@ -83,7 +94,10 @@ func shortFault(t *testing.T, fault string) config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Fault, cfg.FaultKills, cfg.FaultEvery = fault, 2, 5*time.Second
+	if err := cfg.setFault(fault); err != nil {
+		t.Fatal(err)
+	}
+	cfg.FaultKills, cfg.FaultEvery = 2, 5*time.Second
 	// The bound of phases 1 and 2, not their expected time (about a
 	// minute): the agent's CrashLoopBackOff and the kubelet's mount
 	// retries can stretch them.

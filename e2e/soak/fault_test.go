@@ -55,19 +55,25 @@ type faultEvent struct {
 	// Back: agent-kill, from the kill until the new agent process runs;
 	// apiserver, from the stop until /readyz answers again; node-restart
 	// and node-reboot, from the stop until the kubelet's /healthz answers
-	// again.
+	// again; registry, from the stop until the registry answers again.
 	Back time.Duration `json:"backNanos"`
 	// Ready: agent-kill, from the kill until the agent's pod is Ready
 	// again with one more restart; node-restart and node-reboot, from the
 	// stop until the Node is Ready again with a heartbeat of the new
 	// kubelet.
 	Ready time.Duration `json:"readyNanos,omitempty"`
-	// Stopping: apiserver, node-restart, how long stopping both took.
+	// Stopping: apiserver, node-restart, how long stopping both took;
+	// registry, stopping the registry.
 	Stopping time.Duration `json:"stoppingNanos,omitempty"`
 	// AgentReady: node-reboot, from the reboot until a new agent
 	// process runs and its pod is Ready (its startup's Recover and
 	// remount are done).
 	AgentReady time.Duration `json:"agentReadyNanos,omitempty"`
+	// registry: Backlog is the generations node 1 had committed but not
+	// published when the registry answered again; Published is from then
+	// until all of them were in their Caches' chains.
+	Backlog   int64         `json:"backlog,omitempty"`
+	Published time.Duration `json:"publishedNanos,omitempty"`
 	// agent-oom: the memory limit that made the kernel kill the agent
 	// (the agent's usage when it was set), and how the kubelet reported
 	// the killed container's end.
@@ -84,8 +90,10 @@ type faultRun struct {
 	Kind   string       `json:"kind"`
 	Events []faultEvent `json:"events"`
 	// Note says why the fault did less than asked, if it did.
-	Note string        `json:"note,omitempty"`
-	done chan struct{} // closed when the injection is over
+	Note string `json:"note,omitempty"`
+	// Registry is what the registry fault measured after the load.
+	Registry *registryFigures `json:"registry,omitempty"`
+	done     chan struct{}    // closed when the injection is over
 	// started is when the (first) injection began (guarded by load.mu).
 	started time.Time
 }
@@ -120,6 +128,8 @@ func (l *load) startFault(ctx context.Context) {
 		})
 	case faultManagerLeader:
 		l.startStandby(ctx)
+	case faultRegistry:
+		l.startRegistryRun()
 	case faultNodeRestart, faultNodeReboot:
 		// start after a reboot finds both daemons running, or starts
 		// what a failed reboot's kills left recorded by no stop: then it
@@ -154,6 +164,8 @@ func (l *load) startFault(ctx context.Context) {
 			l.restartNode(ctx)
 		case faultManagerLeader:
 			l.killLeader(ctx)
+		case faultRegistry:
+			l.registryOutage(ctx)
 		}
 	}()
 }
@@ -503,11 +515,7 @@ func (l *load) restartNode(ctx context.Context) {
 		l.fault.Events = append(l.fault.Events, ev)
 		l.mu.Unlock()
 	}()
-	fail := func(format string, args ...any) {
-		msg := fmt.Sprintf(format, args...)
-		ev.Error = strings.TrimPrefix(ev.Error+"; "+msg, "; ")
-		l.t.Error(msg)
-	}
+	fail := func(format string, args ...any) { l.failEvent(&ev, format, args...) }
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nodeDaemonsBound)
 	defer cancel()
 	if l.cfg.Fault == faultNodeReboot {
@@ -689,6 +697,13 @@ func (l *load) waitAgentBack(ctx context.Context, ev *faultEvent) error {
 		}
 	}
 	return fmt.Errorf("pid %d: its pod did not turn Ready within %s: %s", back.PID, agentReadyBound, last)
+}
+
+// failEvent fails the test and adds the failure to ev's error.
+func (l *load) failEvent(ev *faultEvent, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	ev.Error = strings.TrimPrefix(ev.Error+"; "+msg, "; ")
+	l.t.Error(msg)
 }
 
 // waitNodeReady waits until the Node is Ready with a heartbeat after

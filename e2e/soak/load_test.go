@@ -127,12 +127,15 @@ func runLoad(t *testing.T, cfg config) {
 	if cfg.Fault != faultNone {
 		l.requireHost()
 	}
+	if cfg.Fault == faultRegistry {
+		l.requireRegistry()
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), cfg.Duration+4*l.endTimeout()+5*time.Minute+l.faultBudget())
 	defer cancel()
 
 	l.plan()
-	l.watchPVs(ctx)
-	ends := l.watchPods(ctx)
+	l.watchPVs()
+	ends := l.watchPods()
 
 	clock, err := newUptimeClock()
 	if err != nil {
@@ -171,6 +174,9 @@ func runLoad(t *testing.T, cfg config) {
 	}
 	l.collectEnds(ctx)
 	l.checkCaches(ctx, agent)
+	if cfg.Fault == faultRegistry {
+		l.checkRegistry(ctx)
+	}
 	l.cleanUp(ctx)
 	if cfg.Fault != faultNone {
 		l.checkQuiet(ctx)
@@ -194,6 +200,11 @@ func runLoad(t *testing.T, cfg config) {
 	rep := l.writeReport(ctx, in)
 	if rep.Agent.PeakRSSBytes >= maxRSS {
 		t.Errorf("the node agent's RSS peaked at %s, over the loose bound of %s", mib(rep.Agent.PeakRSSBytes), mib(maxRSS))
+	}
+	if cfg.Fault == faultRegistry {
+		// After the report, which it cannot add to: it fails the test
+		// at once if anything writes.
+		f.ExpectQuiet(ctx, quietSettle, cfg.QuietWatch)
 	}
 }
 
@@ -219,6 +230,8 @@ func (l *load) faultBudget() time.Duration {
 		return l.cfg.FaultEvery + time.Minute + nodeDaemonsBound + nodeReadyBound
 	case faultManagerLeader:
 		return l.cfg.FaultEvery + time.Minute + takeoverBound
+	case faultRegistry:
+		return l.cfg.FaultEvery + l.cfg.FaultDown + 2*registryScriptBound + 2*publishBound + quietSettle + l.cfg.QuietWatch
 	}
 	return 0
 }
@@ -251,7 +264,6 @@ type load struct {
 	// eventsLost are builds with no end Event that ended just before a
 	// SIGKILL of the agent (killedAfter).
 	eventsLost []string
-	checkPods  []string
 	// endLayers is each cache's depth once the builds stopped.
 	endLayers map[string]int
 	// endsIn is where watchPods reports pods' ends; reapStranded adds
@@ -260,6 +272,8 @@ type load struct {
 	// quietWrites are each component's API writes by method in the
 	// quiet window after the test's end (checkQuiet).
 	quietWrites map[string]map[string]float64
+	// reg is the registry fault's state (registry_test.go).
+	reg *registryRun
 }
 
 // nodeNow is the test's node as it is now: the node-restart fault gives
@@ -328,9 +342,28 @@ exit %d`, l.cfg.FileBytes, mountPath, b.Name, code)
 			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: b.Name + "-" + volumeName},
 		}}}
 	default:
-		pod.Spec.Volumes = []corev1.Volume{claimVolume(b.Cache)}
+		pod.Spec.Volumes = []corev1.Volume{claimVolume(b.Cache, l.storageClass(), false)}
 	}
 	return pod
+}
+
+// storageClass is the class of the builds' claims: the registry's under
+// the registry fault, so that their caches sync through it.
+func (l *load) storageClass() string {
+	if l.cfg.Fault == faultRegistry {
+		return l.f.Cluster.Registry.StorageClass
+	}
+	return v1alpha1.StorageClassName
+}
+
+// readVolume is a volume that reads cache and is never committed: a
+// read-only CSI volume, or under the registry fault (whose caches refuse
+// CSI volumes) a claim of mode read.
+func (l *load) readVolume(cache string) corev1.Volume {
+	if l.cfg.Fault == faultRegistry {
+		return claimVolume(cache, l.storageClass(), true)
+	}
+	return csiVolume(cache, true)
 }
 
 func nonRoot() *corev1.PodSecurityContext {
@@ -343,13 +376,19 @@ func csiVolume(cache string, readOnly bool) corev1.Volume {
 	}}}
 }
 
-func claimVolume(cache string) corev1.Volume {
+// claimVolume is a generic ephemeral claim of class for cache; a
+// readOnly one has mode read.
+func claimVolume(cache, class string, readOnly bool) corev1.Volume {
+	annotations := map[string]string{v1alpha1.AnnotationCache: cache}
+	if readOnly {
+		annotations[v1alpha1.AnnotationMode] = string(v1alpha1.ModeRead)
+	}
 	return corev1.Volume{Name: volumeName, VolumeSource: corev1.VolumeSource{
 		Ephemeral: &corev1.EphemeralVolumeSource{VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{
-			ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{v1alpha1.AnnotationCache: cache}},
+			ObjectMeta: metav1.ObjectMeta{Annotations: annotations},
 			Spec: corev1.PersistentVolumeClaimSpec{
 				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				StorageClassName: new(v1alpha1.StorageClassName),
+				StorageClassName: new(class),
 				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
 					corev1.ResourceStorage: resource.MustParse("1Gi"),
 				}},
@@ -360,7 +399,7 @@ func claimVolume(cache string) corev1.Volume {
 
 // watchPods reports each pod of the namespace once, when it is first seen
 // terminal.
-func (l *load) watchPods(ctx context.Context) <-chan endNote {
+func (l *load) watchPods() <-chan endNote {
 	ends := make(chan endNote, 2*len(l.builds)+16)
 	seen := map[string]bool{}
 	var mu sync.Mutex
@@ -389,12 +428,12 @@ func (l *load) watchPods(ctx context.Context) <-chan endNote {
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: note, UpdateFunc: func(_, o any) { note(o) }}); err != nil {
 		l.t.Fatal(err)
 	}
-	l.startInformers(ctx, factory)
+	startInformers(l.t, factory)
 	return ends
 }
 
 // watchPVs remembers the PVs of the namespace's claims, even once deleted.
-func (l *load) watchPVs(ctx context.Context) {
+func (l *load) watchPVs() {
 	factory := informers.NewSharedInformerFactoryWithOptions(l.f.Client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.AnnotationNode }))
 	inf := factory.Core().V1().PersistentVolumes().Informer()
@@ -421,19 +460,27 @@ func (l *load) watchPVs(ctx context.Context) {
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	l.startInformers(ctx, factory)
+	startInformers(l.t, factory)
 }
 
-func (l *load) startInformers(ctx context.Context, factory informers.SharedInformerFactory) {
+// informerFactory is a typed or a dynamic informer factory, whose
+// informers are told apart by K.
+type informerFactory[K comparable] interface {
+	Start(stop <-chan struct{})
+	WaitForCacheSync(stop <-chan struct{}) map[K]bool
+}
+
+// startInformers starts factory's informers until the test ends and waits
+// for their caches.
+func startInformers[K comparable](t *testing.T, factory informerFactory[K]) {
 	stop := make(chan struct{})
-	l.t.Cleanup(func() { close(stop) })
+	t.Cleanup(func() { close(stop) })
 	factory.Start(stop)
 	for typ, ok := range factory.WaitForCacheSync(stop) {
 		if !ok {
-			l.t.Fatalf("syncing the %v informer failed", typ)
+			t.Fatalf("syncing the %v informer failed", typ)
 		}
 	}
-	_ = ctx
 }
 
 // run does phases 1 and 2 within cfg.Duration.
@@ -760,67 +807,39 @@ func (l *load) killedAfter(ended time.Time) bool {
 	return false
 }
 
-// checkCaches reads every cache with a check pod (a read-only CSI volume,
-// never committed): it must hold exactly the files of its succeeded
-// builds, each of FileBytes; the node's head must count them as
+// checkCaches reads every cache on the test's node with a check pod (a
+// volume never committed): it must hold exactly the files of its
+// succeeded builds, each of FileBytes; the node's head must count them as
 // generations and stay within the agent's --max-layers.
 func (l *load) checkCaches(ctx context.Context, agent agentProc) {
 	l.endLayers = map[string]int{}
-	want := map[string][]string{}
-	for _, b := range l.builds {
-		if !b.ExpectFail && !b.Interrupted {
-			want[b.Cache] = append(want[b.Cache], fmt.Sprintf("%s %d", b.Name, l.cfg.FileBytes))
-		}
-	}
-	for _, c := range l.caches {
-		name := "check-" + c
-		pod := framework.BusyboxPod(name, "sh", "-c", `cd /cache && for f in $(ls -1A); do echo "$f $(wc -c < "$f")"; done`)
-		pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: l.node.Name}
-		pod.Spec.SecurityContext = nonRoot()
-		pod.Spec.Volumes = []corev1.Volume{csiVolume(c, true)}
-		pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: volumeName, MountPath: mountPath, ReadOnly: true}}
-		if _, err := l.f.CreatePod(ctx, pod); err != nil {
-			l.t.Fatal(err)
-		}
-		l.checkPods = append(l.checkPods, name)
-	}
+	want := l.wantFiles()
+	got := l.readCaches(ctx, l.node, "check-")
 	maxLayers := agent.MaxLays
 	if maxLayers == 0 {
 		maxLayers = 32
 	}
 	for _, c := range l.caches {
-		name := "check-" + c
-		if _, err := l.f.WaitForPodPhase(ctx, name, corev1.PodSucceeded); err != nil {
-			l.t.Errorf("check of cache %s: %v", c, err)
-			continue
+		lines, ok := got[c]
+		if !ok {
+			continue // its check pod failed, and said so
 		}
-		logs, err := l.f.PodLogs(ctx, name, "main")
-		if err != nil {
-			l.t.Errorf("check of cache %s: %v", c, err)
-			continue
-		}
-		var gotLines []string
-		for line := range strings.Lines(logs) {
-			if line = strings.TrimSpace(line); line != "" {
-				gotLines = append(gotLines, strings.Join(strings.Fields(line), " "))
-			}
-		}
-		slices.Sort(gotLines)
-		w := slices.Sorted(slices.Values(want[c]))
-		if !slices.Equal(gotLines, w) {
-			for _, x := range minus(w, gotLines) {
+		w := want[c]
+		if lost, extra := minus(w, lines), minus(lines, w); len(lost)+len(extra) > 0 {
+			for _, x := range lost {
 				l.lost = append(l.lost, c+"/"+strings.Fields(x)[0])
 			}
-			for _, x := range minus(gotLines, w) {
+			for _, x := range extra {
 				l.extra = append(l.extra, c+"/"+strings.Fields(x)[0])
 			}
 			l.t.Errorf("cache %s holds %d files, want the %d of its succeeded builds:\nlost:  %v\nextra: %v",
-				c, len(gotLines), len(w), minus(w, gotLines), minus(gotLines, w))
+				c, len(lines), len(w), lost, extra)
 		}
 		// Once the builds have stopped, the background squash must bring
 		// every cache within --max-layers.
 		var h *head
-		err = wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			var err error
 			h, err = readHead(ctx, l.f.Cluster, l.node, l.f.Namespace, c)
 			return err == nil && len(h.Layers) <= maxLayers, nil
 		})
@@ -844,6 +863,60 @@ func (l *load) checkCaches(ctx context.Context, agent agentProc) {
 	if p := l.samples.PeakLayers; p > maxLayers+max(layerSlack, l.cfg.Concurrent) {
 		l.t.Errorf("cache %s was seen with %d layers, over --max-layers %d + %d: squash does not keep up", l.samples.PeakCache, p, maxLayers, max(layerSlack, l.cfg.Concurrent))
 	}
+}
+
+// wantFiles is what each cache must hold: "NAME BYTES" of its succeeded
+// builds' files, sorted.
+func (l *load) wantFiles() map[string][]string {
+	want := map[string][]string{}
+	for _, b := range l.builds {
+		if !b.ExpectFail && !b.Interrupted {
+			want[b.Cache] = append(want[b.Cache], fmt.Sprintf("%s %d", b.Name, l.cfg.FileBytes))
+		}
+	}
+	for _, files := range want {
+		slices.Sort(files)
+	}
+	return want
+}
+
+// readCaches lists the files of every cache as pod PREFIX+CACHE on node
+// sees them through readVolume, as "NAME BYTES", sorted. A cache whose
+// pod failed is missing from the result; the test says why.
+func (l *load) readCaches(ctx context.Context, node framework.Node, prefix string) map[string][]string {
+	for _, c := range l.caches {
+		name := prefix + c
+		pod := framework.BusyboxPod(name, "sh", "-c", `cd /cache && for f in $(ls -1A); do echo "$f $(wc -c < "$f")"; done`)
+		pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node.Name}
+		pod.Spec.SecurityContext = nonRoot()
+		pod.Spec.Volumes = []corev1.Volume{l.readVolume(c)}
+		pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: volumeName, MountPath: mountPath, ReadOnly: true}}
+		if _, err := l.f.CreatePod(ctx, pod); err != nil {
+			l.t.Fatal(err)
+		}
+	}
+	got := map[string][]string{}
+	for _, c := range l.caches {
+		name := prefix + c
+		if _, err := l.f.WaitForPodPhase(ctx, name, corev1.PodSucceeded); err != nil {
+			l.t.Errorf("check of cache %s on node %s: %v", c, node.Name, err)
+			continue
+		}
+		logs, err := l.f.PodLogs(ctx, name, "main")
+		if err != nil {
+			l.t.Errorf("check of cache %s on node %s: %v", c, node.Name, err)
+			continue
+		}
+		lines := []string{}
+		for line := range strings.Lines(logs) {
+			if line = strings.TrimSpace(line); line != "" {
+				lines = append(lines, strings.Join(strings.Fields(line), " "))
+			}
+		}
+		slices.Sort(lines)
+		got[c] = lines
+	}
+	return got
 }
 
 func minus(a, b []string) []string {
@@ -911,27 +984,30 @@ func (l *load) cleanUp(ctx context.Context) {
 	}
 	// Every volume of the namespace's caches must have left the store:
 	// volume.json names its cache, whether or not its end was told.
-	var left []string
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		var err error
-		left, err = l.volumesLeft(ctx)
-		return err == nil && len(left) == 0, err
-	})
-	if err != nil {
-		l.t.Errorf("volumes of the test's caches left in the node's store with their pods and claims gone: %v (%v)", left, err)
+	// Every node: the registry fault's check pods ran on the second.
+	for _, node := range l.f.Cluster.Nodes {
+		var left []string
+		err = wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			var err error
+			left, err = l.volumesLeft(ctx, node)
+			return err == nil && len(left) == 0, err
+		})
+		if err != nil {
+			l.t.Errorf("volumes of the test's caches left in the store of node %s with their pods and claims gone: %v (%v)", node.Name, left, err)
+		}
 	}
 }
 
-// volumesLeft lists the volumes in the node's store whose cache is in the
+// volumesLeft lists the volumes in node's store whose cache is in the
 // test's namespace.
-func (l *load) volumesLeft(ctx context.Context) ([]string, error) {
-	out, err := l.f.Cluster.NodeExec(ctx, l.node, "ls", "-1A", storeRoot+"/volumes")
+func (l *load) volumesLeft(ctx context.Context, node framework.Node) ([]string, error) {
+	out, err := l.f.Cluster.NodeExec(ctx, node, "ls", "-1A", storeRoot+"/volumes")
 	if err != nil {
-		return nil, fmt.Errorf("listing the node's volumes: %w", err)
+		return nil, fmt.Errorf("listing the volumes of node %s: %w", node.Name, err)
 	}
 	var left []string
 	for _, id := range strings.Fields(out) {
-		raw, err := l.f.Cluster.ReadNodeFile(ctx, l.node, storeRoot+"/volumes/"+id+"/volume.json")
+		raw, err := l.f.Cluster.ReadNodeFile(ctx, node, storeRoot+"/volumes/"+id+"/volume.json")
 		if err != nil {
 			continue // being removed, or not a volume
 		}

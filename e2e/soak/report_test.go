@@ -319,6 +319,8 @@ func awayWindows(f *faultRun, procs []procSample) []window {
 				what = "node rebooting"
 			case faultManagerLeader:
 				what = "no manager leader"
+			case faultRegistry:
+				what = "registry away"
 			}
 			out = append(out, window{ev.At, ev.At.Add(ev.Back), what})
 		}
@@ -508,6 +510,8 @@ func (r *report) faultMarkdown(w func(string, ...any)) {
 		for _, ev := range f.Events {
 			w("| %s | %v | %.1f s | %.1f s | %.1f s | %s |", ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.Stopping.Seconds(), ev.Back.Seconds(), ev.Ready.Seconds(), ev.Error)
 		}
+	case faultRegistry:
+		registryMarkdown(w, f, c)
 	}
 	if f.Note != "" {
 		w("")
@@ -518,6 +522,47 @@ func (r *report) faultMarkdown(w func(string, ...any)) {
 		w("API writes in the %s after the test's end (no Event or write storm left): %v.", quietWindow, r.QuietWrites)
 	}
 	w("")
+}
+
+// registryMarkdown writes the registry fault's outage and figures.
+func registryMarkdown(w func(string, ...any), f *faultRun, c config) {
+	w("## Fault: registry")
+	w("")
+	w("The registry (`e2e/cluster/registry.sh`) stopped %s after phase 2's start, kept down %s and started again with its blobs; the builds ran on node 1 with claims of the registry's StorageClass.", c.FaultEvery, c.FaultDown)
+	w("")
+	w("| stopped at (UTC) | during phase 2 | stopping took | answering again after | node 1's backlog then | all of it published after | error |")
+	w("| --- | --- | --- | --- | --- | --- | --- |")
+	for _, ev := range f.Events {
+		w("| %s | %v | %.1f s | %.1f s | %d generation(s) | %.1f s | %s |", ev.At.UTC().Format("15:04:05.000"), ev.DuringLoad, ev.Stopping.Seconds(), ev.Back.Seconds(), ev.Backlog, ev.Published.Seconds(), ev.Error)
+	}
+	r := f.Registry
+	if r == nil {
+		return
+	}
+	w("")
+	w("| window | seconds | volume ends | commits | node 1's agent: chain writes | CacheReplica writes | writes per volume end |")
+	w("| --- | --- | --- | --- | --- | --- | --- |")
+	for _, row := range []struct {
+		name string
+		a    activity
+	}{{"registry away", r.Outage}, {"the rest, to the publish check", r.Rest}} {
+		w("| %s | %.1f | %d | %d | %d | %d | %.2f |", row.name, row.a.Seconds, row.a.Ends, row.a.Commits, row.a.ChainWrites, row.a.ReplicaWrites, float64(row.a.writes())/math.Max(float64(row.a.Ends), 1))
+	}
+	w("")
+	var gens []string
+	for _, k := range slices.Sorted(maps.Keys(r.Generations)) {
+		gens = append(gens, fmt.Sprintf("%s %d", k, r.Generations[k]))
+	}
+	w("Published at node 1's generation, nothing unpublished, no publishError: %s. RegistryFailed Events: %d (bound %d per cache), %d distinct. Node %s read the caches after the load: %d lost, %d extra.",
+		strings.Join(gens, ", "), r.RegistryFailed, registryFailedPerCache, len(r.RegistryFailedNotes), r.OtherNode, len(r.OtherLost), len(r.OtherExtra))
+	for _, x := range r.OtherLost {
+		w("- lost on %s: %s", r.OtherNode, x)
+	}
+	for _, x := range r.OtherExtra {
+		w("- extra on %s: %s", r.OtherNode, x)
+	}
+	w("")
+	w("Writes are the changes the test's watch saw of the Caches' status.published (node 1 is the only writer) and of node 1's CacheReplicas; the node agents serve no metrics on a two-node cluster. After this report the namespace is watched for %s (ExpectQuiet); a write fails the test.", c.QuietWatch)
 }
 
 // processMarkdown lists the agent's processes when there were several.
