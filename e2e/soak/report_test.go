@@ -153,13 +153,6 @@ func (l *load) writeReport(ctx context.Context, in reportInput) *report {
 			if b.Phase == 1 {
 				ends[b.EndReason+" phase 1"] = append(ends[b.EndReason+" phase 1"], d)
 			}
-			// Where the time goes: the kubelet's report of the end (as
-			// the test's watch sees it; the agent's watch sees the same
-			// update), then the agent's part.
-			if b.EndReason == "Committed" && b.SeenEnd.After(b.Ended) {
-				ends["Committed reported"] = append(ends["Committed reported"], b.SeenEnd.Sub(b.Ended))
-				ends["Committed after report"] = append(ends["Committed after report"], b.VolumeEnded.Sub(b.SeenEnd))
-			}
 		}
 	}
 	r.Start, r.End = map[string]latency{}, map[string]latency{}
@@ -387,8 +380,6 @@ func (r *report) markdown() string {
 	lat("pod created → container started, CSI", r.Start, "csi", "")
 	lat("build end → Committed, all", r.End, "Committed", fmt.Sprintf("p99 ≤ 2 s under the 50-pod load (this run: %d)", c.Concurrent))
 	lat("build end → Committed, phase 1 (all at once)", r.End, "Committed phase 1", "")
-	lat("build end → its pod seen terminal (the kubelet's report), Committed builds", r.End, "Committed reported", "")
-	lat("pod seen terminal → Committed (the node agent's part)", r.End, "Committed after report", "")
 	lat("build end → Committed, claim", r.End, "Committed claim", "")
 	lat("build end → Committed, CSI", r.End, "Committed csi", "")
 	lat("build end → Discarded, all", r.End, "Discarded", "")
