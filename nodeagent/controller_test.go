@@ -2,11 +2,13 @@ package nodeagent
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -35,6 +37,10 @@ func TestControllerTwoNodes(t *testing.T) {
 		opts := DefaultOptions()
 		opts.NodeName = node
 		opts.ResyncInterval = time.Hour
+		// Never the host's store: run mounts the mount gate's tmpfs
+		// below the root.
+		opts.Root = t.TempDir()
+		t.Cleanup(func() { _ = unix.Unmount(filepath.Join(opts.Root, gateDir), unix.MNT_DETACH) })
 		a := newAgent(opts, st, &caches{client: cacheClient, reader: cacheClient, node: node}, env.events, testMetrics(t))
 		if err := a.wire(ctx, clientset, prometheus.NewRegistry()); err != nil {
 			t.Fatal(err)
