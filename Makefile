@@ -130,10 +130,11 @@ e2e: up ## the e2e suite on a one-node cluster (with Tekton, Argo Workflows and 
 	$(MAKE) e2e-multinode
 
 .PHONY: e2e-multinode
-e2e-multinode: ## a fresh two-node cluster with the registry, and the scenarios of e2e/multinode on it
+e2e-multinode: ## a fresh two-node cluster with the registry, the scenarios of e2e/multinode on it, then the short registry fault alone
 	$(MAKE) down
 	$(MAKE) up NODES=2 WITH=
 	e2e/cluster/run-e2e.sh --multinode
+	$(SOAK_REGISTRY_SHORT)
 
 # The load test of e2e/soak at full size; its short version (10 at once,
 # 40 builds) runs in make e2e. SOAK_* variables override the sizes.
@@ -180,6 +181,9 @@ soak-registry: up ## make soak's load on node 1 of a two-node cluster with the r
 # kubelet's CrashLoopBackOff of the same agent grows).
 SOAK_FAULTS_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|APIServerDown|NodeRestart|NodeReboot|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 30m ./e2e/soak/
 SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|AgentOOM|APIServerDown|NodeRestart|NodeReboot|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 40m ./e2e/soak/
+# The short registry fault needs the two-node cluster: make e2e-multinode
+# runs it alone after e2e/multinode, as it stops the registry.
+SOAK_REGISTRY_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^TestLoadRegistryDown$$' -timeout 30m ./e2e/soak/
 
 .PHONY: soak-faults
 soak-faults: up ## every short fault test, alone on the cluster (make e2e runs all but agent-oom after its packages): the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), OOM-killed twice (about 1 min alone, 3 min right after the SIGKILLs), etcd and kube-apiserver down 10 s (1.5-2.5 min), the node's kubelet and containerd restarted (about 1 min), the node rebooted but its kernel (about 70 s), the manager's leader SIGKILLed (about 1 min); reports in _output/soak/short/
