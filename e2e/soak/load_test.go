@@ -202,9 +202,7 @@ func runLoad(t *testing.T, cfg config) {
 		t.Errorf("the node agent's RSS peaked at %s, over the loose bound of %s", mib(rep.Agent.PeakRSSBytes), mib(maxRSS))
 	}
 	if cfg.Fault == faultRegistry {
-		// After the report, which it cannot add to: it fails the test
-		// at once if anything writes.
-		f.ExpectQuiet(ctx, quietSettle, cfg.QuietWatch)
+		l.expectQuiet(ctx)
 	}
 }
 

@@ -48,8 +48,9 @@ const (
 	// chains once the registry answers: the agent's publish retries back
 	// off up to 16 s, then wait for its periodic pass (every minute).
 	publishBound = 3 * time.Minute
-	// quietSettle bounds the wait for the namespace to settle after the
-	// clean-up, before it is watched for SOAK_QUIET_WATCH.
+	// quietSettle bounds the wait for layercache's objects in the
+	// namespace to settle after the clean-up, before they are watched for
+	// SOAK_QUIET_WATCH.
 	quietSettle = 2 * time.Minute
 	// registryFailedPerCache bounds the RegistryFailed Events per cache of
 	// one outage: one per distinct failure (a push cut off mid-way, then
@@ -434,4 +435,69 @@ func (l *load) countRegistryFailed(ctx context.Context, fig *registryFigures) {
 	if bound := registryFailedPerCache * len(l.caches); fig.RegistryFailed > bound {
 		l.t.Errorf("%d RegistryFailed Events for one outage of %d caches, over %d: an Event flood; messages: %q", fig.RegistryFailed, len(l.caches), bound, fig.RegistryFailedNotes)
 	}
+}
+
+// expectQuiet waits up to quietSettle for layercache's state in the
+// namespace to settle, then fails the test if it changes within
+// QuietWatch. Not framework.ExpectQuiet: it counts every Event, and
+// kube-scheduler writes the final count of an Event series (FailedScheduling
+// of the load's pods) 6 minutes after its last repeat (client-go's events
+// broadcaster), into any window that follows a long load.
+func (l *load) expectQuiet(ctx context.Context) {
+	var before string
+	err := wait.PollUntilContextTimeout(ctx, 15*time.Second, quietSettle, false, func(ctx context.Context) (bool, error) {
+		now, err := l.layercacheState(ctx)
+		settled := err == nil && now == before
+		before = now
+		return settled, nil
+	})
+	if err != nil {
+		l.t.Errorf("layercache's objects in namespace %s did not settle within %s: %v; last: %s", l.f.Namespace, quietSettle, err, before)
+		return
+	}
+	l.t.Logf("watching layercache's objects in namespace %s for %s: %s", l.f.Namespace, l.cfg.QuietWatch, before)
+	time.Sleep(l.cfg.QuietWatch)
+	now, err := l.layercacheState(ctx)
+	if err != nil {
+		l.t.Errorf("reading layercache's objects after %s of quiet: %v", l.cfg.QuietWatch, err)
+	} else if now != before {
+		l.t.Errorf("layercache wrote to namespace %s within %s after the load:\nbefore %s\nnow    %s", l.f.Namespace, l.cfg.QuietWatch, before, now)
+	}
+}
+
+// layercacheState summarises what any write of layercache's to the
+// namespace would change: its Caches' and CacheReplicas' resourceVersions
+// and the count of the Events its node agents and manager made.
+func (l *load) layercacheState(ctx context.Context) (string, error) {
+	var caches v1alpha1.CacheList
+	if err := l.reg.client.List(ctx, &caches, client.InNamespace(l.f.Namespace)); err != nil {
+		return "", err
+	}
+	var replicas v1alpha1.CacheReplicaList
+	if err := l.reg.client.List(ctx, &replicas, client.InNamespace(l.f.Namespace)); err != nil {
+		return "", err
+	}
+	evs, err := l.f.Client.CoreV1().Events(l.f.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", err
+	}
+	var out strings.Builder
+	for _, c := range caches.Items {
+		fmt.Fprintf(&out, "Cache %s rv %s; ", c.Name, c.ResourceVersion)
+	}
+	for _, r := range replicas.Items {
+		fmt.Fprintf(&out, "CacheReplica %s rv %s; ", r.Name, r.ResourceVersion)
+	}
+	n := 0
+	for _, ev := range evs.Items {
+		if !strings.HasPrefix(ev.ReportingController, "layercache") && !strings.HasPrefix(ev.Source.Component, "layercache") {
+			continue
+		}
+		n += int(max(ev.Count, 1))
+		if ev.Series != nil {
+			n += int(ev.Series.Count)
+		}
+	}
+	fmt.Fprintf(&out, "%d Events from layercache", n)
+	return out.String(), nil
 }
