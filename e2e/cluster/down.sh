@@ -80,9 +80,23 @@ fi
 
 # --- mounts -----------------------------------------------------------------
 
+# stale_store_on_root: whether the top mount at $LAYERCACHE_ROOT is node 1's
+# store of a local cluster whose down.sh never ran: another clone's, or one
+# whose directory is gone (a CI checkout, a session that ended mid-test).
+# Its volumes' mounts stay below it, and a new store bound on top would hide
+# them from the node-reboot fault and from this script.
+stale_store_on_root() {
+	awk -v root="$LAYERCACHE_ROOT" '$5 == root { top = $4 }
+		END { exit !(top ~ /\/_output\/cluster\/node1\/layercache\/*(\/\/deleted)?$/) }' /proc/self/mountinfo
+}
+
 prefixes=("$CLUSTER_DIR")
-[[ -f $STATE_DIR/mounted-layercache-root ]] && prefixes+=("$LAYERCACHE_ROOT")
-for ((pass = 0; pass < 5; pass++)); do
+if [[ -f $STATE_DIR/mounted-layercache-root ]] || stale_store_on_root; then
+	prefixes+=("$LAYERCACHE_ROOT")
+fi
+# Deepest first, by path: each pass unmounts one store stacked on the root
+# with its volumes, so that the one below it shows and goes next pass.
+for ((pass = 0; pass < 10; pass++)); do
 	mapfile -t mps < <(mounts_under "${prefixes[@]}")
 	((${#mps[@]})) || break
 	for mp in "${mps[@]}"; do
