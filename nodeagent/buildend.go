@@ -80,6 +80,9 @@ func (p *Provisioner) endVolume(ctx context.Context, volume string, rec provisio
 	}
 	res.Outcome = rec.Outcome
 	p.metrics.ends.WithLabelValues(res.Result, cause.Trigger).Inc()
+	if at, ok := queuedAt(ctx); ok && cause.Trigger == triggerPod {
+		p.metrics.endDelay.Observe(time.Since(at).Seconds())
+	}
 	p.reports.Add(rec.Cache)
 	return res, nil
 }

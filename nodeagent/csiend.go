@@ -14,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -32,7 +31,7 @@ type csiEnds struct {
 	driver *csiDriver
 	// pods is the informer's store of this node's pods.
 	pods  cache.Indexer
-	queue workqueue.TypedRateLimitingInterface[string]
+	queue *keyQueue
 	// seen keeps the outcome of pods that ended and went away before
 	// their volumes ended, by pod UID.
 	seen *outcomes

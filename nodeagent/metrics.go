@@ -18,6 +18,7 @@ type metrics struct {
 	generation       *prometheus.GaugeVec
 	failures         *prometheus.CounterVec
 	ends             *prometheus.CounterVec
+	endDelay         prometheus.Histogram
 
 	registryBytes, registryLayers *prometheus.CounterVec
 	registrySeconds               *prometheus.HistogramVec
@@ -95,6 +96,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "layercache_volume_ends_total",
 			Help: "Volumes whose build ended, by result (committed, discarded, dropped) and by what ended it: the pod's end (pod) or the claim's release (release).",
 		}, []string{"result", "trigger"}),
+		endDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "layercache_volume_end_delay_seconds", Buckets: prometheus.ExponentialBucketsRange(0.01, 60, 24), // factor 1.46
+			Help: "Time from the node agent's pod watch seeing a build's pod end (or go) to the end of its volume (committed or discarded): the agent's share of a build's end to its commit. The kubelet's report of the end, before it, is not in it.",
+		}),
 		registryBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_registry_bytes_total",
 			Help: "Bytes of layers moved between this node and registries, by direction (push: compressed blobs; pull: layers unpacked on disk; copy: a seeded layer's blob copied from its fallback's repository; a mount moves none).",
@@ -116,7 +121,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Time a provisioning waited for layers other nodes had announced, by outcome (arrived, timeout).",
 		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.provisionSeconds, m.commitSeconds, m.hits, m.misses, m.bytes, m.layers, m.generation, m.failures, m.ends, m.registryBytes, m.registryLayers, m.registrySeconds, m.publishLag, m.announceWait} {
+	for _, c := range []prometheus.Collector{m.provisionSeconds, m.commitSeconds, m.hits, m.misses, m.bytes, m.layers, m.generation, m.failures, m.ends, m.endDelay, m.registryBytes, m.registryLayers, m.registrySeconds, m.publishLag, m.announceWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -48,7 +47,7 @@ type podHolds struct {
 	pods   cache.Indexer // this node's pods
 	claims corelisters.PersistentVolumeClaimLister
 	pvs    corelisters.PersistentVolumeLister // this node's PVs
-	queue  workqueue.TypedRateLimitingInterface[string]
+	queue  *keyQueue
 }
 
 func newPodHolds(st store, kube kubernetes.Interface, pods cache.Indexer, claims corelisters.PersistentVolumeClaimLister, pvs corelisters.PersistentVolumeLister) *podHolds {

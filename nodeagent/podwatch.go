@@ -13,7 +13,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -43,7 +42,7 @@ type buildEnds struct {
 	pods   cache.Indexer // this node's pods
 	claims corelisters.PersistentVolumeClaimLister
 	pvs    corelisters.PersistentVolumeLister // this node's PVs
-	queue  workqueue.TypedRateLimitingInterface[string]
+	queue  *keyQueue
 	// seen keeps the outcome of pods that ended and went away, by claim,
 	// until the claim's PV is deleted: Delete then ends the volume as the
 	// pod did.

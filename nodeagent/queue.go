@@ -15,17 +15,19 @@ import (
 // for the next periodic pass to queue it again.
 const queueRetries = 5
 
-// cacheQueue runs one operation per cache, one cache at a time, off the
-// critical path. A cache queued again while it waits runs once.
+// cacheQueue runs one operation per cache off the critical path, on
+// workers caches at a time, never twice at once on one cache. A cache
+// queued again while it waits runs once.
 type cacheQueue struct {
-	name  string
-	queue workqueue.TypedRateLimitingInterface[layerfs.CacheRef]
-	do    func(context.Context, layerfs.CacheRef) error
+	name    string
+	workers int
+	queue   workqueue.TypedRateLimitingInterface[layerfs.CacheRef]
+	do      func(context.Context, layerfs.CacheRef) error
 }
 
-func newCacheQueue(name string, do func(context.Context, layerfs.CacheRef) error) *cacheQueue {
+func newCacheQueue(name string, workers int, do func(context.Context, layerfs.CacheRef) error) *cacheQueue {
 	return &cacheQueue{
-		name: name,
+		name: name, workers: workers,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[layerfs.CacheRef](time.Second, time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[layerfs.CacheRef]{Name: name}),
@@ -42,11 +44,19 @@ func (q *cacheQueue) Add(ref layerfs.CacheRef) {
 
 // Run works the queue until ctx ends.
 func (q *cacheQueue) Run(ctx context.Context) {
-	logger := log.FromContext(ctx).WithValues("queue", q.name)
 	go func() {
 		<-ctx.Done()
 		q.queue.ShutDown()
 	}()
+	var wg sync.WaitGroup
+	for range q.workers {
+		wg.Go(func() { q.work(ctx) })
+	}
+	wg.Wait()
+}
+
+func (q *cacheQueue) work(ctx context.Context) {
+	logger := log.FromContext(ctx).WithValues("queue", q.name)
 	for {
 		ref, shutdown := q.queue.Get()
 		if shutdown {
@@ -86,11 +96,17 @@ type workQueues struct {
 	publishes *cacheQueue
 }
 
+// publishWorkers bounds the caches published at once. A layer's publish
+// waits mostly on the registry and the API server, so a backlog over
+// several caches (after a registry outage) goes out that many times
+// faster; a cache's own layers go in order, by one worker.
+const publishWorkers = 4
+
 func newWorkQueues(maint *maintainer, sync *syncer) workQueues {
 	return workQueues{
-		reports:   newCacheQueue("report", maint.report),
-		squashes:  newCacheQueue("squash", maint.squash),
-		publishes: newCacheQueue("publish", sync.publish),
+		reports:   newCacheQueue("report", 1, maint.report),
+		squashes:  newCacheQueue("squash", 1, maint.squash),
+		publishes: newCacheQueue("publish", publishWorkers, sync.publish),
 	}
 }
 
@@ -101,18 +117,65 @@ func (q workQueues) run(ctx context.Context) {
 	go q.publishes.Run(ctx)
 }
 
-// newKeyQueue is a queue of NAMESPACE/NAME keys whose failures are retried
+// keyQueue is a queue of NAMESPACE/NAME keys whose failures are retried
 // from 1 s up to every 2 minutes, as long as it takes: a build's end that
-// failed keeps the volume's changes until it lands.
-func newKeyQueue(name string) workqueue.TypedRateLimitingInterface[string] {
-	return workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 2*time.Minute),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
+// failed keeps the volume's changes until it lands. It remembers when each
+// key was first queued, so that a worker can tell how long the key waited
+// (the volume end delay metric), retries included.
+type keyQueue struct {
+	workqueue.TypedRateLimitingInterface[string]
+	mu     sync.Mutex
+	queued map[string]time.Time // first Add since a worker last took the key
+}
+
+func newKeyQueue(name string) *keyQueue {
+	return &keyQueue{
+		TypedRateLimitingInterface: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 2*time.Minute),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: name}),
+		queued: map[string]time.Time{},
+	}
+}
+
+// Add queues key, noting the time unless it waits already.
+func (q *keyQueue) Add(key string) {
+	q.note(key, time.Now())
+	q.TypedRateLimitingInterface.Add(key)
+}
+
+func (q *keyQueue) note(key string, at time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if _, ok := q.queued[key]; !ok {
+		q.queued[key] = at
+	}
+}
+
+// take returns when key was first queued since it was last taken, and
+// forgets it: an Add while a worker has the key notes a new time.
+func (q *keyQueue) take(key string) (time.Time, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	at, ok := q.queued[key]
+	delete(q.queued, key)
+	return at, ok
+}
+
+// queuedAtKey is the context key of the time a worker's key was first
+// queued.
+type queuedAtKey struct{}
+
+// queuedAt returns the time the key a worker does was first queued, if
+// the work came from a keyQueue.
+func queuedAt(ctx context.Context) (time.Time, bool) {
+	at, ok := ctx.Value(queuedAtKey{}).(time.Time)
+	return at, ok
 }
 
 // workKeys does the keys of q with workers goroutines until ctx ends,
 // logging a failure as failed (with the key as keyName) and retrying it.
-func workKeys(ctx context.Context, q workqueue.TypedRateLimitingInterface[string], workers int, failed, keyName string, do func(context.Context, string) error) {
+// do finds the time its key was first queued with queuedAt.
+func workKeys(ctx context.Context, q *keyQueue, workers int, failed, keyName string, do func(context.Context, string) error) {
 	go func() {
 		<-ctx.Done()
 		q.ShutDown()
@@ -125,8 +188,16 @@ func workKeys(ctx context.Context, q workqueue.TypedRateLimitingInterface[string
 				if shutdown {
 					return
 				}
-				if err := do(ctx, key); err != nil {
+				keyCtx := ctx
+				at, noted := q.take(key)
+				if noted {
+					keyCtx = context.WithValue(ctx, queuedAtKey{}, at)
+				}
+				if err := do(keyCtx, key); err != nil {
 					log.FromContext(ctx).Error(err, failed, keyName, key)
+					if noted {
+						q.note(key, at) // a retry's wait counts from the first
+					}
 					q.AddRateLimited(key)
 				} else {
 					q.Forget(key)

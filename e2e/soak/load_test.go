@@ -157,6 +157,7 @@ func runLoad(t *testing.T, cfg config) {
 		t.Logf("node agent process: %v; its memory and CPU are not reported", agentErr)
 	}
 	writesBefore, writesErr := l.scrapeWrites(ctx)
+	endDelayBefore, endDelayErr := l.scrapeEndDelay(ctx)
 
 	l.startFault(ctx)
 	start := time.Now()
@@ -197,6 +198,13 @@ func runLoad(t *testing.T, cfg config) {
 		}
 	}
 	in.writesErr = writesErr
+	if endDelayErr == nil {
+		var after bench.Histogram
+		if after, endDelayErr = l.scrapeEndDelay(ctx); endDelayErr == nil {
+			in.endDelay, endDelayErr = after.Sub(endDelayBefore)
+		}
+	}
+	in.endDelayErr = endDelayErr
 	rep := l.writeReport(ctx, in)
 	if rep.Agent.PeakRSSBytes >= maxRSS {
 		t.Errorf("the node agent's RSS peaked at %s, over the loose bound of %s", mib(rep.Agent.PeakRSSBytes), mib(maxRSS))
@@ -579,15 +587,20 @@ func (l *load) run(ctx context.Context, ends <-chan endNote) {
 	l.t.Logf("phase 2: %d builds, at most %d at once, ended in %s", len(churn), c, time.Since(t2).Round(time.Millisecond))
 }
 
-// interrupted tells whether the pod of n was killed by node-reboot: it
-// ended Failed after the reboot began with an exit code that is none of
-// the build's script (0, 1, or 3 when its write failed): the kubelet
-// reports the container the reboot took with none it saw, or SIGKILL's.
+// interrupted tells whether the pod of n was killed, or its result lost,
+// by node-reboot or node-restart: it ended Failed after the fault began
+// with an exit code that is none of the build's script (0, 1, or 3 when
+// its write failed). The kubelet reports the container the reboot took
+// with none it saw, or SIGKILL's; a container whose start containerd's
+// restart cut short ends with 128 (StartError), and one whose shim the
+// new containerd cannot reach with 255 (its unknown exit status), even if
+// the build itself finished. Either way the pod failed, and its volume
+// must be discarded.
 func (l *load) interrupted(n endNote) bool {
 	if n.exit == exitStranded {
 		return true
 	}
-	if l.cfg.Fault != faultNodeReboot || n.phase != corev1.PodFailed || slices.Contains([]string{"0", "1", "3"}, n.exit) {
+	if !nodeFault(l.cfg.Fault) || n.phase != corev1.PodFailed || slices.Contains([]string{"0", "1", "3"}, n.exit) {
 		return false
 	}
 	l.mu.Lock()
@@ -624,22 +637,10 @@ func (l *load) finish(ctx context.Context, n endNote) {
 	if n.phase != want {
 		l.t.Errorf("pod %s ended %s (exit %s), want %s", b.Name, n.phase, n.exit, want)
 	}
-	var logs string
-	err := retryTransient(ctx, func(ctx context.Context) error {
-		var err error
-		logs, err = l.f.PodLogs(ctx, b.Name, "main")
-		if err != nil && nodeFault(l.cfg.Fault) && apierrors.IsNotFound(err) && ctx.Err() == nil {
-			// The kubelet serves the logs: while node-restart or
-			// node-reboot has it stopped, the API server answers 404
-			// for pods/log. Not an API status any more, so
-			// retryTransient retries it.
-			return fmt.Errorf("%s (the kubelet may be restarting)", err.Error())
-		}
-		return err
-	})
+	logs, err := l.podLog(ctx, b)
 	switch {
 	case err != nil && b.Interrupted:
-		l.t.Logf("pod %s, killed by the reboot: no log: %v", b.Name, err)
+		l.t.Logf("pod %s, killed by the fault: no log: %v", b.Name, err)
 	case err != nil:
 		l.t.Errorf("pod %s: %v", b.Name, err)
 	}
@@ -655,12 +656,12 @@ func (l *load) finish(ctx context.Context, n endNote) {
 			b.Ended = l.clock.at(up)
 		}
 	}
-	if logs == "" && l.cfg.Fault == faultNodeReboot && !b.Interrupted {
-		// A pod that ended just before the reboot: the new kubelet
-		// serves its log empty. Its outcome still counts (its phase
-		// above, its volume's end and its cache's files); only its
-		// times are lost.
-		l.t.Logf("pod %s (%s, exit %s): its log is empty after the reboot; its times are not reported", b.Name, n.phase, n.exit)
+	if logs == "" && nodeFault(l.cfg.Fault) && !b.Interrupted {
+		// A pod that ended around the fault: the kubelet that comes back
+		// may serve its log empty. Its outcome still counts (its phase
+		// above, its volume's end and its cache's files); only its times
+		// are lost.
+		l.t.Logf("pod %s (%s, exit %s): its log is empty after the %s; its times are not reported", b.Name, n.phase, n.exit, l.cfg.Fault)
 		l.deleteUnlessKept(ctx, b)
 		return
 	}
@@ -668,6 +669,42 @@ func (l *load) finish(ctx context.Context, n endNote) {
 		l.t.Errorf("pod %s (%s, exit %s): no start and end times in its log %q", b.Name, n.phase, n.exit, logs)
 	}
 	l.deleteUnlessKept(ctx, b)
+}
+
+// emptyLogTries bounds the reads of a log that comes back empty: the
+// kubelet may serve a container's log before its last lines are in the
+// file.
+const emptyLogTries = 3
+
+// podLog reads the build's log, again while it is empty (a few times, a
+// second apart) or the kubelet is away during a node fault.
+func (l *load) podLog(ctx context.Context, b *build) (string, error) {
+	var logs string
+	var err error
+	for try := 1; try <= emptyLogTries; try++ {
+		logs, err = l.readPodLog(ctx, b)
+		if err != nil || logs != "" || try == emptyLogTries || !sleepCtx(ctx, time.Second) {
+			break
+		}
+	}
+	return logs, err
+}
+
+func (l *load) readPodLog(ctx context.Context, b *build) (string, error) {
+	var logs string
+	err := retryTransient(ctx, func(ctx context.Context) error {
+		var err error
+		logs, err = l.f.PodLogs(ctx, b.Name, "main")
+		if err != nil && nodeFault(l.cfg.Fault) && apierrors.IsNotFound(err) && ctx.Err() == nil {
+			// The kubelet serves the logs: while node-restart or
+			// node-reboot has it stopped, the API server answers 404
+			// for pods/log. Not an API status any more, so
+			// retryTransient retries it.
+			return fmt.Errorf("%s (the kubelet may be restarting)", err.Error())
+		}
+		return err
+	})
+	return logs, err
 }
 
 // deleteUnlessKept deletes build b's ended pod, as CI systems do, unless
@@ -1051,6 +1088,28 @@ func (l *load) scrapeWrites(ctx context.Context) (map[string]bench.Requests, err
 		out[comp] = sum
 	}
 	return out, nil
+}
+
+// endDelayMetric is the node agent's histogram of its share of a build's
+// end: from its pod watch seeing the pod end to the volume's end.
+const endDelayMetric = "layercache_volume_end_delay_seconds"
+
+// scrapeEndDelay reads the node agent's endDelayMetric.
+func (l *load) scrapeEndDelay(ctx context.Context) (bench.Histogram, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	pages, err := l.f.ComponentMetrics(ctx, framework.ComponentNode, l.node.Name)
+	if err != nil {
+		return bench.Histogram{}, err
+	}
+	for pod, page := range pages {
+		h, err := bench.ParseHistogram(page, endDelayMetric)
+		if err != nil {
+			return bench.Histogram{}, fmt.Errorf("pod %s: %w", pod, err)
+		}
+		return h, nil
+	}
+	return bench.Histogram{}, fmt.Errorf("no node agent metrics on node %s", l.node.Name)
 }
 
 func diffWrites(before, after map[string]bench.Requests) (map[string]map[string]float64, error) {

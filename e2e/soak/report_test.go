@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/layercache/layercache/e2e/bench"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -23,6 +24,8 @@ type reportInput struct {
 	agentErr            error
 	writes              map[string]map[string]float64
 	writesErr           error
+	endDelay            bench.Histogram
+	endDelayErr         error
 }
 
 // latency is p50, p99 and max of a set of durations, in seconds.
@@ -71,6 +74,11 @@ type report struct {
 	// Commit: the build's last instruction → the node agent's end Event
 	// (eventTime, microseconds), by end reason and volume kind.
 	End map[string]latency `json:"endedToVolumeEnded"`
+	// AgentEndDelay: the node agent's pod watch seeing a build's pod end →
+	// the volume's end, from its histogram (endDelayMetric): the agent's
+	// share of End.
+	AgentEndDelay            *histLatency `json:"agentEndDelay,omitempty"`
+	AgentEndDelayUnavailable string       `json:"agentEndDelayUnavailable,omitempty"`
 
 	Agent struct {
 		PID          int   `json:"pid,omitempty"` // at the start
@@ -112,6 +120,14 @@ type report struct {
 	EndLayers map[string]int `json:"endLayers"`
 
 	Builds []*build `json:"builds"`
+}
+
+// histLatency is p50 and p99 estimated from a histogram's buckets, in
+// seconds.
+type histLatency struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
@@ -161,6 +177,12 @@ func (l *load) writeReport(ctx context.Context, in reportInput) *report {
 	}
 	for k, v := range ends {
 		r.End[k] = newLatency(v)
+	}
+
+	if in.endDelayErr != nil {
+		r.AgentEndDelayUnavailable = in.endDelayErr.Error()
+	} else if n := in.endDelay.Count(); n > 0 {
+		r.AgentEndDelay = &histLatency{N: int(n), P50: in.endDelay.Quantile(0.5), P99: in.endDelay.Quantile(0.99)}
 	}
 
 	a := &r.Agent
@@ -380,6 +402,11 @@ func (r *report) markdown() string {
 	lat("pod created → container started, CSI", r.Start, "csi", "")
 	lat("build end → Committed, all", r.End, "Committed", fmt.Sprintf("p99 ≤ 2 s under the 50-pod load (this run: %d)", c.Concurrent))
 	lat("build end → Committed, phase 1 (all at once)", r.End, "Committed phase 1", "")
+	if d := r.AgentEndDelay; d != nil {
+		w("| of which the node agent's: its pod watch seeing the pod end → the volume's end (`%s`) | p50 %.2f s, p99 %.2f s (n=%d, from its buckets) | |", endDelayMetric, d.P50, d.P99, d.N)
+	} else if r.AgentEndDelayUnavailable != "" {
+		w("| of which the node agent's (`%s`) | unavailable: %s | |", endDelayMetric, r.AgentEndDelayUnavailable)
+	}
 	lat("build end → Committed, claim", r.End, "Committed claim", "")
 	lat("build end → Committed, CSI", r.End, "Committed csi", "")
 	lat("build end → Discarded, all", r.End, "Discarded", "")
@@ -425,7 +452,7 @@ func (r *report) markdown() string {
 	w("")
 	r.faultMarkdown(w)
 	r.processMarkdown(w)
-	w("How: start is the test's clock before the create call to the container's first `/proc/uptime` (10 ms resolution; containers share the host's boot clock). End is the build's last `/proc/uptime`, just before it exits, to the eventTime (microseconds) of the node agent's Committed or Discarded Event. API writes are the POST, PUT, PATCH and DELETE of `rest_client_requests_total` of the node's agent and all manager replicas, read through the pod proxy before phase 1 and after clean-up: on a shared cluster they include other tests' builds and the manager's lease renewals, so they are an upper bound. Node agent RSS is VmRSS and CPU utime+stime of its process, read from the host's /proc every 0.5 s, per process: a restarted agent is a new process, found again by its command line; the peak RSS is the highest of any process, the CPU the sum over them (a killed process's CPU up to its last sample; a process started during the load counts whole). They include whatever else the agent served meanwhile. Disk use is `du` of the caches' layers (allocated blocks) against the bytes the succeeded builds wrote; the whole store is shared with other tests.")
+	w("How: start is the test's clock before the create call to the container's first `/proc/uptime` (10 ms resolution; containers share the host's boot clock). End is the build's last `/proc/uptime`, just before it exits, to the eventTime (microseconds) of the node agent's Committed or Discarded Event. The node agent's share of it is its histogram `layercache_volume_end_delay_seconds` (buckets 1.46 times apart), read before phase 1 and after clean-up, so it covers whatever else the agent ended meanwhile and is unavailable when the agent restarted in between: from the moment its pod watch saw a pod end to the volume's end; the rest is the kubelet seeing the container exit and reporting it, and the API server's watch delivering that. API writes are the POST, PUT, PATCH and DELETE of `rest_client_requests_total` of the node's agent and all manager replicas, read through the pod proxy before phase 1 and after clean-up: on a shared cluster they include other tests' builds and the manager's lease renewals, so they are an upper bound. Node agent RSS is VmRSS and CPU utime+stime of its process, read from the host's /proc every 0.5 s, per process: a restarted agent is a new process, found again by its command line; the peak RSS is the highest of any process, the CPU the sum over them (a killed process's CPU up to its last sample; a process started during the load counts whole). They include whatever else the agent served meanwhile. Disk use is `du` of the caches' layers (allocated blocks) against the bytes the succeeded builds wrote; the whole store is shared with other tests.")
 	if r.StoreDiskError != "" {
 		w("")
 		w("Disk use errors: %s", r.StoreDiskError)
