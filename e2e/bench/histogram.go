@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -34,7 +35,7 @@ func ParseHistogram(text, name string) (Histogram, error) {
 		}
 		buckets = append(buckets, bucket{le, s.Value})
 	}
-	slices.SortFunc(buckets, func(a, b bucket) int { return cmpFloat(a.le, b.le) })
+	slices.SortFunc(buckets, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
 	var h Histogram
 	for _, b := range buckets {
 		h.Bounds = append(h.Bounds, b.le)
@@ -44,16 +45,6 @@ func ParseHistogram(text, name string) (Histogram, error) {
 		return Histogram{}, fmt.Errorf("%s_bucket has no +Inf bucket", name)
 	}
 	return h, nil
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Count is the number of observations.
@@ -94,7 +85,7 @@ func (h Histogram) Quantile(q float64) float64 {
 		return math.NaN()
 	}
 	rank := q * total
-	i, _ := slices.BinarySearchFunc(h.Counts, rank, cmpFloat)
+	i, _ := slices.BinarySearchFunc(h.Counts, rank, cmp.Compare[float64])
 	if i >= len(h.Bounds)-1 {
 		return h.Bounds[len(h.Bounds)-2]
 	}

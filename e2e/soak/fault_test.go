@@ -770,7 +770,7 @@ const (
 // writing to the API server, or Events about the test's objects keep
 // coming: a write or Event storm the fault left behind.
 func (l *load) checkQuiet(ctx context.Context) {
-	before, err := l.scrapeWrites(ctx)
+	before, err := l.scrapeMetrics(ctx)
 	if err != nil {
 		l.t.Logf("quiet check: API writes unavailable: %v", err)
 	}
@@ -793,10 +793,10 @@ func (l *load) checkQuiet(ctx context.Context) {
 	if before == nil {
 		return
 	}
-	after, err := l.scrapeWrites(ctx)
+	after, err := l.scrapeMetrics(ctx)
 	if err == nil {
 		var d map[string]map[string]float64
-		if d, err = diffWrites(before, after); err == nil {
+		if d, err = diffWrites(before.writes, after.writes); err == nil {
 			l.quietWrites = d
 		}
 	}

@@ -10,6 +10,7 @@ package soak
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -156,8 +157,7 @@ func runLoad(t *testing.T, cfg config) {
 	} else {
 		t.Logf("node agent process: %v; its memory and CPU are not reported", agentErr)
 	}
-	writesBefore, writesErr := l.scrapeWrites(ctx)
-	endDelayBefore, endDelayErr := l.scrapeEndDelay(ctx)
+	metricsBefore, metricsErr := l.scrapeMetrics(ctx)
 
 	l.startFault(ctx)
 	start := time.Now()
@@ -188,23 +188,17 @@ func runLoad(t *testing.T, cfg config) {
 	// One last reading: the agent that runs now.
 	l.samples.sample()
 	in := reportInput{loadTime: loadTime, totalTime: totalTime, agent: agent, agentErr: agentErr}
-	if writesErr == nil {
+	if metricsErr == nil {
 		time.Sleep(time.Second)
-		after, err := l.scrapeWrites(ctx)
-		if err != nil {
-			writesErr = err
-		} else {
-			in.writes, writesErr = diffWrites(writesBefore, after)
+		var after *metricsReading
+		if after, metricsErr = l.scrapeMetrics(ctx); metricsErr == nil {
+			in.writes, in.writesErr = diffWrites(metricsBefore.writes, after.writes)
+			in.endDelay, in.endDelayErr = endDelaySince(metricsBefore, after)
 		}
 	}
-	in.writesErr = writesErr
-	if endDelayErr == nil {
-		var after bench.Histogram
-		if after, endDelayErr = l.scrapeEndDelay(ctx); endDelayErr == nil {
-			in.endDelay, endDelayErr = after.Sub(endDelayBefore)
-		}
+	if metricsErr != nil {
+		in.writesErr, in.endDelayErr = metricsErr, metricsErr
 	}
-	in.endDelayErr = endDelayErr
 	rep := l.writeReport(ctx, in)
 	if rep.Agent.PeakRSSBytes >= maxRSS {
 		t.Errorf("the node agent's RSS peaked at %s, over the loose bound of %s", mib(rep.Agent.PeakRSSBytes), mib(maxRSS))
@@ -1060,12 +1054,27 @@ func (l *load) volumesLeft(ctx context.Context, node framework.Node) ([]string, 
 	return left, nil
 }
 
-// scrapeWrites reads rest_client_requests_total of the node's agent and
-// of every manager replica.
-func (l *load) scrapeWrites(ctx context.Context) (map[string]bench.Requests, error) {
+// metricsReading is one reading of the node agent's and the managers'
+// metrics.
+type metricsReading struct {
+	// writes are rest_client_requests_total by component.
+	writes map[string]bench.Requests
+	// endDelay is the node agent's endDelayMetric, unless endDelayErr
+	// says why not (an agent built before it).
+	endDelay    bench.Histogram
+	endDelayErr error
+}
+
+// endDelayMetric is the node agent's histogram of its share of a build's
+// end: from its pod watch seeing the pod end to the volume's end.
+const endDelayMetric = "layercache_volume_end_delay_seconds"
+
+// scrapeMetrics reads the metrics of the node's agent and of every
+// manager replica, once each.
+func (l *load) scrapeMetrics(ctx context.Context) (*metricsReading, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	out := map[string]bench.Requests{}
+	out := &metricsReading{writes: map[string]bench.Requests{}}
 	for _, comp := range []string{framework.ComponentNode, framework.ComponentManager} {
 		node := ""
 		if comp == framework.ComponentNode {
@@ -1084,32 +1093,21 @@ func (l *load) scrapeWrites(ctx context.Context) (map[string]bench.Requests, err
 			for k, v := range r {
 				sum[k] += v
 			}
+			if comp == framework.ComponentNode {
+				out.endDelay, out.endDelayErr = bench.ParseHistogram(page, endDelayMetric)
+			}
 		}
-		out[comp] = sum
+		out.writes[comp] = sum
 	}
 	return out, nil
 }
 
-// endDelayMetric is the node agent's histogram of its share of a build's
-// end: from its pod watch seeing the pod end to the volume's end.
-const endDelayMetric = "layercache_volume_end_delay_seconds"
-
-// scrapeEndDelay reads the node agent's endDelayMetric.
-func (l *load) scrapeEndDelay(ctx context.Context) (bench.Histogram, error) {
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	pages, err := l.f.ComponentMetrics(ctx, framework.ComponentNode, l.node.Name)
-	if err != nil {
+// endDelaySince is the node agent's endDelayMetric between two readings.
+func endDelaySince(before, after *metricsReading) (bench.Histogram, error) {
+	if err := errors.Join(before.endDelayErr, after.endDelayErr); err != nil {
 		return bench.Histogram{}, err
 	}
-	for pod, page := range pages {
-		h, err := bench.ParseHistogram(page, endDelayMetric)
-		if err != nil {
-			return bench.Histogram{}, fmt.Errorf("pod %s: %w", pod, err)
-		}
-		return h, nil
-	}
-	return bench.Histogram{}, fmt.Errorf("no node agent metrics on node %s", l.node.Name)
+	return after.endDelay.Sub(before.endDelay)
 }
 
 func diffWrites(before, after map[string]bench.Requests) (map[string]map[string]float64, error) {

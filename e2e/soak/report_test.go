@@ -14,8 +14,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/layercache/layercache/e2e/bench"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/layercache/layercache/e2e/bench"
 )
 
 type reportInput struct {
