@@ -62,8 +62,12 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e,faults ./e2e/soak/
 	$(GO) vet -tags scale ./e2e/scale/
 
+# hack/test.sh runs the stages below, the e2e cluster's builds (make
+# e2e-build) beside the stages that need no cluster, and prints a table of
+# each stage's minutes at the end (_output/test/stages.md).
 .PHONY: test
-test: verify-generate test-unit test-envtest test-scale bench e2e ## everything: generated files current, unit and real-mount tests, the manager against a real API server, the short scale test (kwok), benchmarks, then e2e on a local cluster
+test: ## everything: generated files current, unit and real-mount tests, the manager against a real API server, the short scale test (kwok), the benchmarks at a small size, then e2e on a local cluster; ends with a table of where the time went
+	hack/test.sh
 
 .PHONY: test-unit
 test-unit: test-deps ## unit tests and real-mount tests (needs root)
@@ -122,12 +126,27 @@ up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH="tekton argo b
 down: ## stop the local cluster and remove everything it made
 	e2e/cluster/down.sh
 
+# make e2e's stages, which make test runs one by one to time each.
+E2E_WITH = tekton argo buildkit
+
 .PHONY: e2e
-e2e: WITH += tekton argo buildkit
-e2e: up ## the e2e suite on a one-node cluster (with Tekton, Argo Workflows and BuildKit), the short fault tests alone after it, then e2e-multinode
+e2e: e2e-up e2e-packages e2e-faults e2e-multinode ## the e2e suite on a one-node cluster (with Tekton, Argo Workflows and BuildKit), the short fault tests alone after it, then e2e-multinode
+
+.PHONY: e2e-build
+e2e-build: ## build everything make e2e's clusters run (Kubernetes, the images, kpt, Tekton, Argo, BuildKit) and start nothing; make test runs it beside its unit stages
+	e2e/cluster/up.sh --build-only --nodes 1 --with "$(E2E_WITH)" --deploy $(DEPLOY)
+
+.PHONY: e2e-up
+e2e-up: ## make up for make e2e: one node with Tekton, Argo Workflows and BuildKit
+	$(MAKE) up NODES=1 WITH="$(E2E_WITH)"
+
+.PHONY: e2e-packages
+e2e-packages: ## every e2e package on the running cluster (make e2e-up), side by side
 	e2e/cluster/run-e2e.sh
+
+.PHONY: e2e-faults
+e2e-faults: ## the short fault tests, alone on the running cluster, after make e2e-packages
 	$(SOAK_FAULTS_SHORT)
-	$(MAKE) e2e-multinode
 
 .PHONY: e2e-multinode
 e2e-multinode: ## a fresh two-node cluster with the registry, the scenarios of e2e/multinode on it, then the short registry fault alone

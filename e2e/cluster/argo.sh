@@ -2,7 +2,9 @@
 # Install Argo Workflows into the local e2e cluster (make up WITH=argo;
 # make e2e asks for it).
 #
-#   e2e/cluster/argo.sh
+#   e2e/cluster/argo.sh [--build-only]
+#
+# --build-only builds the binaries and images and stops (make e2e-build).
 #
 # Builds the pinned release (e2e/tools/argo: workflow-controller and
 # argoexec) with `go build` into _output/bin/argo, skipped when its inputs
@@ -155,6 +157,11 @@ deploy() {
 }
 
 start=$SECONDS
+if build_only "$@"; then
+	build
+	log "Argo Workflows $version built in $((SECONDS - start))s"
+	exit 0
+fi
 preflight
 build
 load_images

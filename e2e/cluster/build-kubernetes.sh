@@ -20,6 +20,12 @@ pkg=k8s.io/component-base/version
 ldflags="-s -w -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$version -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
 
+# make test builds it in make e2e-build and, beside it, for test-envtest
+# (envtest-assets.sh): the second waits here, then finds the stamp current.
+mkdir -p "$BIN_DIR"
+exec 9>"$BIN_DIR/.kubernetes.lock"
+flock 9
+
 stamp_file=$BIN_DIR/.kubernetes.stamp
 stamp=$( (cat "$tools/go.mod" "$tools/go.sum"; go version; echo "$ldflags") | sha256sum | cut -d' ' -f1)
 up_to_date=1

@@ -2,7 +2,9 @@
 # Build BuildKit's image for the image-builder scenarios (make up
 # WITH=buildkit; make e2e asks for it).
 #
-#   e2e/cluster/buildkit.sh
+#   e2e/cluster/buildkit.sh [--build-only]
+#
+# --build-only builds the binaries and images and stops (make e2e-build).
 #
 # Builds the pinned release (e2e/tools/buildkit: buildkitd and buildctl,
 # static) with `go build` into _output/bin/buildkit, and the image
@@ -50,7 +52,12 @@ version=$(tools_version "$TOOLS" "$MODULE")
 
 preflight() {
 	require_local_cluster BuildKit buildkit
-	[[ -f $IMAGES_DIR/busybox.tar ]] || die "$IMAGES_DIR/busybox.tar is missing: run make up first (it builds the e2e images)"
+	require_image_inputs
+}
+
+# require_image_inputs: the image holds the e2e busybox and the host's runc.
+require_image_inputs() {
+	[[ -f $IMAGES_DIR/busybox.tar ]] || die "$IMAGES_DIR/busybox.tar is missing: run make up or make e2e-build first (they build the e2e images)"
 	command -v runc >/dev/null || die "no runc on this host: make up installs Debian's runc with containerd; run it first"
 }
 
@@ -134,6 +141,13 @@ load_image() {
 }
 
 start=$SECONDS
+if build_only "$@"; then
+	require_image_inputs
+	build_binaries
+	build_image
+	log "BuildKit $version built in $((SECONDS - start))s"
+	exit 0
+fi
 preflight
 build_binaries
 build_image

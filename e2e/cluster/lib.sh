@@ -270,6 +270,18 @@ require_local_cluster() {
 	NODE_COUNT=$(jq '.nodes | length' "$json")
 }
 
+# build_only ARGS...: whether a part's script (tekton.sh, argo.sh,
+# buildkit.sh) was asked only to build its binaries and images. make
+# e2e-build builds every part that way, before any cluster exists, while
+# make test's unit stages run beside it.
+build_only() {
+	case ${1:-} in
+	--build-only) return 0 ;;
+	"") return 1 ;;
+	*) die "unknown argument $1 (usage: $(basename "$0") [--build-only])" ;;
+	esac
+}
+
 # tools_stamp TOOLS_DIR SCRIPT prints what a build of TOOLS_DIR's commands
 # depends on: its go.mod and go.sum, the installing script and the Go
 # version.

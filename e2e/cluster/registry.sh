@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The e2e cluster's OCI registry, where node agents push and pull caches.
 #
-#   registry.sh start|stop|status|gc-dry-run
+#   registry.sh install|start|stop|status|gc-dry-run
 #
 # Debian's docker-registry (distribution v2.8) as a process of its own on
 # https://$REGISTRY_ADDRESS (lib.sh), with a certificate for 127.0.0.1 and
 # localhost from the cluster's CA (up.sh makes $PKI_DIR/ca.crt) and htpasswd
 # (bcrypt) auth for one user. The package's own service never runs.
 #
+# install: installs Debian's docker-registry if missing, its service
+#   disabled (host-packages.sh and make e2e-build run it before any cluster).
 # start: installs docker-registry if missing, writes what is missing or
 #   stale under $REGISTRY_DIR (config.yml, htpasswd, the password, a docker
 #   config.json with the credentials) and the certificate, starts the
@@ -45,14 +47,14 @@ LOG_FILE=$LOG_DIR/registry.log
 START_TIMEOUT=30
 STOP_TIMEOUT=10
 
-usage() { die "usage: registry.sh start|stop|status|gc-dry-run"; }
+usage() { die "usage: registry.sh install|start|stop|status|gc-dry-run"; }
 
 install_registry() {
-	[[ -x $REGISTRY_BIN ]] && return
 	# Under apt_install's policy the package's scripts start nothing. Its
 	# service must not start on a later boot either: this harness runs its
 	# own process, with its own config, and only while a cluster is up.
-	apt_install docker-registry
+	# host-packages.sh installs the package with the others, then this.
+	[[ -x $REGISTRY_BIN ]] || apt_install docker-registry
 	if [[ -d /run/systemd/system ]]; then
 		systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
 		systemctl mask docker-registry.service >/dev/null
@@ -287,10 +289,11 @@ locked() {
 	"$@"
 }
 case $1 in
+install) require_root; install_registry ;;
 start) locked start ;;
 stop) locked stop ;;
 status) status ;;
 gc-dry-run) locked gc_dry_run ;;
--h | --help) sed -n '2,31p' "$0" ;;
+-h | --help) sed -n '2,33p' "$0" ;;
 *) usage ;;
 esac

@@ -2,7 +2,9 @@
 # Install Tekton Pipelines into the local e2e cluster (make up WITH=tekton;
 # make e2e asks for it).
 #
-#   e2e/cluster/tekton.sh
+#   e2e/cluster/tekton.sh [--build-only]
+#
+# --build-only builds the binaries and images and stops (make e2e-build).
 #
 # Builds the pinned release (e2e/tools/tekton: controller, webhook,
 # entrypoint, nop, workingdirinit, sidecarlogresults) with `go build` into
@@ -131,6 +133,11 @@ deploy() {
 }
 
 start=$SECONDS
+if build_only "$@"; then
+	build
+	log "Tekton Pipelines $version built in $((SECONDS - start))s"
+	exit 0
+fi
 preflight
 build
 load_images

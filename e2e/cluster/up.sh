@@ -2,7 +2,7 @@
 # Start the e2e cluster and deploy layercache into it.
 #
 #   up.sh [--nodes N] [--backend local|kind] [--with "tekton argo buildkit registry"]
-#         [--deploy kpt|kubectl]
+#         [--deploy kpt|kubectl] [--build-only]
 #
 # local (default, what CI runs): a real cluster on this machine, as root,
 # from source-built Kubernetes binaries, Debian's containerd and etcd, and
@@ -17,6 +17,9 @@
 # --deploy: kpt live apply (make deploy's path, the default, tested on every
 # e2e cluster) or kubectl apply -k, which spares the quick start building
 # kpt (about 3 minutes of a cold 2-core machine).
+# --build-only (local backend): build what that cluster needs (Kubernetes,
+# the images, kpt, the --with parts) and start nothing; make e2e-build,
+# which make test runs beside its unit stages.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -24,6 +27,7 @@ NODES=1
 BACKEND=local
 WITH=
 DEPLOY=kpt
+BUILD_ONLY=
 while (($#)); do
 	case $1 in
 	--nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
@@ -34,8 +38,9 @@ while (($#)); do
 	--with=*) WITH+=" ${1#*=}"; shift ;;
 	--deploy) DEPLOY=${2:?--deploy needs kpt or kubectl}; shift 2 ;;
 	--deploy=*) DEPLOY=${1#*=}; shift ;;
-	-h | --help) sed -n '2,19p' "$0"; exit 0 ;;
-	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with \"tekton argo buildkit registry\"] [--deploy kpt|kubectl])" ;;
+	--build-only) BUILD_ONLY=1; shift ;;
+	-h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with \"tekton argo buildkit registry\"] [--deploy kpt|kubectl] [--build-only])" ;;
 	esac
 done
 [[ $DEPLOY == kpt || $DEPLOY == kubectl ]] || die "--deploy $DEPLOY: want kpt or kubectl"
@@ -151,6 +156,25 @@ side_by_side() {
 		wait "${pids[$i]}" || failed+=("${@:i+1:1}")
 	done
 	((${#failed[@]} == 0)) || die "failed: ${failed[*]} (errors above)"
+}
+
+# build_cluster: the binaries and images every local cluster runs.
+build_cluster() {
+	side_by_side host_packages build_kubernetes compile_images
+	assemble_images
+}
+
+# build_local_only: what up_local and the --with parts build, and kpt for
+# --deploy kpt; nothing starts.
+build_local_only() {
+	require_root
+	build_cluster
+	[[ $DEPLOY != kpt ]] || make -s -C "$REPO_DIR" "$REPO_DIR/bin/kpt" >/dev/null
+	[[ -z $WITH_TEKTON ]] || "$CLUSTER_LIB/tekton.sh" --build-only
+	[[ -z $WITH_ARGO ]] || "$CLUSTER_LIB/argo.sh" --build-only
+	[[ -z $WITH_BUILDKIT ]] || "$CLUSTER_LIB/buildkit.sh" --build-only
+	[[ -z $WITH_REGISTRY ]] || "$CLUSTER_LIB/registry.sh" install
+	log "built for a local cluster in $((SECONDS - start))s"
 }
 
 # --- certificates and kubeconfigs -------------------------------------------
@@ -584,8 +608,7 @@ up_local() {
 	require_root
 	[[ -d /sys/fs/cgroup/pids || -d /sys/fs/cgroup/memory ]] ||
 		die "the local cluster needs cgroup v1 hierarchies (this host has cgroup v2 only); use --backend kind"
-	side_by_side host_packages build_kubernetes compile_images
-	assemble_images
+	build_cluster
 
 	if running_cluster_ok; then
 		log "cluster already running; reloading images"
@@ -653,6 +676,12 @@ deploy() {
 		die "layercache did not roll out in 180s (pods and events above; logs: kubectl -n layercache-system logs POD)"
 	fi
 }
+
+if [[ -n $BUILD_ONLY ]]; then
+	[[ $BACKEND == local ]] || die "--build-only builds for the local backend only"
+	build_local_only
+	exit 0
+fi
 
 case $BACKEND in
 local)

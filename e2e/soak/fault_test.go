@@ -696,7 +696,27 @@ func (l *load) waitAgentBack(ctx context.Context, ev *faultEvent) error {
 			return ctx.Err()
 		}
 	}
-	return fmt.Errorf("pid %d: its pod did not turn Ready within %s: %s", back.PID, agentReadyBound, last)
+	return fmt.Errorf("pid %d: its pod did not turn Ready within %s: %s; %s", back.PID, agentReadyBound, last, l.agentLogTail(ctx))
+}
+
+// agentLogTail returns the last lines the agent's current and previous
+// containers logged: why an agent that does not turn Ready stopped.
+func (l *load) agentLogTail(ctx context.Context) string {
+	p, err := l.agentPod(ctx)
+	if err != nil {
+		return "no logs: " + err.Error()
+	}
+	tail := int64(15)
+	var parts []string
+	for _, previous := range []bool{true, false} {
+		opts := &corev1.PodLogOptions{Previous: previous, TailLines: &tail}
+		b, err := l.f.Client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, opts).DoRaw(ctx)
+		if err != nil {
+			b = []byte(err.Error())
+		}
+		parts = append(parts, fmt.Sprintf("logs of %s (previous %t):\n%s", p.Name, previous, b))
+	}
+	return strings.Join(parts, "\n")
 }
 
 // failEvent fails the test and adds the failure to ev's error.

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install every Debian package make test needs, in one apt transaction:
+# what the unit tests check images and btrfs stores with (erofs-utils,
+# btrfs-progs), the local cluster's containerd, runc, CNI plugins and etcd,
+# and the two-node cluster's registry (docker-registry, its service kept
+# off by registry.sh install). make test runs it first because its later
+# stages run side by side, and two apt-get processes at once fail on
+# dpkg's lock.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+require_root
+missing=()
+want() { command -v "$1" >/dev/null || missing+=("$2"); }
+want fsck.erofs erofs-utils
+want mkfs.btrfs btrfs-progs
+want containerd containerd
+want runc runc
+want etcd etcd-server
+want docker-registry docker-registry
+[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] ||
+	missing+=(containernetworking-plugins)
+apt_install "${missing[@]}"
+"$CLUSTER_LIB/registry.sh" install
