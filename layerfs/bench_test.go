@@ -19,11 +19,29 @@ import (
 
 	cfs "github.com/containerd/continuity/fs"
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/internal/benchsize"
 )
 
 // Each benchmark measures layercache and its baseline in the same run and
 // reports their ratio as a metric; absolute times vary between machines,
-// ratios much less. `make bench` runs them.
+// ratios much less. `make bench` runs them at full size, the sizes the
+// comments name and the README reports; `make bench-smoke` at smoke size
+// (LAYERCACHE_BENCH_SIZE=smoke, internal/benchsize), small enough to
+// check every ratio in a minute or so. A metric whose name carries a size
+// (50k-files-µs, commit-100k/1k) names the size that ran.
+
+// largeCacheFiles is the file count of the large caches (50,000 at full
+// size): what a mount, a seed or a snapshot must not grow with.
+func largeCacheFiles(b *testing.B) int {
+	return benchsize.Pick(b, 50000, 2000)
+}
+
+// mountReps is how many pairs of mounts the mount benchmarks compare: 21
+// at smoke size still give a median that ignores the odd slow sync.
+func mountReps(b *testing.B) int {
+	return benchsize.Pick(b, 51, 21)
+}
 
 // compare runs a and b reps times each, in pairs whose order alternates,
 // and returns the median duration of each. Each operation leaves deferred
@@ -82,28 +100,30 @@ func fillCache(b *testing.B, s *Store, cache string, n, size int) {
 // Mount+discard of a 50,000-file cache vs an empty one (target <= 1.5x).
 func BenchmarkMountLargeVsEmptyCache(b *testing.B) {
 	s := newTestStore(b, Options{})
-	fillCache(b, s, "ns/large", 50000, 64)
+	files := largeCacheFiles(b)
+	fillCache(b, s, "ns/large", files, 64)
 	mountDiscard(b, s, "ns/empty")() // create the empty cache
 	unix.Sync()
 	for b.Loop() {
-		empty, large := compare(51, mountDiscard(b, s, "ns/empty"), mountDiscard(b, s, "ns/large"))
-		reportLargeVsEmpty(b, large, empty)
+		empty, large := compare(mountReps(b), mountDiscard(b, s, "ns/empty"), mountDiscard(b, s, "ns/large"))
+		reportLargeVsEmpty(b, files, large, empty)
 	}
 }
 
-// reportLargeVsEmpty reports a 50,000-file cache's time beside an empty
+// reportLargeVsEmpty reports a cache of files files' time beside an empty
 // cache's, and their ratio (the targets' large/empty).
-func reportLargeVsEmpty(b *testing.B, large, empty time.Duration) {
+func reportLargeVsEmpty(b *testing.B, files int, large, empty time.Duration) {
 	b.ReportMetric(float64(empty.Microseconds()), "empty-µs")
-	b.ReportMetric(float64(large.Microseconds()), "50k-files-µs")
+	b.ReportMetric(float64(large.Microseconds()), benchsize.Count(files)+"-files-µs")
 	b.ReportMetric(float64(large)/float64(empty), "large/empty")
 }
 
 // Commit of a 1 MiB delta on a 1 GiB cache vs a recursive copy of the cache,
-// which is what copy-based peers do per build (target >= 100x faster).
+// which is what copy-based peers do per build (target >= 100x faster; the
+// copy, and so the ratio, grows with the cache: 64 MiB at smoke size).
 func BenchmarkCommitVsCopy(b *testing.B) {
 	s := newTestStore(b, Options{MaxLayers: 400})
-	fillCache(b, s, "ns/big", 1024, 1<<20)
+	fillCache(b, s, "ns/big", benchsize.Pick(b, 1024, 64), 1<<20)
 	delta := make([]byte, 1<<20)
 	src := view1(b, s, "ns/big")
 	unix.Sync()
@@ -134,10 +154,13 @@ func view1(b *testing.B, s *Store, cache string) string {
 }
 
 // Mount after 200 commits with squashing vs after 1 commit (target <= 1.5x).
+// At smoke size 72 commits squash twice (at 33 layers), and the cache ends
+// 8 layers deep, as after 200.
 func BenchmarkMountAfterManyCommits(b *testing.B) {
 	ctx := context.Background()
 	s := newTestStore(b, Options{MaxLayers: DefaultMaxLayers})
-	for i := range 200 {
+	commits := benchsize.Pick(b, 200, 72)
+	for i := range commits {
 		id := fmt.Sprintf("c%d", i)
 		writeFile(b, filepath.Join(mustMount(b, s, id, "ns/many"), fmt.Sprintf("f%d", i)), "x")
 		if mustCommit(b, s, id).NeedsSquash {
@@ -150,18 +173,18 @@ func BenchmarkMountAfterManyCommits(b *testing.B) {
 	mustCommit(b, s, "one")
 	unix.Sync()
 	for b.Loop() {
-		one, many := compare(51, mountDiscard(b, s, "ns/one"), mountDiscard(b, s, "ns/many"))
+		one, many := compare(mountReps(b), mountDiscard(b, s, "ns/one"), mountDiscard(b, s, "ns/many"))
 		b.ReportMetric(float64(one.Microseconds()), "1-commit-µs")
-		b.ReportMetric(float64(many.Microseconds()), "200-commits-µs")
-		b.ReportMetric(float64(many)/float64(one), "200/1")
+		b.ReportMetric(float64(many.Microseconds()), fmt.Sprintf("%d-commits-µs", commits))
+		b.ReportMetric(float64(many)/float64(one), fmt.Sprintf("%d/1", commits))
 	}
 }
 
-// Reading a 100 MiB file through a 16-deep chain vs from a plain directory
-// (target >= 0.9x the throughput).
+// Reading a 100 MiB file (32 MiB at smoke size) through a 16-deep chain vs
+// from a plain directory (target >= 0.9x the throughput).
 func BenchmarkReadThroughChain(b *testing.B) {
 	s := newTestStore(b, Options{})
-	data := make([]byte, 100<<20)
+	data := make([]byte, benchsize.Pick(b, 100, 32)<<20)
 	for i := range data {
 		data[i] = byte(i)
 	}
@@ -247,6 +270,13 @@ func flatDir(b *testing.B, s *Store, cache string, n int) (commit func()) {
 	return func() { mustCommit(b, s, id) }
 }
 
+// manyFiles is the large directory of the memory benchmarks, in files:
+// 100,000 at full size, 5,000 at smoke size (hack/bench-targets.txt has
+// the tighter targets that still catch issue 8's 275 bytes per file).
+func manyFiles(b *testing.B) int {
+	return benchsize.Pick(b, 100000, 5000)
+}
+
 // Peak heap of a commit and a squash of 100,000 files in one directory vs
 // 1,000 (issue 8, item 7: 400,000 files made commit peak at 110 MB and
 // squash at 134 MB). Directories are read in chunks, so the ratio stays
@@ -254,10 +284,11 @@ func flatDir(b *testing.B, s *Store, cache string, n int) (commit func()) {
 func BenchmarkCommitMemory(b *testing.B) {
 	ctx := context.Background()
 	const mib = 1 << 20
+	many := manyFiles(b)
 	for b.Loop() {
 		s := newTestStore(b, Options{})
 		peaks := map[int][2]uint64{}
-		for _, n := range []int{1000, 100000} {
+		for _, n := range []int{1000, many} {
 			cache := fmt.Sprintf("ns/flat-%d", n)
 			commitPeak := peakHeap(flatDir(b, s, cache, n))
 			// Squash needs two layers.
@@ -271,12 +302,12 @@ func BenchmarkCommitMemory(b *testing.B) {
 			})
 			peaks[n] = [2]uint64{commitPeak, squashPeak}
 		}
-		small, large := peaks[1000], peaks[100000]
-		b.ReportMetric(float64(large[0])/mib, "commit-100k-peak-MiB")
-		b.ReportMetric(float64(large[1])/mib, "squash-100k-peak-MiB")
+		small, large := peaks[1000], peaks[many]
+		b.ReportMetric(float64(large[0])/mib, "commit-"+benchsize.Count(many)+"-peak-MiB")
+		b.ReportMetric(float64(large[1])/mib, "squash-"+benchsize.Count(many)+"-peak-MiB")
 		// A floor of 1 MiB keeps the ratio from measuring noise.
-		b.ReportMetric(float64(max(large[0], mib))/float64(max(small[0], mib)), "commit-100k/1k")
-		b.ReportMetric(float64(max(large[1], mib))/float64(max(small[1], mib)), "squash-100k/1k")
+		b.ReportMetric(float64(max(large[0], mib))/float64(max(small[0], mib)), "commit-"+benchsize.Count(many)+"/1k")
+		b.ReportMetric(float64(max(large[1], mib))/float64(max(small[1], mib)), "squash-"+benchsize.Count(many)+"/1k")
 	}
 }
 
@@ -286,11 +317,12 @@ func BenchmarkCommitMemory(b *testing.B) {
 func BenchmarkPullMemory(b *testing.B) {
 	ctx := context.Background()
 	const mib = 1 << 20
+	many := manyFiles(b)
 	for b.Loop() {
 		src, dst := newTestStore(b, Options{}), newTestStore(b, Options{})
 		reg := registry{}
 		peaks := map[int]uint64{}
-		for _, n := range []int{1000, 100000} {
+		for _, n := range []int{1000, many} {
 			cache := fmt.Sprintf("ns/flat-%d", n)
 			flatDir(b, src, cache, n)()
 			chain := publish(b, src, reg, cache)
@@ -300,18 +332,20 @@ func BenchmarkPullMemory(b *testing.B) {
 				}
 			})
 		}
-		b.ReportMetric(float64(peaks[100000])/mib, "pull-100k-peak-MiB")
+		b.ReportMetric(float64(peaks[many])/mib, "pull-"+benchsize.Count(many)+"-peak-MiB")
 		// A floor of 1 MiB keeps the ratio from measuring noise.
-		b.ReportMetric(float64(max(peaks[100000], mib))/float64(max(peaks[1000], mib)), "pull-100k/1k")
+		b.ReportMetric(float64(max(peaks[many], mib))/float64(max(peaks[1000], mib)), "pull-"+benchsize.Count(many)+"/1k")
 	}
 }
 
-// exportFixture is a one-layer cache of 64 MiB in 5,000 files.
+// exportFixture is a one-layer cache of 64 MiB in 5,000 files (8 MiB in
+// 500 at smoke size).
 func exportFixture(b *testing.B) (*Store, string, int64) {
 	s := newTestStore(b, Options{})
-	const files, size = 5000, 64 << 20 / 5000
+	files, mib := benchsize.Pick(b, 5000, 500), benchsize.Pick(b, 64, 8)
+	size := mib << 20 / files
 	fillCache(b, s, "ns/big", files, size)
-	return s, headIDs(b, s, "ns/big")[0], files * size
+	return s, headIDs(b, s, "ns/big")[0], int64(files * size)
 }
 
 // Export of a 64 MiB / 5,000-file layer as an image vs reading every file

@@ -6,10 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/layercache/layercache/internal/benchsize"
 )
 
 // Commit latency when many builds end at once (issue 18): 50 volumes over 5
@@ -21,20 +22,12 @@ import (
 // commit alone, in the same store, measured before, and the p99 from the
 // burst's start when 4 goroutines take the 50 commits in turn (the node
 // agent's build-end workers). LAYERFS_BENCH_WRITE_MBS sets the running
-// builds' rate of writing.
+// builds' rate of writing. At smoke size the burst is 20 volumes of 100
+// files each (p99 is then the slowest commit), beside the same writers.
 func BenchmarkConcurrentCommits(b *testing.B) {
-	rate := 50
-	if v := os.Getenv("LAYERFS_BENCH_WRITE_MBS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("LAYERFS_BENCH_WRITE_MBS=%q: want a number of MB per second", v)
-		}
-		rate = n
-	}
-	const (
-		caches, volumes = 5, 50
-		files, fileSize = 300, 10 << 10
-	)
+	rate := benchsize.Env(b, "LAYERFS_BENCH_WRITE_MBS", 50, "a number of MB per second")
+	const caches, fileSize = 5, 10 << 10
+	volumes, files := benchsize.Pick(b, 50, 20), benchsize.Pick(b, 300, 100)
 	root, err := os.MkdirTemp("/var/tmp", "layerfs-bench-")
 	must(b, err)
 	b.Cleanup(func() { os.RemoveAll(root) })

@@ -5,32 +5,26 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/internal/benchsize"
 )
 
 // Seeding is as constant in the fallback's size as a mount and a commit
 // are: a seeded volume mounts the fallback's layer directories, and its
 // commit writes a head naming them. The fallback is a 1 GiB cache of
-// 50,000 files (LAYERFS_BENCH_SEED_MIB sizes it; a smaller one keeps a
-// quick run quick).
+// 50,000 files at full size, 64 MiB in 2,000 at smoke size
+// (LAYERFS_BENCH_SEED_MIB overrides the MiB).
 
-// seedBenchFixture is a store whose cache ns/main holds mib MiB in 50,000
-// files.
+// seedBenchFixture is a store whose cache ns/main holds the fallback.
 func seedBenchFixture(b *testing.B) *Store {
-	mib := 1024
-	if v := os.Getenv("LAYERFS_BENCH_SEED_MIB"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("LAYERFS_BENCH_SEED_MIB=%q: want a number of MiB", v)
-		}
-		mib = n
-	}
+	mib := benchsize.Env(b, "LAYERFS_BENCH_SEED_MIB", benchsize.Pick(b, 1024, 64), "a number of MiB")
+	files := largeCacheFiles(b)
 	s := newTestStore(b, Options{MaxLayers: 400})
-	fillCache(b, s, "ns/main", 50000, mib<<20/50000)
+	fillCache(b, s, "ns/main", files, mib<<20/files)
 	mountDiscard(b, s, "ns/empty")() // create the empty cache
 	unix.Sync()
 	return s
@@ -55,7 +49,7 @@ func seededMountDiscard(b *testing.B, s *Store) func() {
 func BenchmarkSeededMountVsEmpty(b *testing.B) {
 	s := seedBenchFixture(b)
 	for b.Loop() {
-		empty, seeded := compare(51, mountDiscard(b, s, "ns/empty"), seededMountDiscard(b, s))
+		empty, seeded := compare(mountReps(b), mountDiscard(b, s, "ns/empty"), seededMountDiscard(b, s))
 		b.ReportMetric(float64(empty.Microseconds()), "empty-µs")
 		b.ReportMetric(float64(seeded.Microseconds()), "seeded-µs")
 		b.ReportMetric(float64(seeded)/float64(empty), "seeded/empty")

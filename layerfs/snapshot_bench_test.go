@@ -5,30 +5,25 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
 	cfs "github.com/containerd/continuity/fs"
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/internal/benchsize"
 )
 
 // The snapshot layout's benchmarks, in bench_test.go's style: each
 // measures the layout and its baseline in the same run and reports the
-// ratio. The cache's size is LAYERFS_BENCH_SNAPSHOT_MIB (default 1024,
-// as the overlay benchmarks' 1 GiB cache); a smaller one keeps a quick run
-// quick, at the cost of a smaller copy to compare commits with.
+// ratio. The cache is 1 GiB at full size (as the overlay benchmarks'),
+// 64 MiB at smoke size; LAYERFS_BENCH_SNAPSHOT_MIB overrides it. A smaller
+// one keeps a quick run quick, at the cost of a smaller copy to compare
+// commits with.
 
 // snapshotBenchMiB is the size of the benchmarks' large cache.
 func snapshotBenchMiB(b *testing.B) int {
-	if v := os.Getenv("LAYERFS_BENCH_SNAPSHOT_MIB"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("LAYERFS_BENCH_SNAPSHOT_MIB=%q: want a number of MiB", v)
-		}
-		return n
-	}
-	return 1024
+	return benchsize.Env(b, "LAYERFS_BENCH_SNAPSHOT_MIB", benchsize.Pick(b, 1024, 64), "a number of MiB")
 }
 
 // newSnapshotBenchStore is a store on the real disk whose snapshot image
@@ -40,11 +35,10 @@ func newSnapshotBenchStore(b *testing.B, mib int) *Store {
 	return newTestStore(b, Options{Root: root, SnapshotImageBytes: int64(mib+2048) << 20})
 }
 
-// fillSnapshotCache commits one generation of 50,000 files that add up to
+// fillSnapshotCache commits one generation of files files that add up to
 // mib MiB.
-func fillSnapshotCache(b *testing.B, s *Store, cache string, mib int) {
+func fillSnapshotCache(b *testing.B, s *Store, cache string, files, mib int) {
 	b.Helper()
-	const files = 50000
 	v := mountSnapshot(b, s, "fill", cache, MountOptions{})
 	data := make([]byte, mib<<20/files)
 	for i := range data {
@@ -74,14 +68,14 @@ func snapshotBuild(b *testing.B, s *Store, cache string) func() {
 // Snapshot-volume create+commit of a 50,000-file cache vs an empty one
 // (target <= 1.5x): both are constant time.
 func BenchmarkSnapshotBuildLargeVsEmpty(b *testing.B) {
-	mib := snapshotBenchMiB(b)
+	mib, files := snapshotBenchMiB(b), largeCacheFiles(b)
 	s := newSnapshotBenchStore(b, mib)
-	fillSnapshotCache(b, s, "ns/large", mib)
+	fillSnapshotCache(b, s, "ns/large", files, mib)
 	snapshotBuild(b, s, "ns/empty")()
 	unix.Sync()
 	for b.Loop() {
 		empty, large := compare(21, snapshotBuild(b, s, "ns/empty"), snapshotBuild(b, s, "ns/large"))
-		reportLargeVsEmpty(b, large, empty)
+		reportLargeVsEmpty(b, files, large, empty)
 	}
 }
 
@@ -90,7 +84,7 @@ func BenchmarkSnapshotBuildLargeVsEmpty(b *testing.B) {
 func BenchmarkSnapshotCommitVsCopy(b *testing.B) {
 	mib := snapshotBenchMiB(b)
 	s := newSnapshotBenchStore(b, mib)
-	fillSnapshotCache(b, s, "ns/big", mib)
+	fillSnapshotCache(b, s, "ns/big", largeCacheFiles(b), mib)
 	src := mountSnapshot(b, s, "src", "ns/big", MountOptions{ReadOnly: true}).MergedPath
 	delta := make([]byte, 1<<20)
 	unix.Sync()
@@ -120,7 +114,7 @@ func BenchmarkSnapshotCommitVsCopy(b *testing.B) {
 func BenchmarkSnapshotReadWrite(b *testing.B) {
 	mib := min(snapshotBenchMiB(b), 256)
 	s := newSnapshotBenchStore(b, mib)
-	fillSnapshotCache(b, s, "ns/big", mib)
+	fillSnapshotCache(b, s, "ns/big", largeCacheFiles(b), mib)
 	v := mountSnapshot(b, s, "rw", "ns/big", MountOptions{})
 	plain := filepath.Join(s.snapshotDir(), "bench-plain")
 	must(b, os.Mkdir(plain, 0o755))

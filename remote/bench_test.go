@@ -11,13 +11,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/layercache/layercache/internal/benchsize"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/remote"
 	"github.com/layercache/layercache/remote/registrytest"
@@ -28,26 +28,17 @@ import (
 // in-process one over TLS on loopback. Each reports ratios against a
 // baseline measured in the same run. `make bench` runs them.
 //
-// The cache is LAYERCACHE_BENCH_FILES files of LAYERCACHE_BENCH_BYTES in
-// all (default 50,000 files, 1 GiB, as the README reports); half of each
-// file is random and half repeats, so it compresses about 2:1, as build
-// caches of objects and archives do.
+// The cache is 50,000 files, 1 GiB in all at full size (as the README
+// reports), 1,000 files and 16 MiB at smoke size (internal/benchsize);
+// LAYERCACHE_BENCH_FILES and LAYERCACHE_BENCH_BYTES override them. Half of
+// each file is random and half repeats, so it compresses about 2:1, as
+// build caches of objects and archives do.
 
 func benchSize(b *testing.B) (files int, bytes int64) {
-	files, bytes = 50_000, 1<<30
-	if v := os.Getenv("LAYERCACHE_BENCH_FILES"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("LAYERCACHE_BENCH_FILES=%q: want a file count", v)
-		}
-		files = n
-	}
-	if v := os.Getenv("LAYERCACHE_BENCH_BYTES"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < int64(files) {
-			b.Fatalf("LAYERCACHE_BENCH_BYTES=%q: want a byte count of at least one per file", v)
-		}
-		bytes = n
+	files = benchsize.Env(b, "LAYERCACHE_BENCH_FILES", benchsize.Pick(b, 50_000, 1_000), "a file count")
+	bytes = benchsize.Env(b, "LAYERCACHE_BENCH_BYTES", benchsize.Pick[int64](b, 1<<30, 16<<20), "a byte count")
+	if bytes < int64(files) {
+		b.Fatalf("%d bytes for %d files: want at least one byte per file (LAYERCACHE_BENCH_BYTES, LAYERCACHE_BENCH_FILES)", bytes, files)
 	}
 	return files, bytes
 }

@@ -5,8 +5,13 @@
 // noise-free on a shared 2-core machine, hence the margin: a miss within
 // it is printed, a miss beyond it fails `make bench`.
 //
+// The benchmarks run at a size (LAYERCACHE_BENCH_SIZE, internal/benchsize):
+// full for `make bench`, smoke for `make bench-smoke`. A target marked
+// full or smoke applies at that size only (a ratio that needs a 1 GiB data
+// set, or a metric whose name carries the size); one unmarked at both.
+//
 //	go test -bench . ... | tee bench.txt
-//	benchcheck -targets hack/bench-targets.txt bench.txt
+//	benchcheck -size full -targets hack/bench-targets.txt bench.txt
 package main
 
 import (
@@ -16,16 +21,26 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
 
 // target is one line of the targets file:
-// BENCHMARK METRIC <=|>= VALUE MARGIN.
+// BENCHMARK METRIC <=|>= VALUE MARGIN [full|smoke].
 type target struct {
 	bench, metric string
 	atMost        bool // "<=": the metric must not exceed value
 	value, margin float64
+	size          string // full or smoke: the only size it applies at; "" for both
+}
+
+// sizes are the benchmarks' sizes (LAYERCACHE_BENCH_SIZE).
+var sizes = []string{"full", "smoke"}
+
+// appliesAt reports whether t is checked when the benchmarks ran at size.
+func (t target) appliesAt(size string) bool {
+	return t.size == "" || t.size == size
 }
 
 // verdict judges a measured value.
@@ -60,18 +75,32 @@ func parseTargets(r io.Reader) ([]target, error) {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		f := strings.Fields(line)
-		if len(f) != 5 || (f[2] != "<=" && f[2] != ">=") {
-			return nil, fmt.Errorf("targets line %d %q: want BENCHMARK METRIC <=|>= VALUE MARGIN", n, line)
+		t, err := parseTarget(strings.Fields(line))
+		if err != nil {
+			return nil, fmt.Errorf("targets line %d %q: %w", n, line, err)
 		}
-		value, err1 := strconv.ParseFloat(f[3], 64)
-		margin, err2 := strconv.ParseFloat(f[4], 64)
-		if err := errors.Join(err1, err2); err != nil || margin < 1 {
-			return nil, fmt.Errorf("targets line %d %q: VALUE and MARGIN must be numbers, MARGIN >= 1: %v", n, line, err)
-		}
-		out = append(out, target{bench: f[0], metric: f[1], atMost: f[2] == "<=", value: value, margin: margin})
+		out = append(out, t)
 	}
 	return out, sc.Err()
+}
+
+func parseTarget(f []string) (target, error) {
+	if len(f) < 5 || len(f) > 6 || (f[2] != "<=" && f[2] != ">=") {
+		return target{}, errors.New("want BENCHMARK METRIC <=|>= VALUE MARGIN [full|smoke]")
+	}
+	value, err1 := strconv.ParseFloat(f[3], 64)
+	margin, err2 := strconv.ParseFloat(f[4], 64)
+	if err := errors.Join(err1, err2); err != nil || margin < 1 {
+		return target{}, fmt.Errorf("VALUE and MARGIN must be numbers, MARGIN >= 1: %v", err)
+	}
+	t := target{bench: f[0], metric: f[1], atMost: f[2] == "<=", value: value, margin: margin}
+	if len(f) == 6 {
+		if !slices.Contains(sizes, f[5]) {
+			return target{}, fmt.Errorf("size %q: want one of %s, or none for both", f[5], strings.Join(sizes, ", "))
+		}
+		t.size = f[5]
+	}
+	return t, nil
 }
 
 // parseResults maps benchmark name (without the -GOMAXPROCS suffix) to
@@ -100,7 +129,14 @@ func parseResults(r io.Reader) (map[string]map[string]float64, error) {
 	return out, sc.Err()
 }
 
-func run(targetsFile string, results io.Reader, w io.Writer) error {
+// run checks the results of benchmarks that ran at size against the
+// targets that apply at it. A target whose metric was not reported fails:
+// the benchmark failed, or no longer reports it, or reports it under
+// another size's name.
+func run(targetsFile, size string, results io.Reader, w io.Writer) error {
+	if !slices.Contains(sizes, size) {
+		return fmt.Errorf("size %q: want one of %s", size, strings.Join(sizes, ", "))
+	}
 	tf, err := os.Open(targetsFile)
 	if err != nil {
 		return err
@@ -108,18 +144,37 @@ func run(targetsFile string, results io.Reader, w io.Writer) error {
 	defer tf.Close()
 	targets, err := parseTargets(tf)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", targetsFile, err)
 	}
 	measured, err := parseResults(results)
 	if err != nil {
+		return fmt.Errorf("reading the benchmarks' output: %w", err)
+	}
+	failed, err := check(targets, size, measured, w)
+	if err != nil {
 		return err
 	}
+	if len(failed) > 0 {
+		return fmt.Errorf("benchmarks missed their targets by more than the margin:\n  %s", strings.Join(failed, "\n  "))
+	}
+	return nil
+}
+
+// check prints each target that applies at size beside its measured
+// value, and returns what failed.
+func check(targets []target, size string, measured map[string]map[string]float64, w io.Writer) ([]string, error) {
 	var failed []string
+	checked := 0
+	fmt.Fprintf(w, "size %s: the targets unmarked or marked %s\n", size, size)
 	fmt.Fprintf(w, "%-36s %-26s %12s %10s  %s\n", "benchmark", "ratio", "measured", "target", "verdict")
 	for _, t := range targets {
+		if !t.appliesAt(size) {
+			continue
+		}
+		checked++
 		v, ok := measured[t.bench][t.metric]
 		if !ok {
-			failed = append(failed, fmt.Sprintf("%s %s was not reported (did the benchmark run and fail?)", t.bench, t.metric))
+			failed = append(failed, fmt.Sprintf("%s %s was not reported (did the benchmark fail, or run at another size than %s?)", t.bench, t.metric, size))
 			fmt.Fprintf(w, "%-36s %-26s %12s %10s  MISSING\n", t.bench, t.metric, "-", t)
 			continue
 		}
@@ -129,16 +184,17 @@ func run(targetsFile string, results io.Reader, w io.Writer) error {
 		}
 		fmt.Fprintf(w, "%-36s %-26s %12.3g %10s  %s\n", t.bench, t.metric, v, t, verdict)
 	}
-	if len(failed) > 0 {
-		return fmt.Errorf("benchmarks missed their targets by more than the margin:\n  %s", strings.Join(failed, "\n  "))
+	if checked == 0 {
+		return nil, fmt.Errorf("no target applies at size %s: nothing was checked", size)
 	}
-	return nil
+	return failed, nil
 }
 
 func main() {
-	targets := flag.String("targets", "hack/bench-targets.txt", "targets file: BENCHMARK METRIC <=|>= VALUE MARGIN per line")
+	targets := flag.String("targets", "hack/bench-targets.txt", "targets file: BENCHMARK METRIC <=|>= VALUE MARGIN [full|smoke] per line")
+	size := flag.String("size", "full", "the size the benchmarks ran at (LAYERCACHE_BENCH_SIZE): full or smoke; only targets unmarked or marked with it apply")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: benchcheck [-targets FILE] BENCH-OUTPUT\n")
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: benchcheck [-size full|smoke] [-targets FILE] BENCH-OUTPUT\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -152,7 +208,7 @@ func main() {
 		os.Exit(2)
 	}
 	defer f.Close()
-	if err := run(*targets, f, os.Stdout); err != nil {
+	if err := run(*targets, *size, f, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "benchcheck:", err)
 		os.Exit(1)
 	}
