@@ -58,8 +58,16 @@ background() {
 	bg_name=$1 bg_start=$(stamp)
 	shift
 	banner "$bg_name" "started in the background: $* (log: $OUT/$bg_name.log)"
-	setsid "$@" >"$OUT/$bg_name.log" 2>&1 &
+	rm -f "$OUT/$bg_name.end"
+	# The end is stamped when the command ends, not when it is waited for.
+	setsid bash -c '"${@:3}"; rc=$?; echo $(($(date +%s) - $1)) >"$2"; exit $rc' \
+		background "$run_start" "$OUT/$bg_name.end" "$@" >"$OUT/$bg_name.log" 2>&1 &
 	bg_pid=$!
+}
+
+# background_end: when the background stage ended, or now.
+background_end() {
+	cat "$OUT/$bg_name.end" 2>/dev/null || stamp
 }
 
 # finish_background waits for the background stage and shows its log.
@@ -70,12 +78,12 @@ finish_background() {
 	bg_pid=
 	cat "$OUT/$bg_name.log"
 	if ((rc != 0)); then
-		record "$bg_name" "$bg_start" "$(stamp)" "FAILED ($rc)"
-		banner "$bg_name" "FAILED (exit $rc) in $(($(stamp) - bg_start)) s"
+		record "$bg_name" "$bg_start" "$(background_end)" "FAILED ($rc)"
+		banner "$bg_name" "FAILED (exit $rc) in $(($(background_end) - bg_start)) s"
 		fail
 	fi
-	record "$bg_name" "$bg_start" "$(stamp)" ok
-	banner "$bg_name" "passed in $(($(stamp) - bg_start)) s"
+	record "$bg_name" "$bg_start" "$(background_end)" ok
+	banner "$bg_name" "passed in $(($(background_end) - bg_start)) s"
 }
 
 stop_background() {
