@@ -3,7 +3,7 @@
 # the stages that need no cluster, then a table of where the time went
 # (also in _output/test/stages.md), printed on failure too.
 #
-# Order (DEVELOPERS.md, "The test run's budget"):
+# Order (DEVELOPERS.md, "CI and its budget"):
 #   host-packages   every Debian package, one apt transaction (two apt-get
 #                   at once fail on dpkg's lock)
 #   e2e-build       in the background: Kubernetes, the images, kpt, Tekton,
@@ -42,14 +42,21 @@ stage() {
 	start=$(stamp)
 	banner "$name" "$*"
 	"$@" || rc=$?
+	conclude "$name" "$start" "$(stamp)" "$rc"
+}
+
+# conclude NAME START END RC records a stage that ended; a failed one ends
+# the run.
+conclude() {
+	local name=$1 start=$2 end=$3 rc=$4
 	if ((rc != 0)); then
-		record "$name" "$start" "$(stamp)" "FAILED ($rc)"
-		banner "$name" "FAILED (exit $rc) in $(($(stamp) - start)) s"
+		record "$name" "$start" "$end" "FAILED ($rc)"
+		banner "$name" "FAILED (exit $rc) in $((end - start)) s"
 		stop_background
 		fail
 	fi
-	record "$name" "$start" "$(stamp)" ok
-	banner "$name" "passed in $(($(stamp) - start)) s"
+	record "$name" "$start" "$end" ok
+	banner "$name" "passed in $((end - start)) s"
 }
 
 # background NAME COMMAND...: starts COMMAND in a session of its own (so
@@ -65,11 +72,6 @@ background() {
 	bg_pid=$!
 }
 
-# background_end: when the background stage ended, or now.
-background_end() {
-	cat "$OUT/$bg_name.end" 2>/dev/null || stamp
-}
-
 # finish_background waits for the background stage and shows its log.
 finish_background() {
 	local rc=0
@@ -77,13 +79,7 @@ finish_background() {
 	wait "$bg_pid" || rc=$?
 	bg_pid=
 	cat "$OUT/$bg_name.log"
-	if ((rc != 0)); then
-		record "$bg_name" "$bg_start" "$(background_end)" "FAILED ($rc)"
-		banner "$bg_name" "FAILED (exit $rc) in $(($(background_end) - bg_start)) s"
-		fail
-	fi
-	record "$bg_name" "$bg_start" "$(background_end)" ok
-	banner "$bg_name" "passed in $(($(background_end) - bg_start)) s"
+	conclude "$bg_name" "$bg_start" "$(cat "$OUT/$bg_name.end" 2>/dev/null || stamp)" "$rc"
 }
 
 stop_background() {

@@ -10,15 +10,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 require_root
-missing=()
-want() { command -v "$1" >/dev/null || missing+=("$2"); }
-want fsck.erofs erofs-utils
-want mkfs.btrfs btrfs-progs
-want containerd containerd
-want runc runc
-want etcd etcd-server
-want docker-registry docker-registry
-[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] ||
-	missing+=(containernetworking-plugins)
+mapfile -t missing < <(missing_cluster_packages)
+command -v fsck.erofs >/dev/null || missing+=(erofs-utils)
+command -v docker-registry >/dev/null || missing+=(docker-registry)
 apt_install "${missing[@]}"
 "$CLUSTER_LIB/registry.sh" install

@@ -145,6 +145,18 @@ apt_install() {
 	return "$rc"
 }
 
+# missing_cluster_packages prints, one a line, the Debian packages of the
+# local cluster that this host lacks (up.sh; host-packages.sh installs them
+# with make test's others).
+missing_cluster_packages() {
+	command -v containerd >/dev/null || echo containerd
+	command -v runc >/dev/null || echo runc
+	[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || echo containernetworking-plugins
+	command -v etcd >/dev/null || echo etcd-server
+	# mkfs.btrfs goes into the layercache image (hack/imagebuild/with-libs.sh).
+	command -v mkfs.btrfs >/dev/null || echo btrfs-progs
+}
+
 # install_etcd makes sure Debian's etcd is at /usr/bin/etcd: the local
 # cluster's etcd and the envtest suite's.
 install_etcd() {

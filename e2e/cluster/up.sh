@@ -76,13 +76,8 @@ start=$SECONDS
 # --- host packages ----------------------------------------------------------
 
 install_packages() {
-	local missing=()
-	command -v containerd >/dev/null || missing+=(containerd)
-	command -v runc >/dev/null || missing+=(runc)
-	[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
-	command -v etcd >/dev/null || missing+=(etcd-server)
-	# mkfs.btrfs goes into the layercache image (hack/imagebuild/with-libs.sh).
-	command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs)
+	local missing
+	mapfile -t missing < <(missing_cluster_packages)
 	apt_install "${missing[@]}"
 }
 
