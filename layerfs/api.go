@@ -234,6 +234,12 @@ type RecoverResult struct {
 	// Failed lists the volumes Recover could not repair (for example on a
 	// full disk); it repaired everything else. Recover's error joins them.
 	Failed []VolumeError `json:"failed,omitempty"`
+	// Unswept is why some unreferenced layers or subvolumes could not be
+	// deleted; the sweeps deleted every other one, and GC retries them.
+	Unswept string `json:"unswept,omitempty"`
+	// Finished tells that Recover went through every step: its error then
+	// only joins Failed and Unswept, and the store serves.
+	Finished bool `json:"-"`
 }
 
 // VolumeError is a volume an operation over many volumes could not handle.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"unsafe"
 
@@ -22,6 +23,7 @@ const (
 	btrfsIocInoLookup       = 0xd0009412 // _IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)
 	btrfsIocSnapCreateV2    = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
 	btrfsIocQuotaCtl        = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
+	btrfsIocQgroupAssign    = 0x40189429 // _IOW(0x94, 41, struct btrfs_ioctl_qgroup_assign_args)
 	btrfsIocQgroupCreate    = 0x4010942a // _IOW(0x94, 42, struct btrfs_ioctl_qgroup_create_args)
 	btrfsIocQgroupLimit     = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
 	btrfsIocQuotaRescanWait = 0x942e     // _IO(0x94, 46)
@@ -74,6 +76,11 @@ type btrfsQuotaCtlArgs struct {
 type btrfsQgroupCreateArgs struct {
 	Create   uint64
 	Qgroupid uint64
+}
+
+// btrfsQgroupAssignArgs is struct btrfs_ioctl_qgroup_assign_args.
+type btrfsQgroupAssignArgs struct {
+	Assign, Src, Dst uint64
 }
 
 // btrfsQgroupLimitArgs is struct btrfs_ioctl_qgroup_limit_args with its
@@ -199,13 +206,52 @@ func deleteSubvolume(path string) error {
 		return err
 	}
 	faultPoint()
-	err = withDir(filepath.Dir(path), func(fd int) error {
-		return btrfsIoctl(fd, btrfsIocSnapDestroy, unsafe.Pointer(&args))
-	})
+	destroy := func() error {
+		return withDir(filepath.Dir(path), func(fd int) error {
+			return btrfsIoctl(fd, btrfsIocSnapDestroy, unsafe.Pointer(&args))
+		})
+	}
+	err = destroy()
+	if errors.Is(err, unix.ENOTEMPTY) {
+		// A build nested subvolumes in it (any user may): they go first.
+		// Unlinking them writes to this subvolume's tree, which a volume
+		// at its limit would refuse (EDQUOT): the limit goes first.
+		limitExclusive(filepath.Dir(path), volumeQgroup(id), noLimit) // none for a generation
+		if err = deleteNested(path); err == nil {
+			err = destroy()
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("delete btrfs subvolume %s: %w", path, err)
 	}
 	destroyEmptyQgroup(filepath.Dir(path), id) // best effort; see sweepQgroups
+	return nil
+}
+
+// deleteNested deletes the subvolumes nested anywhere under the subvolume
+// at path, the deepest first (btrfs deletes only a subvolume without
+// nested ones). The walk is paid only when a deletion found some.
+func deleteNested(path string) error {
+	var nested []string
+	err := filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p != path && d.IsDir() && isSubvolume(p) {
+			nested = append(nested, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("find the subvolumes nested in %s: %w", path, err)
+	}
+	// WalkDir visits a directory before its contents: backwards is
+	// deepest first.
+	for i := len(nested) - 1; i >= 0; i-- {
+		if err := deleteSubvolume(nested[i]); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -294,22 +340,61 @@ func simpleQuotas(dir string) (bool, error) {
 	return simple, err
 }
 
-// limitExclusive bounds what subvolume id (qgroup 0/id) may hold on its
-// own: writes past it fail with EDQUOT. dir is any path on the filesystem.
+// noLimit lifts a qgroup's limit (the kernel's CLEAR_VALUE).
+const noLimit = -1
+
+// limitExclusive bounds what qgroup id may hold on its own: writes past
+// it fail with EDQUOT (noLimit lifts the bound). dir is any path on the
+// filesystem.
 func limitExclusive(dir string, id uint64, bytes int64) error {
 	args := btrfsQgroupLimitArgs{Qgroupid: id, Flags: btrfsQgroupLimitMaxExcl, MaxExcl: uint64(bytes)}
 	err := withDir(dir, func(fd int) error {
 		return btrfsIoctl(fd, btrfsIocQgroupLimit, unsafe.Pointer(&args))
 	})
 	if err != nil {
-		return fmt.Errorf("limit btrfs qgroup 0/%d to %d exclusive bytes: %w", id, bytes, err)
+		return fmt.Errorf("limit btrfs qgroup %s to %d exclusive bytes: %w", qgroupName(id), bytes, err)
 	}
 	return nil
 }
 
-// destroyQgroup removes qgroup 0/id of a deleted subvolume. The kernel
-// refuses (EBUSY) while the subvolume's extents are still being freed;
-// ENOENT means it is gone already (newer kernels remove it themselves).
+// volumeQgroup is the level-1 qgroup that bounds a snapshot volume: the
+// parent of its subvolume's qgroup and, with simple quotas, of those of
+// the subvolumes a build nests in it (the kernel puts a new subvolume's
+// qgroup under the single parent of the qgroup of the subvolume it is
+// created in), so that nesting cannot write past the volume's limit.
+func volumeQgroup(subvol uint64) uint64 { return 1<<48 | subvol }
+
+// qgroupName is qgroup id as btrfs(8) writes it, level/id.
+func qgroupName(id uint64) string { return fmt.Sprintf("%d/%d", id>>48, id&(1<<48-1)) }
+
+// createQgroup makes qgroup id; one that exists already is reused.
+func createQgroup(dir string, id uint64) error {
+	args := btrfsQgroupCreateArgs{Create: 1, Qgroupid: id}
+	err := withDir(dir, func(fd int) error {
+		return btrfsIoctl(fd, btrfsIocQgroupCreate, unsafe.Pointer(&args))
+	})
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("create btrfs qgroup %s: %w", qgroupName(id), err)
+	}
+	return nil
+}
+
+// assignQgroup makes qgroup parent a parent of qgroup child.
+func assignQgroup(dir string, child, parent uint64) error {
+	args := btrfsQgroupAssignArgs{Assign: 1, Src: child, Dst: parent}
+	err := withDir(dir, func(fd int) error {
+		return btrfsIoctl(fd, btrfsIocQgroupAssign, unsafe.Pointer(&args))
+	})
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("make btrfs qgroup %s a parent of %s: %w", qgroupName(parent), qgroupName(child), err)
+	}
+	return nil
+}
+
+// destroyQgroup removes qgroup id (0/id of a deleted subvolume, or a
+// volumeQgroup). The kernel refuses (EBUSY) while the subvolume's extents
+// are still being freed, or while the qgroup has members; ENOENT means it
+// is gone already (newer kernels remove a subvolume's themselves).
 func destroyQgroup(dir string, id uint64) error {
 	args := btrfsQgroupCreateArgs{Create: 0, Qgroupid: id}
 	return withDir(dir, func(fd int) error {
@@ -329,9 +414,19 @@ type qgroupUsage struct {
 
 // qgroups reads every level-0 qgroup's usage from the quota tree.
 func qgroups(dir string) ([]qgroupUsage, error) {
+	return qgroupsBetween(dir, 0, 1<<48-1)
+}
+
+// volumeQgroups reads the usage of every level-1 qgroup (volumeQgroup).
+func volumeQgroups(dir string) ([]qgroupUsage, error) {
+	return qgroupsBetween(dir, 1<<48, 2<<48-1)
+}
+
+// qgroupsBetween reads the usage of the qgroups with ids in [first, last].
+func qgroupsBetween(dir string, first, last uint64) ([]qgroupUsage, error) {
 	var out []qgroupUsage
 	err := searchTree(dir, btrfsSearchKey{
-		TreeID: btrfsQuotaTreeID, MaxObjectid: 0, MaxOffset: 1<<48 - 1, MaxTransid: ^uint64(0),
+		TreeID: btrfsQuotaTreeID, MaxObjectid: 0, MinOffset: first, MaxOffset: last, MaxTransid: ^uint64(0),
 		MinType: btrfsQgroupInfoKey, MaxType: btrfsQgroupInfoKey,
 	}, func(h searchHeader, item []byte) {
 		if h.Type != btrfsQgroupInfoKey || len(item) < 40 {

@@ -2,6 +2,7 @@ package layerfs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -30,6 +31,7 @@ func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 	sort.Slice(infos, func(i, j int) bool { return infos[i].LastUsed.Before(infos[j].LastUsed) })
 	size := newStoreSize(infos)
 	now := time.Now()
+	var sweepErrs []error
 	for i, c := range infos {
 		expired := opts.MaxAge > 0 && now.Sub(c.LastUsed) > opts.MaxAge
 		over := opts.MaxBytes > 0 && size.total > opts.MaxBytes
@@ -53,20 +55,22 @@ func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 		s.progress(Progress{Op: "gc", Cache: c.Cache.String(), Done: int64(i + 1), Total: int64(len(infos))})
 		if low {
 			// Free space is measured, so the layers must go before the
-			// next measurement.
-			swept, err := s.sweepLayers(ctx)
-			res.RemovedLayers += swept.RemovedLayers
-			res.FreedBytes += swept.FreedBytes
-			if err != nil {
-				return res, err
-			}
+			// next measurement. A sweep that could not delete something
+			// has still deleted the rest: GC goes on, and reports it.
+			sweepErrs = append(sweepErrs, s.sweepInto(ctx, &res))
 		}
 	}
+	sweepErrs = append(sweepErrs, s.sweepInto(ctx, &res))
+	s.refillReserve()
+	return res, errors.Join(sweepErrs...)
+}
+
+// sweepInto runs sweepLayers and adds what it removed to res.
+func (s *Store) sweepInto(ctx context.Context, res *GCResult) error {
 	swept, err := s.sweepLayers(ctx)
 	res.RemovedLayers += swept.RemovedLayers
 	res.FreedBytes += swept.FreedBytes
-	s.refillReserve()
-	return res, err
+	return err
 }
 
 // storeSize is what the caches take together, counting a layer that
@@ -150,10 +154,12 @@ func (s *Store) sweepLayers(ctx context.Context) (sweepResult, error) {
 	if err != nil {
 		return res, err
 	}
+	var errs []error // one that cannot go never keeps the rest
 	for i, dir := range trash {
 		bytes := onDisk(dir)
 		if err := os.RemoveAll(dir); err != nil {
-			return res, fmt.Errorf("remove unreferenced layer: %w", err)
+			errs = append(errs, fmt.Errorf("remove unreferenced layer: %w", err))
+			continue
 		}
 		res.RemovedLayers++
 		res.FreedBytes += bytes
@@ -162,7 +168,7 @@ func (s *Store) sweepLayers(ctx context.Context) (sweepResult, error) {
 	snaps, err := s.sweepSnapshots(ctx)
 	res.RemovedLayers += snaps.RemovedLayers
 	res.FreedBytes += snaps.FreedBytes
-	return res, err
+	return res, errors.Join(append(errs, err)...)
 }
 
 func (s *Store) moveUnreferenced(ctx context.Context) ([]string, error) {

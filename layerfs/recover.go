@@ -27,12 +27,10 @@ func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
 	}
 	res.RemovedTemp = removed
 	// Unreferenced layers go first: on a full disk, the space they free is
-	// what remounts and commits need.
-	swept, err := s.sweepLayers(ctx)
+	// what remounts and commits need. What it cannot delete never keeps
+	// the volumes from being repaired: the last sweep retries and reports.
+	swept, _ := s.sweepLayers(ctx)
 	res.RemovedLayers = swept.RemovedLayers
-	if err != nil {
-		return res, err
-	}
 	if err := s.remountImages(ctx); err != nil {
 		return res, fmt.Errorf("mount the layer images: %w", err)
 	}
@@ -47,6 +45,10 @@ func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
 	}
 	swept, err = s.sweepLayers(ctx)
 	res.RemovedLayers += swept.RemovedLayers
+	if err != nil {
+		res.Unswept = err.Error()
+	}
+	res.Finished = true
 	errs := []error{err}
 	for _, f := range res.Failed {
 		errs = append(errs, fmt.Errorf("recover volume %q: %w", f.Volume, f.Err))

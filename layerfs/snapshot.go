@@ -118,7 +118,7 @@ func (s *Store) makeVolumeSubvolume(r *volumeRecord, h *head) error {
 	}
 	r.SubvolID = id
 	if r.LimitBytes > 0 {
-		if err := limitExclusive(s.snapshotDir(), id, r.LimitBytes); err != nil {
+		if err := s.limitVolume(id, r.LimitBytes); err != nil {
 			return err
 		}
 	}
@@ -128,6 +128,31 @@ func (s *Store) makeVolumeSubvolume(r *volumeRecord, h *head) error {
 	}
 	r.RootDigest = digest
 	return nil
+}
+
+// limitVolume sets the size limit of the volume whose subvolume is id.
+// With simple quotas it bounds the volume's qgroup (volumeQgroup), which
+// the subvolumes a build nests in it join; full qgroups would have to
+// rescan to account a snapshot under a new parent and add nested
+// subvolumes to none, so there the limit stays on the subvolume's own
+// qgroup (kernels before 6.7, where a nested subvolume escapes it).
+func (s *Store) limitVolume(id uint64, bytes int64) error {
+	dir := s.snapshotDir()
+	simple, err := simpleQuotas(dir)
+	if err != nil {
+		return err
+	}
+	if !simple {
+		return limitExclusive(dir, id, bytes)
+	}
+	group := volumeQgroup(id)
+	if err := createQgroup(dir, group); err != nil {
+		return err
+	}
+	if err := assignQgroup(dir, id, group); err != nil {
+		return err
+	}
+	return limitExclusive(dir, group, bytes)
 }
 
 func makeEmptySubvolume(path string) error {

@@ -44,8 +44,8 @@ func (s *Store) sealSnapshot(r *volumeRecord) (*LayerInfo, error) {
 	}
 	// The qgroup limit stops writes past LimitBytes; this is the check
 	// for a volume whose limit was set after it was written (or lost).
-	if r.LimitBytes > 0 && usage.Excl > r.LimitBytes {
-		return nil, &overLimitError{bytes: usage.Excl, limit: r.LimitBytes}
+	if written := s.volumeWritten(usage); r.LimitBytes > 0 && written > r.LimitBytes {
+		return nil, &overLimitError{bytes: written, limit: r.LimitBytes}
 	}
 	gen := s.generationPath(r.Upper)
 	if err := deleteSubvolume(gen); err != nil { // what a failed attempt left
@@ -160,6 +160,22 @@ func (s *Store) subvolumeUsage(path string) (qgroupUsage, error) {
 		}
 	}
 	return qgroupUsage{ID: id}, nil
+}
+
+// volumeWritten is what a volume wrote: its volumeQgroup's exclusive
+// bytes, which count the subvolumes a build nested in it, where it has
+// one, else its subvolume's (usage).
+func (s *Store) volumeWritten(usage qgroupUsage) int64 {
+	groups, err := volumeQgroups(s.snapshotDir())
+	if err != nil {
+		return usage.Excl
+	}
+	for _, g := range groups {
+		if g.ID == volumeQgroup(usage.ID) {
+			return g.Excl
+		}
+	}
+	return usage.Excl
 }
 
 // endSnapshotVolume deletes what an ended snapshot volume leaves: its

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-
-	"golang.org/x/sys/unix"
 )
 
 // sweepSnapshots deletes every subvolume under snapshot/ that no head and
@@ -40,16 +38,15 @@ func (s *Store) sweepSnapshots(ctx context.Context) (sweepResult, error) {
 			usage[q.ID] = q
 		}
 	}
+	var errs []error
 	for dir, refs := range map[string]map[string]bool{s.generationsDir(): gens, s.snapVolumesDir(): vols} {
 		n, freed, err := s.deleteUnnamed(dir, refs, usage)
 		res.RemovedLayers += n
 		res.FreedBytes += freed
-		if err != nil {
-			return res, err
-		}
+		errs = append(errs, err)
 	}
 	s.sweepQgroups(usage)
-	return res, nil
+	return res, errors.Join(errs...)
 }
 
 // snapshotRefs are the generations heads name and the volumes records
@@ -80,12 +77,15 @@ func (s *Store) snapshotRefs() (gens, vols map[string]bool, err error) {
 }
 
 // deleteUnnamed deletes the entries of dir that refs lacks; freed counts
-// their exclusive bytes.
+// their exclusive bytes. An entry it cannot delete is reported and
+// passed: the next ones still go, so one bad entry never stops every
+// later sweep from freeing space.
 func (s *Store) deleteUnnamed(dir string, refs map[string]bool, usage map[uint64]qgroupUsage) (n int, freed int64, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return 0, 0, err
 	}
+	var errs []error
 	for _, e := range entries {
 		if refs[e.Name()] {
 			continue
@@ -93,41 +93,59 @@ func (s *Store) deleteUnnamed(dir string, refs map[string]bool, usage map[uint64
 		path := filepath.Join(dir, e.Name())
 		if !isSubvolume(path) {
 			if err := os.RemoveAll(path); err != nil {
-				return n, freed, fmt.Errorf("remove leftover %s: %w", path, err)
+				errs = append(errs, fmt.Errorf("remove leftover %s: %w", path, err))
 			}
 			continue
 		}
+		var bytes int64
 		if id, err := subvolumeID(path); err == nil {
-			freed += usage[id].Excl
+			bytes = usage[id].Excl
 		}
 		if err := deleteSubvolume(path); err != nil {
-			return n, freed, err
+			errs = append(errs, err)
+			continue
 		}
 		n++
+		freed += bytes
 	}
-	return n, freed, nil
+	return n, freed, errors.Join(errs...)
 }
 
-// sweepQgroups removes the empty level-0 qgroups whose subvolume is
-// gone (a crash between a subvolume's deletion and its qgroup's, or a
-// qgroup the kernel still held busy then). A qgroup of a live subvolume
+// sweepQgroups removes the empty qgroups whose subvolume is gone (a
+// crash between a subvolume's deletion and its qgroup's, a qgroup the
+// kernel still held busy then, a volume's level-1 qgroup). A qgroup of a live subvolume
 // (this store's or the host's, on a btrfs root) is never touched: its
 // subvolume's root item still exists. Nor is one that still counts
 // bytes: with simple quotas, a committed volume's qgroup carries the data
 // it wrote for as long as a generation holds it (head.Qgroups).
 func (s *Store) sweepQgroups(usage map[uint64]qgroupUsage) {
 	for id, q := range usage {
-		if id < btrfsFirstFreeObjectID || id>>48 != 0 || q.Referenced != 0 || q.Excl != 0 {
-			continue // not a subvolume's qgroup, or still in use
+		if id < btrfsFirstFreeObjectID || id>>48 != 0 {
+			continue // not a subvolume's qgroup
 		}
-		if live, err := subvolumeExists(s.snapshotDir(), id); err != nil || live {
-			continue
-		}
-		err := destroyQgroup(s.snapshotDir(), id)
-		if err != nil && !errors.Is(err, unix.EBUSY) {
-			continue // best effort: the next sweep tries again
-		}
+		s.destroyIfGone(id, id, q)
 	}
+	// The volumes' level-1 qgroups go once their subvolume's has: the
+	// kernel refuses (EBUSY) to destroy a qgroup that still has members.
+	groups, err := volumeQgroups(s.snapshotDir())
+	if err != nil {
+		return
+	}
+	for _, g := range groups {
+		s.destroyIfGone(g.ID, g.ID&(1<<48-1), g)
+	}
+}
+
+// destroyIfGone destroys qgroup id if it counts no bytes and subvolume
+// subvol is gone. Best effort: the next sweep tries again.
+func (s *Store) destroyIfGone(id, subvol uint64, q qgroupUsage) {
+	if q.Referenced != 0 || q.Excl != 0 {
+		return // still in use
+	}
+	if live, err := subvolumeExists(s.snapshotDir(), subvol); err != nil || live {
+		return
+	}
+	destroyQgroup(s.snapshotDir(), id)
 }
 
 // subvolumeExists tells whether the root tree still holds subvolume id

@@ -315,14 +315,19 @@ func (a *agent) run(ctx context.Context) error {
 		return err
 	}
 	res, err := a.store.Recover(ctx)
-	if err != nil && len(res.Failed) == 0 {
+	if err != nil && !res.Finished {
 		return fmt.Errorf("recover layer store %s: %w", a.opts.Root, err)
 	}
-	// A volume that cannot be repaired (a full disk) must not keep the
-	// agent from serving every other one; its own end retries it.
+	// A volume that cannot be repaired (a full disk), or a leftover that
+	// cannot be deleted, must not keep the agent from serving every other
+	// volume: a volume's own end retries it, GC the leftover.
 	for _, f := range res.Failed {
 		a.prov.metrics.fail(opRecover, "error")
 		logger.Error(f.Err, "Volume could not be recovered; it is retried when its build ends", "volume", f.Volume)
+	}
+	if res.Unswept != "" {
+		a.prov.metrics.fail(opRecover, "unswept")
+		logger.Error(errors.New(res.Unswept), "Some unreferenced layers could not be deleted; GC retries them")
 	}
 	logger.Info("Recovered layer store", "remounted", len(res.Remounted), "rolledForward", len(res.RolledForward),
 		"removedTemp", res.RemovedTemp, "removedLayers", res.RemovedLayers, "torn", res.Torn, "failed", len(res.Failed))

@@ -201,7 +201,7 @@ func runRecover(ctx context.Context, w io.Writer, store *layerfs.Store) error {
 }
 
 func writeRecoverResult(w io.Writer, res layerfs.RecoverResult) error {
-	if len(res.Remounted) == 0 && len(res.RolledForward) == 0 && res.RemovedTemp == 0 && res.RemovedLayers == 0 && len(res.Failed) == 0 && len(res.Torn) == 0 {
+	if len(res.Remounted) == 0 && len(res.RolledForward) == 0 && res.RemovedTemp == 0 && res.RemovedLayers == 0 && len(res.Failed) == 0 && len(res.Torn) == 0 && res.Unswept == "" {
 		_, err := fmt.Fprintln(w, "recover: nothing to repair")
 		return err
 	}
@@ -223,6 +223,9 @@ func writeRecoverResult(w io.Writer, res layerfs.RecoverResult) error {
 	}
 	for _, f := range res.Failed {
 		fmt.Fprintf(&b, "could not repair volume %s: %v\n", f.Volume, f.Err)
+	}
+	if res.Unswept != "" {
+		fmt.Fprintf(&b, "could not delete some unreferenced layers (gc retries them): %s\n", res.Unswept)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
