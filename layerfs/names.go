@@ -17,6 +17,10 @@ var ErrBusy = errors.New("busy")
 // larger than SyncOptions.MaxLayerBytes: nothing of it stays on the node.
 var ErrTooLarge = errors.New("layer too large")
 
+// ErrNoSpace is returned (wrapped) by Sync when the layers a chain adds
+// do not fit in the store's free space: nothing is fetched.
+var ErrNoSpace = errors.New("not enough free space")
+
 // ErrUnpublishable is returned (wrapped) by ExportLayer when the layer
 // holds something its image cannot carry (the error names the path and
 // why). Retrying does not help; a later squash or commit may.

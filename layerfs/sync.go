@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 )
 
 // defaultSyncParallel is how many layers a Sync fetches at once.
@@ -73,10 +74,38 @@ func validateSync(cache CacheRef, chain Chain, opts SyncOptions) error {
 	if chain.Generation < 0 {
 		return fmt.Errorf("chain generation %d of cache %s is negative", chain.Generation, cache)
 	}
+	seen := map[string]int{}
 	for i, l := range chain.Layers {
 		if err := validateDigest(fmt.Sprintf("layer %d of the chain of cache %s", i, cache), l.Digest); err != nil {
 			return err
 		}
+		// A chain that lists a blob twice would fetch and store it twice:
+		// no chain the agents write does.
+		if j, ok := seen[l.Digest]; ok {
+			return fmt.Errorf("layer %d of the chain of cache %s repeats the digest %s of layer %d: a chain names each blob once", i, cache, l.Digest, j)
+		}
+		seen[l.Digest] = i
+	}
+	return nil
+}
+
+// roomFor checks, before the first byte is fetched, that the layers of
+// the chain a sync lacks fit in the free space of the store's filesystem
+// (the blob's size is the layer's on disk), so that a chain too large for
+// the node fails at once instead of filling the disk every other cache
+// and build on the node writes to.
+func (s *Store) roomFor(cache CacheRef, chain Chain, missing []int) error {
+	var need int64
+	for _, i := range missing {
+		need += chain.Layers[i].Size
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.root, &st); err != nil {
+		return fmt.Errorf("sync cache %s: measure free space of %s: %w", cache, s.root, err)
+	}
+	if free := int64(st.Bavail) * st.Bsize; need > free {
+		return fmt.Errorf("sync cache %s: the %d layers this node lacks take %d bytes, but the store's filesystem has %d free (GC frees unused caches; or give the store more room): %w",
+			cache, len(missing), need, free, ErrNoSpace)
 	}
 	return nil
 }
@@ -112,6 +141,9 @@ func (s *Store) sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 			local = h.Layers
 		}
 		if p := planSync(local, chain.Layers, fetched); len(p.missing) > 0 && !staleChain(h, chain) {
+			if err := s.roomFor(cache, chain, p.missing); err != nil {
+				return res, err
+			}
 			if err := s.fetchLayers(ctx, cache, chain, p.missing, fetch, opts, fetched); err != nil {
 				return res, err
 			}

@@ -50,6 +50,7 @@ const (
 // Reasons of the failures metric that are not an Event reason.
 const (
 	failureTooLarge      = "too-large"
+	failureNoSpace       = "no-space"
 	failureUnpublishable = "unpublishable"
 	failureUntrusted     = "untrusted-chain"
 )

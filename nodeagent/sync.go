@@ -145,6 +145,8 @@ func failureReason(err error) string {
 		return failureUntrusted
 	case errors.Is(err, layerfs.ErrTooLarge):
 		return failureTooLarge
+	case errors.Is(err, layerfs.ErrNoSpace):
+		return failureNoSpace
 	case errors.Is(err, layerfs.ErrUnpublishable):
 		return failureUnpublishable
 	case remote.IsUnauthorized(err):

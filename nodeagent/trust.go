@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -160,6 +161,10 @@ func checkShape(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain) error {
 	if pub.Generation != pub.Layers[0].Generation {
 		return bad("generation", fmt.Sprint(pub.Generation), fmt.Sprintf("the newest layer's generation, %d", pub.Layers[0].Generation))
 	}
+	if len(pub.Layers) > maxChainLayers {
+		return bad("layers", fmt.Sprintf("%d layers", len(pub.Layers)), fmt.Sprintf("at most %d (the deepest overlay a node can mount; agents squash chains long before)", maxChainLayers))
+	}
+	seen := map[string]string{} // digest -> the field that named it first
 	for i, l := range pub.Layers {
 		field := fmt.Sprintf("layers[%d]", i)
 		below := int64(0)
@@ -169,6 +174,32 @@ func checkShape(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain) error {
 		if err := checkLayer(field, l, below, bad); err != nil {
 			return err
 		}
+		if err := checkOnce(field, l, seen, bad); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// maxChainLayers bounds a chain's length: a node stacks every layer of a
+// cache in one overlay mount, which takes at most 500 layers.
+const maxChainLayers = 500
+
+// checkOnce refuses a layer whose digest, or a digest it covers, the
+// chain named before: one blob listed many times would be fetched and
+// stored as many times, past every bound on a layer.
+func checkOnce(field string, l v1alpha1.PublishedLayer, seen map[string]string, bad func(field, value, expected string) error) error {
+	names := map[string]string{field + ".digest": l.Digest}
+	for j, d := range l.Covers {
+		names[fmt.Sprintf("%s.covers[%d]", field, j)] = d
+	}
+	for _, f := range slices.Sorted(maps.Keys(names)) {
+		d := names[f]
+		// A squash may name what it covers (one layer squashed alone).
+		if first, ok := seen[d]; ok && !strings.HasPrefix(first, field+".") {
+			return bad(f, fmt.Sprintf("%q", d), fmt.Sprintf("a digest no other layer of the chain names (%s names it)", first))
+		}
+		seen[d] = f
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -268,6 +269,13 @@ func TestCheckShape(t *testing.T) {
 		{"announced by no node", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "../x", Volume: "pvc-1"}}}, "announced[0].node"},
 		{"announced without a volume", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "node-a", Volume: "../x"}}}, "announced[0].volume"},
 		{"too many announced", v1alpha1.PublishedChain{Announced: make([]v1alpha1.AnnouncedLayer, maxAnnounced+1)}, "at most 64"},
+		// Issue 33, finding 2: one blob listed many times passed, and a
+		// node fetched and stored it as many times.
+		{"a digest listed twice", v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{layer(2, d('a')), layer(1, d('a'))}}, "layers[0].digest names it"},
+		{"a squash covering a layer of the chain", v1alpha1.PublishedChain{Generation: 3, Layers: []v1alpha1.PublishedLayer{layer(3, d('b'), d('a'), d('c')), layer(1, d('a'))}}, "layers[0].covers[0] names it"},
+		{"a squash of one layer naming it", v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{layer(2, d('a'), d('a'))}}, ""},
+		{"too long", chainOfLength(maxChainLayers + 1), "at most 500"},
+		{"as long as a node can mount", chainOfLength(maxChainLayers), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := checkShape(maven, &tc.pub)
@@ -276,6 +284,15 @@ func TestCheckShape(t *testing.T) {
 			}
 		})
 	}
+}
+
+// chainOfLength is a well-formed chain of n appends.
+func chainOfLength(n int) v1alpha1.PublishedChain {
+	pub := v1alpha1.PublishedChain{Generation: int64(n)}
+	for g := n; g > 0; g-- {
+		pub.Layers = append(pub.Layers, v1alpha1.PublishedLayer{Digest: digest.FromString(fmt.Sprint(g)).String(), Size: 10, Generation: int64(g)})
+	}
+	return pub
 }
 
 func TestCheckJump(t *testing.T) {
