@@ -273,17 +273,21 @@ func bindTarget(merged, target string, readOnly bool) error {
 // unbindTarget unmounts target and removes it, as CSI asks of the plugin
 // that made it. A missing or unmounted target is fine: unpublish is
 // retried, and the pod watch may have got there first.
+//
+// A target still in use is never detached lazily: a process that holds
+// a detached mount keeps writing into the volume's upper directory after
+// the commit's unmount of the volume itself succeeded, so into the layer
+// the commit sealed. It fails with layerfs.ErrBusy instead, and the
+// kubelet's retry (or the pod watch's) ends the volume once nothing
+// holds it.
 func unbindTarget(target string) error {
 	for range 8 { // bind mounts may stack after a kubelet retry
-		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		err := unmountWhenFree(target)
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
 			break
 		}
 		if errors.Is(err, unix.EBUSY) {
-			// The pod's containers have stopped; what holds it is a
-			// passer-by (a stat), and the store's own non-lazy unmount
-			// at commit still refuses a volume in use.
-			err = unix.Unmount(target, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+			return fmt.Errorf("unmount %s: a process still holds it, so its volume is not ended yet (%w): %w", target, layerfs.ErrBusy, err)
 		}
 		if err != nil {
 			return fmt.Errorf("unmount %s: %w", target, err)
@@ -294,6 +298,22 @@ func unbindTarget(target string) error {
 	}
 	return nil
 }
+
+// unmountWhenFree unmounts target, waiting a little (busyWaits) for a
+// passer-by (a stat, a du of the kubelet) to let go of it.
+func unmountWhenFree(target string) error {
+	var err error
+	for i := range busyWaits {
+		if err = unix.Unmount(target, unix.UMOUNT_NOFOLLOW); !errors.Is(err, unix.EBUSY) {
+			return err
+		}
+		time.Sleep(time.Duration(i+1) * 20 * time.Millisecond)
+	}
+	return err
+}
+
+// busyWaits bounds unmountWhenFree: about a second in all.
+const busyWaits = 10
 
 // volumeLocks serialize the calls for one volume: the kubelet's retries,
 // its unpublish and the pod watch's end.

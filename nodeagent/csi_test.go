@@ -537,3 +537,40 @@ func TestCSISweepForgetsOutcomesOfEndedVolumes(t *testing.T) {
 		t.Errorf("after the sweep: %v", e.ends.seen.m)
 	}
 }
+
+// A target a process still holds when the kubelet unpublishes is never
+// detached lazily (issue 33, finding 8): that process's later writes
+// would land in the layer the commit sealed. The unpublish fails, the
+// volume stays open, and the kubelet's retry after the holder let go
+// commits what the build wrote.
+func TestCSIBusyTargetIsNeverDetachedLazily(t *testing.T) {
+	e := newCSIEnv(t)
+	e.setPod(t, csiPodObject("build", corev1.PodRunning))
+	target := e.publish(t, "build", map[string]string{attrCache: "maven"})
+	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
+	holder, err := os.Create(filepath.Join(target, "late.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	e.setPod(t, csiPodObject("build", corev1.PodSucceeded))
+
+	_, err = e.driver.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-build", TargetPath: target})
+	if err == nil || !strings.Contains(err.Error(), "still holds it") {
+		t.Fatalf("unpublish of a target a process holds: %v, want an error saying it is held", err)
+	}
+	if mounted, err := mountinfo.Mounted(target); err != nil || !mounted {
+		t.Fatalf("a held target after the refused unpublish: mounted = %v, %v; want it still mounted, not detached", mounted, err)
+	}
+	if !e.volumeOpen(t, "build") || e.generation(t, "maven") != 0 {
+		t.Fatal("the volume ended while a process held its target")
+	}
+	if _, err := holder.WriteString("written after the unpublish"); err != nil {
+		t.Fatal(err)
+	}
+	must(t, holder.Close())
+	e.unpublish(t, "build")
+	if e.volumeOpen(t, "build") || e.generation(t, "maven") != 1 {
+		t.Fatal("the retried unpublish did not commit the volume")
+	}
+}
