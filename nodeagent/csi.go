@@ -101,6 +101,9 @@ func (d *csiDriver) NodePublishVolume(ctx context.Context, r *csi.NodePublishVol
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s volumes are filesystems, not block devices: use volumeMounts, not volumeDevices", r.GetVolumeId(), v1alpha1.CSIDriverName)
 	}
 	pod, err := parseCSIPod(r.GetVolumeContext())
+	if err == nil {
+		err = d.checkPod(pod, r.GetTargetPath())
+	}
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %v", r.GetVolumeId(), err)
 	}
@@ -235,6 +238,22 @@ func (d *csiDriver) checkTarget(volumeID, target string) error {
 	pods := filepath.Join(d.kubeletDir, "pods") + "/"
 	if !filepath.IsAbs(target) || filepath.Clean(target) != target || !strings.HasPrefix(target, pods) {
 		return status.Errorf(codes.InvalidArgument, "target path %q is not a clean path below %s; is the agent's --kubelet-dir the kubelet's --root-dir?", target, pods)
+	}
+	return nil
+}
+
+// checkPod cross-checks the pod the volume context names with what the
+// kubelet and the API server say besides: the target is in that pod's
+// directory (the kubelet's pods/<uid>/volumes/...), and the pod of that
+// name this node's informer holds, if it holds one yet, has that UID. A
+// volume is then never made, held or ended for a pod it does not serve.
+func (d *csiDriver) checkPod(pod csiPod, target string) error {
+	rel := strings.TrimPrefix(target, filepath.Join(d.kubeletDir, "pods")+"/")
+	if uid, _, _ := strings.Cut(rel, "/"); uid != string(pod.UID) {
+		return fmt.Errorf("the target path %s is in the directory of pod UID %q, but the volume context names pod %s with UID %q", target, uid, pod.key(), pod.UID)
+	}
+	if got, ok := d.prov.holds.podUID(pod.key()); ok && got != pod.UID {
+		return fmt.Errorf("pod %s has UID %q, but the volume context names UID %q", pod.key(), got, pod.UID)
 	}
 	return nil
 }

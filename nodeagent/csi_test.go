@@ -436,6 +436,8 @@ func TestCSIRequestsRefusedBeforeTheStore(t *testing.T) {
 		{"no volume id", func(r *csi.NodePublishVolumeRequest) { r.VolumeId = "" }, "volume id is empty"},
 		{"a persistent volume", func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, attrEphemeral) }, "not a CSI inline (ephemeral) volume"},
 		{"no pod information", func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, attrPodNamespace) }, "podInfoOnMount: true"},
+		// Issue 33, finding 9: the pod information must be the target's pod.
+		{"another pod's UID", func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[attrPodUID] = "uid-other" }, `directory of pod UID "uid-build"`},
 		{"a block volume", func(r *csi.NodePublishVolumeRequest) {
 			r.VolumeCapability = &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}}
 		}, "not block devices"},

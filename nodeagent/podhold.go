@@ -210,6 +210,19 @@ func (h *podHolds) hold(ctx context.Context, namespace, name string, uid types.U
 	return h.patch(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: uid}}, true)
 }
 
+// podUID is the UID of pod key (namespace/name) as this node's informer
+// has it, if it has the pod.
+func (h *podHolds) podUID(key string) (types.UID, bool) {
+	if h == nil {
+		return "", false
+	}
+	obj, ok, _ := h.pods.GetByKey(key)
+	if !ok {
+		return "", false
+	}
+	return obj.(*corev1.Pod).UID, true
+}
+
 // patch adds (hold) or removes the finalizer with a strategic merge patch,
 // which leaves other finalizers alone; the UID makes it a precondition
 // that the pod is still the one the informer saw.
