@@ -535,7 +535,7 @@ func TestSettersAgreeWithValues(t *testing.T) {
 // server enforces them).
 func TestNodeAgentPolicies(t *testing.T) {
 	r := render(t, "default")
-	for _, name := range []string{"layercache-node-pods", "layercache-node-replicas"} {
+	for _, name := range []string{"layercache-node-pods", "layercache-node-replicas", "layercache-agent-state"} {
 		policy := find[*admissionregistrationv1.ValidatingAdmissionPolicy](t, r, name)
 		if policy.Spec.FailurePolicy == nil || *policy.Spec.FailurePolicy != admissionregistrationv1.Fail || len(policy.Spec.Validations) == 0 {
 			t.Errorf("policy %s: failurePolicy %v, %d validations; want Fail and some", policy.Name, policy.Spec.FailurePolicy, len(policy.Spec.Validations))

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -591,4 +592,15 @@ func lines(s string) []string {
 		}
 	}
 	return out
+}
+
+// clientFor is a client of the Cache resources with cfg (an impersonating
+// config of framework.AsLayercache or AsUser).
+func (e *env) clientFor(cfg *rest.Config) client.Client {
+	e.t.Helper()
+	cl, err := client.New(cfg, client.Options{Scheme: e.Caches.Scheme()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cl
 }

@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -40,15 +39,7 @@ func TestNodeAgentPodPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	as := func(account, node string) kubernetes.Interface {
-		cfg := rest.CopyConfig(e.Config)
-		cfg.Impersonate = rest.ImpersonationConfig{
-			UserName: "system:serviceaccount:" + framework.SystemNamespace + ":" + account,
-			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + framework.SystemNamespace, "system:authenticated"},
-		}
-		if node != "" {
-			cfg.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {node}}
-		}
-		return kubernetes.NewForConfigOrDie(cfg)
+		return kubernetes.NewForConfigOrDie(e.AsLayercache(account, node))
 	}
 	const agent, manager = "layercache-node", "layercache-manager"
 	finalizer := func(op string) string {
@@ -101,19 +92,7 @@ func TestNodeAgentReplicaPolicy(t *testing.T) {
 			t.Errorf("deleting Node %s: %v", node.Name, err)
 		}
 	})
-	agentOn := func(node string) client.Client {
-		cfg := rest.CopyConfig(e.Config)
-		cfg.Impersonate = rest.ImpersonationConfig{
-			UserName: "system:serviceaccount:" + framework.SystemNamespace + ":layercache-node",
-			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + framework.SystemNamespace, "system:authenticated"},
-			Extra:    map[string][]string{"authentication.kubernetes.io/node-name": {node}},
-		}
-		cl, err := client.New(cfg, client.Options{Scheme: e.Caches.Scheme()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cl
-	}
+	agentOn := func(node string) client.Client { return e.clientFor(e.AsLayercache("layercache-node", node)) }
 	apply := func(as client.Client, node string, gen int64) error {
 		b := v1alpha1.CacheReplicaApply(c.Namespace, c.Name, c.UID, node, v1alpha1.CacheReplicaStatus{Generation: gen})
 		return as.Apply(ctx, b, client.FieldOwner("layercache-node-"+node), client.ForceOwnership)

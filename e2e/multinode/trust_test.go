@@ -72,8 +72,8 @@ func TestAReaderCannotRedirectTheOwnersPublishing(t *testing.T) {
 	}
 }
 
-// TestAChainOfAnotherRepositoryOrSecretIsRefused: the test's admin
-// writes status.published of a Cache to name another tenant's repository
+// TestAChainOfAnotherRepositoryOrSecretIsRefused: the test, as the node
+// agents' service account, writes status.published of a Cache to name another tenant's repository
 // (with that tenant's chain), or a Secret no class pairs with the
 // registry's prefix. A reader's build on the node that lacks the cache
 // finds nothing of either chain in its volume, and Events on the claim
@@ -163,16 +163,23 @@ func (e *syncEnv) setReaders(ctx context.Context, name string, readers ...string
 }
 
 // editPublished changes the Cache's status.published through the status
-// subresource, as anyone who may write caches/status can.
+// subresource as the node agents' service account, the only writer
+// ValidatingAdmissionPolicy layercache-agent-state lets change it (e2e/cache's
+// TestATenantCannotForgeAgentState checks that it refuses a tenant): the
+// agents check every chain all the same, whoever wrote it.
 func (e *syncEnv) editPublished(ctx context.Context, name string, change func(*v1alpha1.PublishedChain)) {
 	e.t.Helper()
 	c, err := e.cache(ctx, name)
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	agent, err := client.New(e.AsLayercache("layercache-node", e.node(0)), client.Options{Scheme: e.Caches.Scheme()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	patch := client.MergeFromWithOptions(c.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	change(c.Status.Published)
-	if err := e.Caches.Status().Patch(ctx, c, patch); err != nil {
+	if err := agent.Status().Patch(ctx, c, patch); err != nil {
 		e.t.Fatalf("patch status.published of Cache %s/%s: %v", e.Namespace, name, err)
 	}
 }
