@@ -286,7 +286,7 @@ func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.S
 		return fmt.Errorf("watch this node's PVs to release held pods: %w", err)
 	}
 	if a.opts.KubeletDir != "" {
-		a.csi = newCSIDriver(a.prov, a.opts.KubeletDir)
+		a.csi = newCSIDriver(a.prov, a.opts.KubeletDir, csiLimits{Default: a.opts.CSIDefaultBytes, Max: a.opts.CSIMaxBytes})
 		a.csiEnds = newCSIEnds(a.prov, a.csi, podInformer.GetIndexer())
 		if _, err := podInformer.AddEventHandler(a.csiEnds.handlers()); err != nil {
 			return fmt.Errorf("watch this node's pods for CSI volumes: %w", err)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -24,6 +25,21 @@ type caches struct {
 	// stale answer would remove a cache a claim just created.
 	reader client.Reader
 	node   string
+}
+
+// csiOptedIn refuses CSI inline volumes in a namespace that a cluster
+// admin has not labeled v1alpha1.LabelCSI (see there for why).
+func (c *caches) csiOptedIn(ctx context.Context, namespace string) error {
+	var ns corev1.Namespace
+	if err := c.client.Get(ctx, client.ObjectKey{Name: namespace}, &ns); err != nil {
+		return fmt.Errorf("read namespace %s: %w", namespace, err)
+	}
+	if ns.Labels[v1alpha1.LabelCSI] == v1alpha1.CSIEnabled {
+		return nil
+	}
+	return &claimError{Reason: reasonCSINotEnabled, Message: fmt.Sprintf(
+		"namespace %s has not opted in to CSI inline volumes of %s: a cluster admin labels it (kubectl label namespace %s %s=%s), or its pods use a claim of a layercache StorageClass",
+		namespace, v1alpha1.CSIDriverName, namespace, v1alpha1.LabelCSI, v1alpha1.CSIEnabled)}
 }
 
 // fieldManager is this node's: it applies the node's CacheReplicas and

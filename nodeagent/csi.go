@@ -53,13 +53,16 @@ type csiDriver struct {
 	// kubeletDir is the kubelet's root directory: target paths must be
 	// below its pods directory.
 	kubeletDir string
-	locks      volumeLocks
+	// limits bound every volume's size attribute (Options.CSIDefaultBytes
+	// and CSIMaxBytes).
+	limits csiLimits
+	locks  volumeLocks
 	// ends ends CSI volumes whose pods ended; nil in tests without it.
 	ends *csiEnds
 }
 
-func newCSIDriver(prov *Provisioner, kubeletDir string) *csiDriver {
-	return &csiDriver{prov: prov, kubeletDir: kubeletDir, locks: volumeLocks{m: map[string]*volumeLock{}}}
+func newCSIDriver(prov *Provisioner, kubeletDir string, limits csiLimits) *csiDriver {
+	return &csiDriver{prov: prov, kubeletDir: kubeletDir, limits: limits, locks: volumeLocks{m: map[string]*volumeLock{}}}
 }
 
 // GetPluginInfo names the driver.
@@ -148,7 +151,7 @@ func (d *csiDriver) NodePublishVolume(ctx context.Context, r *csi.NodePublishVol
 func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeRequest, pod csiPod, id string) (*layerfs.Volume, error) {
 	start := time.Now()
 	p := d.prov
-	req, err := p.csiRequest(ctx, r.GetVolumeContext(), pod, r.GetReadonly())
+	req, err := p.csiRequest(ctx, r.GetVolumeContext(), pod, r.GetReadonly(), d.limits)
 	if err != nil {
 		var refused *claimError
 		if !errors.As(err, &refused) {
@@ -158,7 +161,8 @@ func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeReques
 		p.events.Eventf(pod.object(), nil, corev1.EventTypeWarning, refused.Reason, actionProvision, "%s", refused.Message)
 		p.metrics.fail(opProvision, refused.Reason)
 		code := codes.InvalidArgument
-		if refused.Reason == reasonCacheAccessDenied || refused.Reason == reasonCacheDeleting || refused.Reason == reasonRegistryCache {
+		switch refused.Reason {
+		case reasonCacheAccessDenied, reasonCacheDeleting, reasonRegistryCache, reasonCSINotEnabled:
 			code = codes.FailedPrecondition
 		}
 		return nil, status.Errorf(code, "%s", refused.Message)

@@ -41,13 +41,19 @@ type csiEnv struct {
 	kubeletDir string
 }
 
+// testCSILimits are the node agent's defaults.
+var testCSILimits = csiLimits{Default: DefaultOptions().CSIDefaultBytes, Max: DefaultOptions().CSIMaxBytes}
+
+// newCSIEnv's pods are of namespace ci, which has opted in to CSI
+// volumes.
 func newCSIEnv(t *testing.T, objs ...client.Object) *csiEnv {
 	t.Helper()
-	env, st := newRealEnv(t, 8, objs...)
+	ci := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ci", Labels: map[string]string{v1alpha1.LabelCSI: v1alpha1.CSIEnabled}}}
+	env, st := newRealEnv(t, 8, append([]client.Object{ci}, objs...)...)
 	e := &csiEnv{testEnv: env, store: st, kubeletDir: t.TempDir(),
 		pods: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
 	t.Cleanup(func() { unmountUnder(t, e.kubeletDir) })
-	e.driver = newCSIDriver(env.prov, e.kubeletDir)
+	e.driver = newCSIDriver(env.prov, e.kubeletDir, testCSILimits)
 	e.ends = newCSIEnds(env.prov, e.driver, e.pods)
 	env.prov.getPod = func(_ context.Context, ns, name string) (*corev1.Pod, error) {
 		obj, ok, _ := e.pods.GetByKey(ns + "/" + name)
@@ -356,7 +362,7 @@ func TestCSIVolumeEndsAfterAnAgentRestart(t *testing.T) {
 	target := e.publish(t, "build", map[string]string{attrCache: "maven"})
 	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
 
-	restarted := newCSIDriver(e.prov, e.kubeletDir)
+	restarted := newCSIDriver(e.prov, e.kubeletDir, testCSILimits)
 	ends := newCSIEnds(e.prov, restarted, e.pods)
 	// The kubelet publishes again after its own restart: nothing stacks.
 	if _, err := restarted.NodePublishVolume(ctx, e.publishRequest("build", map[string]string{attrCache: "maven"})); err != nil {
@@ -394,6 +400,11 @@ func TestCSIPublishRefused(t *testing.T) {
 			want: []string{`volumeAttributes commit has value "sometimes"`}},
 		{name: "bad size", attrs: map[string]string{attrCache: "maven", attrSize: "lots"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
 			want: []string{`size has value "lots"`, "10Gi"}},
+		// Issue 33, finding 3: a CSI volume is always limited.
+		{name: "size past the node's cap", attrs: map[string]string{attrCache: "maven", attrSize: "1Ti"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+			want: []string{`size has value "1Ti"`, "--csi-max-size of 100Gi"}},
+		{name: "no size at all", attrs: map[string]string{attrCache: "maven", attrSize: "0"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+			want: []string{`size has value "0"`, "the node's default, 10Gi"}},
 		{name: "bad cache name", attrs: map[string]string{attrCache: "Maven_3"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
 			want: []string{"volumeAttributes cache", "Maven_3"}},
 		{name: "write to another namespace", attrs: map[string]string{attrCache: "team/maven", attrMode: "write"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
@@ -574,5 +585,33 @@ func TestCSIBusyTargetIsNeverDetachedLazily(t *testing.T) {
 	e.unpublish(t, "build")
 	if e.volumeOpen(t, "build") || e.generation(t, "maven") != 1 {
 		t.Fatal("the retried unpublish did not commit the volume")
+	}
+}
+
+// Any pod may name the driver; only namespaces a cluster admin opted in
+// get a volume (issue 33, finding 3). The refusal is an Event on the pod
+// that names the label.
+func TestCSIVolumesAreOptInPerNamespace(t *testing.T) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ci"}}
+	e := newCSIEnv(t)
+	must(t, e.client.Update(context.Background(), ns)) // the label removed
+	_, err := e.driver.NodePublishVolume(context.Background(), e.publishRequest("build", map[string]string{attrCache: "maven"}))
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "has not opted in") {
+		t.Fatalf("publish in a namespace without %s: %v, want FailedPrecondition saying it has not opted in", v1alpha1.LabelCSI, err)
+	}
+	e.wantEvent(t, "Warning "+reasonCSINotEnabled, "kubectl label namespace ci "+v1alpha1.LabelCSI+"="+v1alpha1.CSIEnabled)
+	if e.volumeOpen(t, "build") {
+		t.Error("a volume of a namespace that has not opted in is in the store")
+	}
+}
+
+// A CSI volume without a size attribute gets the node's default limit.
+func TestCSIVolumeWithoutSizeIsLimited(t *testing.T) {
+	e := newCSIEnv(t)
+	e.publish(t, "build", map[string]string{attrCache: "maven"})
+	vol, err := e.store.Volume(context.Background(), csiStoreID("csi-build"))
+	must(t, err)
+	if vol.LimitBytes != testCSILimits.Default {
+		t.Errorf("limit of a CSI volume without a size attribute = %d, want the default %d", vol.LimitBytes, testCSILimits.Default)
 	}
 }

@@ -69,7 +69,7 @@ func parseCSIPod(attrs map[string]string) (csiPod, error) {
 // csiClaim turns a CSI volume's attributes into the claim they stand for,
 // owned by the pod, so that the claim parsers validate them by the same
 // rules. Its errors name annotations; csiMessage renames them.
-func csiClaim(attrs map[string]string, pod csiPod) (*corev1.PersistentVolumeClaim, error) {
+func csiClaim(attrs map[string]string, pod csiPod, limits csiLimits) (*corev1.PersistentVolumeClaim, error) {
 	var unknown []string
 	for k := range attrs {
 		if !slices.Contains(userAttrs, k) && !strings.HasPrefix(k, "csi.storage.k8s.io/") {
@@ -101,15 +101,36 @@ func csiClaim(attrs map[string]string, pod csiPod) (*corev1.PersistentVolumeClai
 			claim.Annotations[ann] = v
 		}
 	}
-	if v, ok := attrs[attrSize]; ok {
-		q, err := resource.ParseQuantity(v)
-		if err != nil || q.Sign() < 0 {
-			return nil, &claimError{Reason: reasonInvalidAttribute, Message: fmt.Sprintf(
-				"volumeAttributes size has value %q: use a quantity such as 10Gi, the most the build may add to the cache, or remove it for no limit", v)}
-		}
-		claim.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: q}
+	size, err := limits.size(attrs)
+	if err != nil {
+		return nil, err
 	}
+	claim.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: size}
 	return claim, nil
+}
+
+// csiLimits bound the size of CSI volumes, in bytes: Default where the
+// attribute is absent, Max for the attribute.
+type csiLimits struct{ Default, Max int64 }
+
+// size is the volume's limit: its size attribute, or the default.
+func (l csiLimits) size(attrs map[string]string) (resource.Quantity, error) {
+	v, ok := attrs[attrSize]
+	if !ok {
+		return *resource.NewQuantity(l.Default, resource.BinarySI), nil
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil || q.Sign() <= 0 {
+		return q, &claimError{Reason: reasonInvalidAttribute, Message: fmt.Sprintf(
+			"volumeAttributes size has value %q: use a quantity such as 10Gi, the most the build may add to the cache, or remove it for the node's default, %s",
+			v, resource.NewQuantity(l.Default, resource.BinarySI))}
+	}
+	if q.Value() > l.Max {
+		return q, &claimError{Reason: reasonInvalidAttribute, Message: fmt.Sprintf(
+			"volumeAttributes size has value %q, more than the node agent's --csi-max-size of %s: ask for less, or use a claim of a layercache StorageClass",
+			v, resource.NewQuantity(l.Max, resource.BinarySI))}
+	}
+	return q, nil
 }
 
 // csiMessage says in a CSI volume's terms what the claim parsers said in a
@@ -133,8 +154,11 @@ var csiMessage = strings.NewReplacer(
 // csiRequest validates a CSI volume's attributes as a claim's annotations
 // are, on the defaults of a class without parameters (a node-local overlay
 // cache), and checks access to the caches they name.
-func (p *Provisioner) csiRequest(ctx context.Context, attrs map[string]string, pod csiPod, readOnly bool) (volumeRequest, error) {
-	claim, err := csiClaim(attrs, pod)
+func (p *Provisioner) csiRequest(ctx context.Context, attrs map[string]string, pod csiPod, readOnly bool, limits csiLimits) (volumeRequest, error) {
+	if err := p.caches.csiOptedIn(ctx, pod.Namespace); err != nil {
+		return volumeRequest{}, err
+	}
+	claim, err := csiClaim(attrs, pod, limits)
 	if err != nil {
 		return volumeRequest{}, err
 	}

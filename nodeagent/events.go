@@ -8,6 +8,7 @@ const (
 	reasonInvalidAnnotation   = "InvalidAnnotation"
 	reasonInvalidAttribute    = "InvalidVolumeAttributes"
 	reasonRegistryCache       = "RegistryCacheNotInline"
+	reasonCSINotEnabled       = "CSINotEnabled"
 	reasonInvalidStorageClass = "InvalidStorageClass"
 	reasonCacheTemplate       = "CacheTemplateFailed"
 	reasonCacheAccessDenied   = "CacheAccessDenied"

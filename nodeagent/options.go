@@ -73,6 +73,11 @@ type Options struct {
 	// the agent serves CSI inline volumes there and registers the driver
 	// with the kubelet; empty, it serves claims only.
 	KubeletDir string
+	// CSIDefaultBytes bounds what a CSI inline volume without a size
+	// attribute may add to its cache; CSIMaxBytes bounds the size
+	// attribute. A CSI volume is always limited: it passes no
+	// ResourceQuota.
+	CSIDefaultBytes, CSIMaxBytes int64
 }
 
 // DefaultOptions returns the defaults, taking root and node name from the
@@ -100,6 +105,8 @@ func DefaultOptions() Options {
 		GCMinFreePercent:   15,
 		SnapshotImageBytes: layerfs.DefaultSnapshotImageBytes,
 		MkfsBtrfs:          "mkfs.btrfs",
+		CSIDefaultBytes:    10 << 30,
+		CSIMaxBytes:        100 << 30,
 	}
 }
 
@@ -120,6 +127,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Var(&bytesFlag{&o.SnapshotImageBytes}, "snapshot-image-size", "size of the sparse btrfs image that holds layout: snapshot volumes when --root is not on btrfs (e.g. 100Gi); it takes disk only as it fills")
 	fs.StringVar(&o.MkfsBtrfs, "mkfs-btrfs", o.MkfsBtrfs, "mkfs.btrfs program that formats that image (a name on PATH or a path)")
 	fs.StringVar(&o.KubeletDir, "kubelet-dir", o.KubeletDir, "the kubelet's root directory (its --root-dir, usually /var/lib/kubelet): serve CSI inline volumes of driver "+v1alpha1.CSIDriverName+" there; empty serves claims only")
+	fs.Var(&bytesFlag{&o.CSIDefaultBytes}, "csi-default-size", "the most a CSI inline volume without a size attribute may add to its cache (e.g. 10Gi)")
+	fs.Var(&bytesFlag{&o.CSIMaxBytes}, "csi-max-size", "the largest size attribute a CSI inline volume may ask for (e.g. 100Gi)")
 	fs.StringVar(&o.RegistryCompression, "registry-compression", o.RegistryCompression, "compression of the layers pushed to registries: zstd or gzip (for registries that refuse zstd blobs)")
 }
 
@@ -169,6 +178,9 @@ func (o *Options) Validate() error {
 	}
 	if o.KubeletDir != "" && (!filepath.IsAbs(o.KubeletDir) || filepath.Clean(o.KubeletDir) != o.KubeletDir) {
 		errs = append(errs, fmt.Errorf("--kubelet-dir %q is not a clean absolute path: pass the kubelet's --root-dir, for example /var/lib/kubelet, or leave it empty to serve no CSI volumes", o.KubeletDir))
+	}
+	if o.CSIDefaultBytes <= 0 || o.CSIMaxBytes < o.CSIDefaultBytes {
+		errs = append(errs, fmt.Errorf("--csi-default-size %d and --csi-max-size %d: both must be positive, the default at most the maximum (defaults 10Gi and 100Gi)", o.CSIDefaultBytes, o.CSIMaxBytes))
 	}
 	if o.ResyncInterval < time.Second {
 		errs = append(errs, fmt.Errorf("--resync-interval %s is too short: use at least 1s, for example 1m", o.ResyncInterval))

@@ -21,6 +21,10 @@ package nodeagent
 // config/rbac/node.yaml refuses any other change.
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
 
+// Read namespaces' labels: CSI inline volumes are opt-in per namespace
+// (label layercache.dev/csi).
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+
 // The agent checks its own Node at start.
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get
 

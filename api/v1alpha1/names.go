@@ -10,6 +10,14 @@ const (
 	// pod's spec.volumes[].csi.driver.
 	CSIDriverName = "layercache.dev"
 
+	// LabelCSI on a Namespace, set to CSIEnabled by a cluster admin, lets
+	// the namespace's pods use CSI inline volumes of CSIDriverName. Any
+	// pod may name a CSI driver (Pod Security's restricted profile allows
+	// it), and an inline volume passes neither ResourceQuota nor the
+	// StorageClass an admin chose for claims: so it is opt-in.
+	LabelCSI   = "layercache.dev/csi"
+	CSIEnabled = "enabled"
+
 	// StorageClassName is the StorageClass of the default install.
 	StorageClassName = "layercache"
 

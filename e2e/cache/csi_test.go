@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
@@ -156,6 +157,30 @@ func TestCSI(t *testing.T) {
 		p, err := e.Client.CoreV1().Pods(e.Namespace).Get(ctx, "typo", metav1.GetOptions{})
 		if err != nil || p.Status.Phase != corev1.PodPending {
 			t.Errorf("pod with a refused volume: %v, phase %s; want Pending", err, phaseOf(p))
+		}
+	})
+	// Issue 33, finding 3: any pod may name the driver, so a namespace
+	// gets CSI volumes only once a cluster admin labels it (the
+	// framework labels the test namespaces; this one's label goes).
+	t.Run("namespace not opted in", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
+		defer cancel()
+		patch := []byte(`{"metadata":{"labels":{"` + v1alpha1.LabelCSI + `":null}}}`)
+		if _, err := e.Client.CoreV1().Namespaces().Patch(ctx, e.Namespace, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.CreatePod(ctx, e.csiPod("unlabeled", csiVolume("maven"), "true")); err != nil {
+			t.Fatal(err)
+		}
+		ev := e.waitEvent(ctx, e.Namespace, "Pod", "unlabeled", func(ev *corev1.Event) bool { return ev.Reason == "CSINotEnabled" })
+		if want := "kubectl label namespace " + e.Namespace + " " + v1alpha1.LabelCSI + "=" + v1alpha1.CSIEnabled; !strings.Contains(ev.Message, want) {
+			t.Errorf("the refusal %q does not say how to opt in (%q)", ev.Message, want)
+		}
+		p, err := e.Client.CoreV1().Pods(e.Namespace).Get(ctx, "unlabeled", metav1.GetOptions{})
+		if err != nil || p.Status.Phase != corev1.PodPending {
+			t.Errorf("pod of a namespace not opted in: %v, phase %s; want Pending", err, phaseOf(p))
 		}
 	})
 

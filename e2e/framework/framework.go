@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/internal/bootstrap"
 )
 
@@ -82,7 +83,9 @@ func New(t testing.TB) *Framework {
 	defer cancel()
 	ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		GenerateName: namespacePrefix(t.Name()),
-		Labels:       map[string]string{E2ELabel: "true"},
+		// The scenarios' namespaces are CI namespaces an admin opted in
+		// to CSI inline volumes.
+		Labels: map[string]string{E2ELabel: "true", v1alpha1.LabelCSI: v1alpha1.CSIEnabled},
 	}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating the test namespace (is the cluster up? `make up`): %v", err)
