@@ -548,3 +548,33 @@ func TestSeedKeepsTheFallbacksBlobs(t *testing.T) {
 		}
 	}
 }
+
+// A seeded cache squashed before its first publish (a registry outage, or
+// a fallback near MaxLayers) merges its own commit with the fallback's
+// layers: the squash is unpublished, so its commit is pushed, never
+// counted as published for the fallback's digests (issue 33, finding 4).
+func TestSquashOfASeededCacheBeforeItsFirstPublishStaysUnpublished(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, Options{})
+	main := mustRef(t, "ns/main")
+	commitFile(t, s, "ns/main", "a.txt", "a")
+	commitFile(t, s, "ns/main", "b.txt", "b")
+	for i, l := range mustInspect(t, s, "ns/main").Layers {
+		must(t, s.SetLayerDigest(ctx, main, l.ID, "sha256:"+strings.Repeat(string(rune('a'+i)), 64)))
+	}
+	v, err := s.Mount(ctx, "pr", MountOptions{Cache: mustRef(t, "ns/pr-1"), Fallbacks: []CacheRef{main},
+		FallbackRepositories: map[CacheRef]string{main: "registry.example/caches/ns/main"}})
+	must(t, err)
+	writeFile(t, filepath.Join(v.MergedPath, "pr.txt"), "the build's output")
+	mustCommit(t, s, "pr")
+
+	res, err := s.Squash(ctx, mustRef(t, "ns/pr-1"), 1)
+	must(t, err)
+	if !res.Squashed {
+		t.Fatalf("Squash = %+v, want the seeded cache's layers merged", res)
+	}
+	layers := mustInspect(t, s, "ns/pr-1").Layers
+	if len(layers) != 1 || layers[0].published() || len(layers[0].Covers) != 0 {
+		t.Fatalf("after the squash: %+v; want one unpublished layer that covers nothing", layers)
+	}
+}

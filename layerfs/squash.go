@@ -94,10 +94,17 @@ func squashRun(layers []LayerInfo) int {
 	return n - i
 }
 
-// covers is the chain run that published layers stand for, newest first.
+// covers is the chain run that published layers stand for, newest first;
+// none when a layer of the run is not published. A squash that merged an
+// unpublished commit must be pushed as a layer of its own: standing for
+// the digests of the rest (a seeded cache's fallback blobs, MountFrom) it
+// would count as published, and that commit would never leave the node.
 func covers(layers []LayerInfo) []string {
 	var ds []string
 	for _, l := range layers {
+		if !l.published() {
+			return nil
+		}
 		if l.Digest != "" {
 			ds = append(ds, l.Digest)
 		} else {
