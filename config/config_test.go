@@ -12,8 +12,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -22,10 +24,13 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -544,5 +549,46 @@ func TestNodeAgentPolicies(t *testing.T) {
 		if binding.Spec.PolicyName != policy.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
 			t.Errorf("binding %+v, want policy %s with Deny", binding.Spec, policy.Name)
 		}
+	}
+}
+
+// The components' /metrics name every namespace's caches, unauthenticated
+// (issue 33, finding 11): the package ships a NetworkPolicy that admits
+// scrapes of both components' metrics port only from namespaces labeled
+// layercache.dev/metrics=allowed, and their health port (the kubelet's
+// probes) from anywhere.
+func TestMetricsAreNotOpenToEveryNamespace(t *testing.T) {
+	r := render(t, "default")
+	policy := find[*networkingv1.NetworkPolicy](t, r, "layercache-metrics")
+	selector, err := metav1.LabelSelectorAsSelector(&policy.Spec.PodSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pod := range []map[string]string{
+		find[*appsv1.DaemonSet](t, r, "layercache-node").Spec.Template.Labels,
+		find[*appsv1.Deployment](t, r, "layercache-manager").Spec.Template.Labels,
+	} {
+		if !selector.Matches(labels.Set(pod)) {
+			t.Errorf("the policy's pod selector %s misses pods labeled %v", selector, pod)
+		}
+	}
+	if policy.Namespace != namespace || !slices.Equal(policy.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+		t.Errorf("policy in namespace %q with types %v, want %q and Ingress", policy.Namespace, policy.Spec.PolicyTypes, namespace)
+	}
+	open := map[string][]networkingv1.NetworkPolicyPeer{} // port name -> who may reach it (none listed: anyone)
+	for _, rule := range policy.Spec.Ingress {
+		for _, p := range rule.Ports {
+			open[p.Port.String()] = rule.From
+		}
+	}
+	scrapers := []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"layercache.dev/metrics": "allowed"}}}}
+	if from, ok := open["metrics"]; !ok || !reflect.DeepEqual(from, scrapers) {
+		t.Errorf("port metrics is open to %+v, want only namespaces labeled layercache.dev/metrics=allowed", from)
+	}
+	if from, ok := open["health"]; !ok || len(from) != 0 {
+		t.Errorf("port health is open to %+v (listed: %v), want anyone (the kubelet's probes)", from, ok)
+	}
+	if len(open) != 2 {
+		t.Errorf("the policy admits ports %v, want metrics and health only", slices.Sorted(maps.Keys(open)))
 	}
 }
