@@ -15,6 +15,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/remote"
 )
 
 // The trust rules of a cache's published chain. status.published is
@@ -233,6 +234,11 @@ func checkLayer(field string, l v1alpha1.PublishedLayer, below int64, bad func(f
 	}
 	if l.Size <= 0 {
 		return bad(field+".size", fmt.Sprint(l.Size), "a positive size in bytes")
+	}
+	// The agents publish EROFS images only; a blob of any other type
+	// would go down an import path no chain needs.
+	if !remote.IsImage(l.MediaType) {
+		return bad(field+".mediaType", fmt.Sprintf("%q", l.MediaType), fmt.Sprintf("an EROFS image layer, %s or %s", remote.MediaTypeImageZstd, remote.MediaTypeImageGzip))
 	}
 	switch gap := l.Generation - below; {
 	case gap <= 0:

@@ -21,6 +21,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/remote"
 )
 
 // The tests in this file pin the trust model of the published chain: the
@@ -247,7 +248,7 @@ func TestTrustAGenerationJumpIsRefused(t *testing.T) {
 func TestCheckShape(t *testing.T) {
 	d := func(c byte) string { return "sha256:" + strings.Repeat(string(c), 64) }
 	layer := func(gen int64, digest string, covers ...string) v1alpha1.PublishedLayer {
-		return v1alpha1.PublishedLayer{Digest: digest, Size: 10, Generation: gen, Covers: covers}
+		return v1alpha1.PublishedLayer{Digest: digest, Size: 10, Generation: gen, Covers: covers, MediaType: string(remote.MediaTypeImageZstd)}
 	}
 	for _, tc := range []struct {
 		name string
@@ -265,6 +266,9 @@ func TestCheckShape(t *testing.T) {
 		{"bad digest", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{layer(1, "sha256:../../x")}}, "layers[0].digest"},
 		{"bad covered digest", v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{layer(2, d('a'), "md5:x", d('f'))}}, "layers[0].covers[0]"},
 		{"no size", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{{Digest: d('a'), Generation: 1}}}, "layers[0].size"},
+		// Issue 33, finding 7: a tenant-written mediaType sent a blob down
+		// the tar import path, where a sparse tar unpacked past its bound.
+		{"an OCI tar layer", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{{Digest: d('a'), Size: 10, Generation: 1, MediaType: "application/vnd.oci.image.layer.v1.tar"}}}, "layers[0].mediaType"},
 		{"announced", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "node-a", Volume: "pvc-1", Generation: 1}}}, ""},
 		{"announced by no node", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "../x", Volume: "pvc-1"}}}, "announced[0].node"},
 		{"announced without a volume", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "node-a", Volume: "../x"}}}, "announced[0].volume"},
@@ -290,7 +294,7 @@ func TestCheckShape(t *testing.T) {
 func chainOfLength(n int) v1alpha1.PublishedChain {
 	pub := v1alpha1.PublishedChain{Generation: int64(n)}
 	for g := n; g > 0; g-- {
-		pub.Layers = append(pub.Layers, v1alpha1.PublishedLayer{Digest: digest.FromString(fmt.Sprint(g)).String(), Size: 10, Generation: int64(g)})
+		pub.Layers = append(pub.Layers, v1alpha1.PublishedLayer{Digest: digest.FromString(fmt.Sprint(g)).String(), Size: 10, Generation: int64(g), MediaType: string(remote.MediaTypeImageZstd)})
 	}
 	return pub
 }
