@@ -86,9 +86,9 @@ test-deps: ## install the host packages the tests need (erofs-utils, btrfs-progs
 # ports. envtest-assets.sh builds or installs the binaries (cached) and
 # prints the directory of links to them.
 .PHONY: test-envtest
-test-envtest: ## the manager's controllers against a real kube-apiserver and etcd (envtest; builds or installs them first)
+test-envtest: ## the manager's controllers and the package's admission policies against a real kube-apiserver and etcd (envtest; builds or installs them first)
 	assets=$$(e2e/cluster/envtest-assets.sh); \
-	KUBEBUILDER_ASSETS=$$assets $(GO) test -tags envtest -count=1 ./cachemanager/...
+	KUBEBUILDER_ASSETS=$$assets $(GO) test -tags envtest -count=1 ./cachemanager/... ./config/...
 
 # The control plane at scale (e2e/scale): its own etcd, kube-apiserver
 # and kwok with simulated nodes, the real manager and one real node agent.
