@@ -284,6 +284,12 @@ func volumeOf(name, cache, result string, phase corev1.PersistentVolumePhase) *c
 
 func TestOpenVolumesIndex(t *testing.T) {
 	foreign := volumeOf("pv-x", ns+"/maven", "", corev1.VolumeBound)
+	// Issue 33, finding 10: a granted reader's open read volume kept the
+	// owner's cache from expiry and its namespace's size bound.
+	reader := volumeOf("pv-r", ns+"/maven", "", corev1.VolumeBound)
+	reader.Annotations[v1alpha1.AnnotationMode] = string(v1alpha1.ModeRead)
+	writer := volumeOf("pv-w", ns+"/maven", "", corev1.VolumeBound)
+	writer.Annotations[v1alpha1.AnnotationMode] = string(v1alpha1.ModeWrite)
 	foreign.Annotations = map[string]string{v1alpha1.AnnotationCache: ns + "/maven"} // not made by a node agent
 	tests := []struct {
 		pv   *corev1.PersistentVolume
@@ -293,6 +299,8 @@ func TestOpenVolumesIndex(t *testing.T) {
 		{volumeOf("pv-2", ns+"/maven", v1alpha1.ResultDiscarded, corev1.VolumeBound), nil},
 		{volumeOf("pv-3", ns+"/maven", "", corev1.VolumeReleased), nil},
 		{foreign, nil},
+		{reader, nil},
+		{writer, []string{ns + "/maven"}},
 	}
 	for _, tt := range tests {
 		if got := openVolumesIndex(tt.pv); !slices.Equal(got, tt.want) {

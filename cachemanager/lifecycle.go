@@ -74,8 +74,8 @@ func replicasOf(ctx context.Context, r client.Reader, c *v1alpha1.Cache) ([]v1al
 	return list.Items, nil
 }
 
-// inUse tells whether a build has a volume of the cache that has not
-// ended. A build records its use when it mounts, so one that runs longer
+// inUse tells whether a build has a write volume of the cache that has
+// not ended. A build records its use when it mounts, so one that runs longer
 // than a max age would look unused; deleting its cache would drop its
 // commit.
 func inUse(ctx context.Context, c client.Reader, cache *v1alpha1.Cache) (bool, error) {

@@ -24,8 +24,8 @@ const (
 	indexReplicaCache = "layercache.dev/replica-cache"
 	// indexReplicaNode indexes CacheReplicas by their node.
 	indexReplicaNode = "layercache.dev/replica-node"
-	// indexOpenVolumes indexes layercache PVs whose build has not ended
-	// by their cache, NAMESPACE/NAME.
+	// indexOpenVolumes indexes the layercache write volumes (PVs) whose
+	// build has not ended by their cache, NAMESPACE/NAME.
 	indexOpenVolumes = "layercache.dev/open-volumes"
 )
 
@@ -189,11 +189,15 @@ func replicaNodeIndex(obj client.Object) []string {
 	return nil
 }
 
-// openVolumesIndex keys a layercache PV by its cache until the node agent
-// records its build's end (the result annotation).
+// openVolumesIndex keys a layercache write volume (PV) by its cache until
+// the node agent records its build's end (the result annotation). A read
+// volume is left out: it never commits, so it needs no cache kept for
+// it, and a reader's namespace must not keep the owner's cache from
+// expiry or its namespace's size bound.
 func openVolumesIndex(obj client.Object) []string {
 	pv, ok := obj.(*corev1.PersistentVolume)
-	if !ok || !isOurVolume(pv) || pv.Annotations[v1alpha1.AnnotationResult] != "" {
+	if !ok || !isOurVolume(pv) || pv.Annotations[v1alpha1.AnnotationResult] != "" ||
+		pv.Annotations[v1alpha1.AnnotationMode] == string(v1alpha1.ModeRead) {
 		return nil
 	}
 	// A released volume's claim is gone: its build has ended, and the
