@@ -213,7 +213,11 @@ func scaleRun(t *testing.T, cfg config, repo, bin, kwok string, r *run) {
 	if r.ReplicaCount != r.Nodes {
 		t.Errorf("%d CacheReplicas, want one per node (%d)", r.ReplicaCount, r.Nodes)
 	}
-	if dropped := r.ReplicaUpdatesDropped; dropped > int64(float64(sim.applied.Load())/100) {
+	// 1% of the updates, and at least one: a 30 s steady state applies
+	// about 75, and a single update the ticker could not hand out in a
+	// moment of contention (the e2e cluster's builds run beside this
+	// stage in make test) does not make the load lighter than asked.
+	if dropped := r.ReplicaUpdatesDropped; dropped > max(1, sim.applied.Load()/100) {
 		t.Errorf("%d replica updates of the steady state failed or were dropped (%d applied): the API server did not keep up, so the load was lighter than asked", dropped, sim.applied.Load())
 	}
 	for name, depth := range r.WorkqueueDepth {
