@@ -13,6 +13,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -59,6 +60,7 @@ func TestExpiryReconcile(t *testing.T) {
 		replicas   []*v1alpha1.CacheReplica
 		classes    []*storagev1.StorageClass
 		volumes    []*corev1.PersistentVolume
+		pods       []*corev1.Pod
 		defaultAge time.Duration
 		now        int // seconds after t0
 		deleted    bool
@@ -139,6 +141,38 @@ func TestExpiryReconcile(t *testing.T) {
 		deleted: true,
 		event:   "Normal Expired Deleted the cache: no node has used it for 2h0m0s",
 	}, {
+		// Issue 33, finding 5: a CSI build has no PV, so its cache was
+		// deleted under it and its commit dropped.
+		name:       "a CSI build still running keeps an expired cache",
+		cache:      expiring(),
+		pods:       []*corev1.Pod{csiBuild("build", corev1.PodRunning, map[string]string{"cache": "maven"})},
+		defaultAge: 720 * time.Hour, now: 800 * hour,
+		requeue: busyRecheck,
+	}, {
+		name:       "a CSI build about to start keeps it",
+		cache:      expiring(),
+		pods:       []*corev1.Pod{csiBuild("build", corev1.PodPending, map[string]string{"cache": ns + "/maven"})},
+		defaultAge: time.Hour, now: 2 * hour,
+		requeue: busyRecheck,
+	}, {
+		name:       "a CSI build that ended keeps it until the agent has ended its volume",
+		cache:      expiring(),
+		pods:       []*corev1.Pod{csiBuild("build", corev1.PodSucceeded, map[string]string{"cache": "maven"}, v1alpha1.FinalizerBuildEnd)},
+		defaultAge: time.Hour, now: 2 * hour,
+		requeue: busyRecheck,
+	}, {
+		name:  "kept CSI pods, read views and other caches' CSI builds do not",
+		cache: expiring(),
+		pods: []*corev1.Pod{
+			csiBuild("kept", corev1.PodSucceeded, map[string]string{"cache": "maven"}),
+			csiBuild("reader", corev1.PodRunning, map[string]string{"cache": "maven", "mode": "read"}),
+			readOnly(csiBuild("read-only", corev1.PodRunning, map[string]string{"cache": "maven"})),
+			csiBuild("other", corev1.PodRunning, map[string]string{"cache": "npm"}),
+		},
+		defaultAge: time.Hour, now: 2 * hour,
+		deleted: true,
+		event:   "Normal Expired Deleted the cache: no node has used it for 2h0m0s",
+	}, {
 		name:       "default 0 keeps caches forever",
 		cache:      expiring(),
 		defaultAge: 0, now: 10000 * hour,
@@ -162,6 +196,9 @@ func TestExpiryReconcile(t *testing.T) {
 			}
 			for _, pv := range tc.volumes {
 				objs = append(objs, pv)
+			}
+			for _, pod := range tc.pods {
+				objs = append(objs, pod)
 			}
 			c := newFakeClient(t, objs...)
 			rec := events.NewFakeRecorder(10)
@@ -280,6 +317,23 @@ func volumeOf(name, cache, result string, phase corev1.PersistentVolumePhase) *c
 		pv.Annotations[v1alpha1.AnnotationResult] = result
 	}
 	return pv
+}
+
+// csiBuild is a pod of the test namespace with one layercache CSI inline
+// volume of the given attributes.
+func csiBuild(name string, phase corev1.PodPhase, attrs map[string]string, finalizers ...string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(name + "-uid"), Finalizers: finalizers},
+		Spec: corev1.PodSpec{NodeName: "node-a", Volumes: []corev1.Volume{{Name: "cache", VolumeSource: corev1.VolumeSource{
+			CSI: &corev1.CSIVolumeSource{Driver: v1alpha1.CSIDriverName, VolumeAttributes: attrs},
+		}}}},
+		Status: corev1.PodStatus{Phase: phase},
+	}
+}
+
+func readOnly(pod *corev1.Pod) *corev1.Pod {
+	pod.Spec.Volumes[0].CSI.ReadOnly = new(true)
+	return pod
 }
 
 func TestOpenVolumesIndex(t *testing.T) {

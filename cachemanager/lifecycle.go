@@ -75,16 +75,24 @@ func replicasOf(ctx context.Context, r client.Reader, c *v1alpha1.Cache) ([]v1al
 }
 
 // inUse tells whether a build has a write volume of the cache that has
-// not ended. A build records its use when it mounts, so one that runs longer
-// than a max age would look unused; deleting its cache would drop its
-// commit.
+// not ended: a claim's PV, or a pod's CSI inline volume, which has no PV.
+// A build records its use when it mounts, so one that runs longer than a
+// max age would look unused, and a CSI build records none until its end;
+// deleting its cache would drop its commit.
 func inUse(ctx context.Context, c client.Reader, cache *v1alpha1.Cache) (bool, error) {
-	var pvs corev1.PersistentVolumeList
 	ref := cache.Namespace + "/" + cache.Name
+	var pvs corev1.PersistentVolumeList
 	if err := c.List(ctx, &pvs, client.MatchingFields{indexOpenVolumes: ref}); err != nil {
 		return false, fmt.Errorf("listing the volumes of cache %s: %w", ref, err)
 	}
-	return len(pvs.Items) > 0, nil
+	if len(pvs.Items) > 0 {
+		return true, nil
+	}
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.InNamespace(cache.Namespace), client.MatchingFields{indexCSIWriters: ref}); err != nil {
+		return false, fmt.Errorf("listing the pods with CSI volumes of cache %s: %w", ref, err)
+	}
+	return len(pods.Items) > 0, nil
 }
 
 // deleteCache deletes the Cache as the manager saw it: the UID and

@@ -53,6 +53,7 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 		defaultMax string
 		caches     []sizedCache
 		volumes    []*corev1.PersistentVolume
+		pods       []*corev1.Pod
 		gone       []string
 		total      float64 // the total gauge after
 		max        float64 // the bound gauge; -1 for no series
@@ -112,6 +113,14 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 		total:   2 * mib, max: 1.5 * mib,
 		events: []string{"Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:20Z)"},
 	}, {
+		name:   "a cache a CSI build is writing is passed over",
+		ns:     namespace(bounded("1.5Mi")),
+		caches: []sizedCache{sized("a", 10, mib), sized("b", 20, mib), sized("c", 30, mib)},
+		pods:   []*corev1.Pod{csiBuild("build", corev1.PodRunning, map[string]string{"cache": "a"})},
+		gone:   []string{"b"},
+		total:  2 * mib, max: 1.5 * mib,
+		events: []string{"Normal Evicted Deleted the cache (1.0MiB, last used 2026-03-01T12:00:20Z)"},
+	}, {
 		name:   "caches being deleted do not count",
 		ns:     namespace(bounded("2.5Mi")),
 		caches: []sizedCache{deleting, sized("a", 10, mib), sized("b", 20, mib)},
@@ -157,6 +166,9 @@ func TestNamespaceSizeReconcile(t *testing.T) {
 			}
 			for _, pv := range tc.volumes {
 				objs = append(objs, pv)
+			}
+			for _, pod := range tc.pods {
+				objs = append(objs, pod)
 			}
 			c := newFakeClient(t, objs...)
 			rec := events.NewFakeRecorder(10)

@@ -177,6 +177,7 @@ func newFakeClient(t *testing.T, objs ...client.Object) client.Client {
 		WithIndex(&v1alpha1.CacheReplica{}, indexReplicaNode, replicaNodeIndex).
 		WithIndex(&corev1.PersistentVolume{}, indexOpenVolumes, openVolumesIndex).
 		WithIndex(&corev1.Pod{}, indexHeldPods, heldPodsIndex).
+		WithIndex(&corev1.Pod{}, indexCSIWriters, csiWritersIndex).
 		Build()
 }
 
@@ -522,6 +523,27 @@ func TestSlimPodKeepsWhatReleaseReads(t *testing.T) {
 	}
 	if other, _ := slimPod(&corev1.Node{}); other == nil {
 		t.Errorf("slimPod dropped a non-pod object")
+	}
+}
+
+func TestSlimPodKeepsWhatTheInUseIndexReads(t *testing.T) {
+	for _, full := range []*corev1.Pod{
+		csiBuild("writer", corev1.PodRunning, map[string]string{"cache": "maven", "size": "1Gi", "fallback": "base"}),
+		csiBuild("reader", corev1.PodRunning, map[string]string{"cache": "maven", "mode": "read"}),
+		readOnly(csiBuild("read-only", corev1.PodRunning, map[string]string{"cache": "maven"})),
+		csiBuild("held", corev1.PodFailed, map[string]string{"cache": "maven"}, v1alpha1.FinalizerBuildEnd),
+	} {
+		out, err := slimPod(full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slim := out.(*corev1.Pod)
+		if got, want := csiWritersIndex(slim), csiWritersIndex(full); !equalStrings(got, want) {
+			t.Errorf("pod %s: csiWritersIndex(slim) = %q, want %q", full.Name, got, want)
+		}
+		if attrs := slim.Spec.Volumes[0].CSI.VolumeAttributes; len(attrs) > 2 {
+			t.Errorf("pod %s: slim pod keeps CSI attributes %q, want only cache and mode", full.Name, attrs)
+		}
 	}
 }
 

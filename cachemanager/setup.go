@@ -3,6 +3,7 @@ package cachemanager
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/podfacts"
 )
 
 // Field indexes on the manager's cache.
@@ -27,6 +29,9 @@ const (
 	// indexOpenVolumes indexes the layercache write volumes (PVs) whose
 	// build has not ended by their cache, NAMESPACE/NAME.
 	indexOpenVolumes = "layercache.dev/open-volumes"
+	// indexCSIWriters indexes pods whose CSI inline volumes may still
+	// commit to a cache by that cache, NAMESPACE/NAME.
+	indexCSIWriters = "layercache.dev/csi-writers"
 )
 
 // CacheOptions returns the informer cache settings of the manager. In a big
@@ -65,6 +70,9 @@ func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer, 
 	}
 	if err := idx.IndexField(ctx, &corev1.Pod{}, indexHeldPods, heldPodsIndex); err != nil {
 		return fmt.Errorf("indexing held pods by node: %w", err)
+	}
+	if err := idx.IndexField(ctx, &corev1.Pod{}, indexCSIWriters, csiWritersIndex); err != nil {
+		return fmt.Errorf("indexing pods by the caches their CSI volumes write: %w", err)
 	}
 	release := &ReleaseReconciler{
 		Client:    mgr.GetClient(),
@@ -107,9 +115,11 @@ func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer, 
 	return nil
 }
 
-// slimPod keeps what the release and hold controllers read of a Pod:
-// identity, deletion, finalizers, the volumes that name PVCs, phase, start time, and which
-// containers run or exited (with their exit codes and finish times).
+// slimPod keeps what the release and hold controllers and the in-use
+// index read of a Pod: identity, deletion, finalizers, the volumes that
+// name PVCs, layercache CSI volumes (their cache, mode and read-only
+// flag), phase, start time, and which containers run or exited (with
+// their exit codes and finish times).
 // Everything else (containers, env, images, conditions) is dropped: without
 // the spec's containers podfacts waits for the pod's phase before it calls
 // the pod ended, a second later than the node agent.
@@ -137,16 +147,32 @@ func slimPod(in any) (any, error) {
 		},
 	}
 	for _, v := range pod.Spec.Volumes {
-		if v.PersistentVolumeClaim != nil {
-			out.Spec.Volumes = append(out.Spec.Volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{
-				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: v.PersistentVolumeClaim.ClaimName},
-			}})
+		if src, ok := slimVolume(v.VolumeSource); ok {
+			out.Spec.Volumes = append(out.Spec.Volumes, corev1.Volume{Name: v.Name, VolumeSource: src})
 		}
 	}
 	out.Status.InitContainerStatuses = slimContainerStatuses(pod.Status.InitContainerStatuses)
 	out.Status.ContainerStatuses = slimContainerStatuses(pod.Status.ContainerStatuses)
 	out.Status.EphemeralContainerStatuses = slimContainerStatuses(pod.Status.EphemeralContainerStatuses)
 	return out, nil
+}
+
+// slimVolume is what slimPod keeps of a volume: the claim it names, or a
+// layercache CSI volume's cache and mode.
+func slimVolume(v corev1.VolumeSource) (corev1.VolumeSource, bool) {
+	switch {
+	case v.PersistentVolumeClaim != nil:
+		return corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: v.PersistentVolumeClaim.ClaimName}}, true
+	case v.CSI != nil && v.CSI.Driver == v1alpha1.CSIDriverName:
+		attrs := map[string]string{}
+		for _, k := range []string{v1alpha1.CSIAttributeCache, v1alpha1.CSIAttributeMode} {
+			if val, ok := v.CSI.VolumeAttributes[k]; ok {
+				attrs[k] = val
+			}
+		}
+		return corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: v.CSI.Driver, ReadOnly: v.CSI.ReadOnly, VolumeAttributes: attrs}}, true
+	}
+	return corev1.VolumeSource{}, false
 }
 
 // slimContainerStatuses keeps the containers that run, which hold a pod's
@@ -209,4 +235,22 @@ func openVolumesIndex(obj client.Object) []string {
 		return []string{ref}
 	}
 	return nil
+}
+
+// csiWritersIndex keys a pod by the caches its CSI inline volumes may
+// write (podfacts.CSIWrites) until its build has ended: while it has not
+// reached a terminal phase, and after that while the node agent still
+// holds it (finalizer layercache.dev/build-end), which it lifts once the
+// pod's volumes have ended. A pod waiting to start counts: it is about to
+// mount the cache. A kept pod whose volumes have ended does not.
+func csiWritersIndex(obj client.Object) []string {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || (podfacts.Terminal(pod) && !slices.Contains(pod.Finalizers, v1alpha1.FinalizerBuildEnd)) {
+		return nil
+	}
+	var keys []string
+	for _, name := range podfacts.CSIWrites(pod) {
+		keys = append(keys, pod.Namespace+"/"+name)
+	}
+	return keys
 }

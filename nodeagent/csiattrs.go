@@ -18,8 +18,8 @@ import (
 // The volumeAttributes of a layercache CSI inline volume. Each means what
 // the claim annotation of the same name means.
 const (
-	attrCache    = "cache"
-	attrMode     = "mode"
+	attrCache    = v1alpha1.CSIAttributeCache
+	attrMode     = v1alpha1.CSIAttributeMode
 	attrCommit   = "commit"
 	attrFallback = "fallback"
 	// attrSize is the most the build may add to the cache, as a claim's

@@ -29,9 +29,12 @@ package podfacts
 
 import (
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/layercache/layercache/api/v1alpha1"
 )
 
 // Claim is a PersistentVolumeClaim that one of a pod's volumes uses, in the
@@ -183,3 +186,32 @@ func statuses(pod *corev1.Pod) []corev1.ContainerStatus {
 }
 
 func isRunning(s corev1.ContainerStatus) bool { return s.State.Running != nil }
+
+// CSIWrites lists the caches of the pod's namespace that its layercache
+// CSI inline volumes may write (attribute cache, NAME or NAMESPACE/NAME;
+// attribute mode other than read; a volume not mounted read-only). A
+// build may commit to them until the node agent ends its volumes, so
+// the manager keeps them: it knows no PV of such a volume. The agent
+// validates the attributes; an invalid one names no cache here either
+// way, as the agent refuses its volume.
+func CSIWrites(pod *corev1.Pod) []string {
+	var caches []string
+	for _, v := range pod.Spec.Volumes {
+		csi := v.CSI
+		if csi == nil || csi.Driver != v1alpha1.CSIDriverName || (csi.ReadOnly != nil && *csi.ReadOnly) ||
+			csi.VolumeAttributes[v1alpha1.CSIAttributeMode] == string(v1alpha1.ModeRead) {
+			continue
+		}
+		name := csi.VolumeAttributes[v1alpha1.CSIAttributeCache]
+		if ns, n, ok := strings.Cut(name, "/"); ok {
+			if ns != pod.Namespace {
+				continue // another namespace's cache is read-only
+			}
+			name = n
+		}
+		if name != "" && !slices.Contains(caches, name) {
+			caches = append(caches, name)
+		}
+	}
+	return caches
+}

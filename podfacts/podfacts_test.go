@@ -1,11 +1,14 @@
 package podfacts
 
 import (
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/component-helpers/storage/ephemeral"
+
+	"github.com/layercache/layercache/api/v1alpha1"
 )
 
 // Container states in a pod's table: running, waiting, or exited with a
@@ -237,6 +240,34 @@ func TestOwningPod(t *testing.T) {
 			t.Errorf("%s: OwningPod ok = %v, want %v", tt.name, ok, tt.want != "")
 		case ok && ref.Name != tt.want:
 			t.Errorf("%s: OwningPod = %s, want %s", tt.name, ref.Name, tt.want)
+		}
+	}
+}
+
+func TestCSIWrites(t *testing.T) {
+	csi := func(attrs map[string]string, readOnly bool) corev1.Volume {
+		return corev1.Volume{Name: "v", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+			Driver: v1alpha1.CSIDriverName, VolumeAttributes: attrs, ReadOnly: &readOnly}}}
+	}
+	tests := []struct {
+		name    string
+		volumes []corev1.Volume
+		want    []string
+	}{
+		{"a cache of the pod's namespace", []corev1.Volume{csi(map[string]string{"cache": "maven"}, false)}, []string{"maven"}},
+		{"named with the pod's namespace", []corev1.Volume{csi(map[string]string{"cache": "builds/maven", "mode": "write"}, false)}, []string{"maven"}},
+		{"twice", []corev1.Volume{csi(map[string]string{"cache": "maven"}, false), csi(map[string]string{"cache": "maven"}, false)}, []string{"maven"}},
+		{"mode read", []corev1.Volume{csi(map[string]string{"cache": "maven", "mode": "read"}, false)}, nil},
+		{"mounted read-only", []corev1.Volume{csi(map[string]string{"cache": "maven"}, true)}, nil},
+		{"another namespace's cache", []corev1.Volume{csi(map[string]string{"cache": "team/maven"}, false)}, nil},
+		{"no cache", []corev1.Volume{csi(map[string]string{}, false)}, nil},
+		{"another driver", []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+			Driver: "example.com", VolumeAttributes: map[string]string{"cache": "maven"}}}}}, nil},
+	}
+	for _, tt := range tests {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "builds", Name: "build"}, Spec: corev1.PodSpec{Volumes: tt.volumes}}
+		if got := CSIWrites(pod); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: CSIWrites = %q, want %q", tt.name, got, tt.want)
 		}
 	}
 }

@@ -18,6 +18,12 @@ const (
 	LabelCSI   = "layercache.dev/csi"
 	CSIEnabled = "enabled"
 
+	// CSIAttributeCache and CSIAttributeMode are the volumeAttributes of a
+	// CSI inline volume that name its cache and mode, as AnnotationCache
+	// and AnnotationMode do on a claim.
+	CSIAttributeCache = "cache"
+	CSIAttributeMode  = "mode"
+
 	// StorageClassName is the StorageClass of the default install.
 	StorageClassName = "layercache"
 

@@ -69,6 +69,36 @@ func TestCacheClusterMaxAge(t *testing.T) {
 	}
 }
 
+// TestCSIBuildIsNeverExpired: a CSI build runs for 40 s on a Cache whose
+// cluster-wide max age is 15 s. A CSI volume has no PV, and its node agent
+// reports nothing until the build's end, so the manager once deleted the
+// Cache under the build and its commit was dropped (issue 33, finding 5).
+// The manager now counts the pod as a use: the build commits, and only
+// then does the Cache expire, 15 s after that commit.
+func TestCSIBuildIsNeverExpired(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
+	defer cancel()
+	const name, maxAge = "expiring", 15 * time.Second
+	c := &v1alpha1.Cache{ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: name},
+		Spec: v1alpha1.CacheSpec{Retention: &v1alpha1.Retention{ClusterMaxAge: &metav1.Duration{Duration: maxAge}}}}
+	if err := e.Caches.Create(ctx, c); err != nil {
+		t.Fatalf("creating Cache %s/%s: %v", e.Namespace, name, err)
+	}
+	e.runPod(ctx, e.csiPod("long", csiVolume(name), "echo started > /cache/started && sleep 40 && echo built > /cache/built"), corev1.PodSucceeded)
+	e.expectCSIEnd(ctx, "long", "Committed")
+	c = e.waitGeneration(ctx, name, 1)
+	if c.DeletionTimestamp != nil {
+		t.Errorf("Cache %s is being deleted right after its build's commit, want it kept until %s after it", name, maxAge)
+	}
+	e.waitCacheGone(ctx, name)
+	ev := e.waitEvent(ctx, e.Namespace, "Cache", name, func(ev *corev1.Event) bool { return ev.Reason == "Expired" })
+	if !strings.Contains(ev.Message, "past its cluster-wide max age 15s") {
+		t.Errorf("Expired Event %q, want it to name the max age 15s", ev.Message)
+	}
+}
+
 // TestNamespaceCacheSizeBound: three caches of about 1 MiB each, built in
 // the order a, b, c, then a again; the namespace is then bounded to 2.5 MiB, and the
 // least recently used cache, b (not the oldest, a), is deleted with an
