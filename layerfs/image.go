@@ -110,6 +110,11 @@ func (s *Store) pullImage(ctx context.Context, cl ChainLayer, fetch Fetch, maxBy
 	if err != nil {
 		return layer, err
 	}
+	// The digest proves only that these are the bytes pushed; the kernel
+	// must not be the first to read a tenant's metadata.
+	if err := erofs.Check(f, sb); err != nil {
+		return layer, fmt.Errorf("layer %s: %w: %w", cl.Digest, ErrInvalidImage, err)
+	}
 	if err := f.Sync(); err != nil {
 		return layer, fmt.Errorf("sync the image: %w", err)
 	}

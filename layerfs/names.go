@@ -21,6 +21,13 @@ var ErrTooLarge = errors.New("layer too large")
 // do not fit in the store's free space: nothing is fetched.
 var ErrNoSpace = errors.New("not enough free space")
 
+// ErrInvalidImage is returned (wrapped) by Sync when a fetched layer
+// image is not one this store writes (erofs.Check: an inode, directory or
+// xattr out of bounds, a cycle, overlayfs's own xattrs): it is never
+// mounted, and nothing of it stays on the node. The chain's publisher is
+// not trusted for it; retrying fetches the same bytes.
+var ErrInvalidImage = errors.New("invalid layer image")
+
 // ErrUnpublishable is returned (wrapped) by ExportLayer when the layer
 // holds something its image cannot carry (the error names the path and
 // why). Retrying does not help; a later squash or commit may.

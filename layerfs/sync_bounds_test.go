@@ -1,7 +1,9 @@
 package layerfs
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"strings"
@@ -56,4 +58,34 @@ func TestSyncBoundsTheWholeChainBeforeFetching(t *testing.T) {
 			assertNoOrphans(t, b)
 		})
 	}
+}
+
+// A layer image is a tenant's bytes (issue 33, finding 7): one whose
+// digest matches what was pushed, but whose metadata this store never
+// writes, is refused before the kernel mounts it, and nothing of it stays.
+func TestSyncRefusesAnImageTheStoreDidNotWrite(t *testing.T) {
+	ctx := context.Background()
+	reg := registry{}
+	a := newTestStore(t, Options{})
+	commitFiles(t, a, "ns/c", map[string]string{"f": "x"})
+	chain := publish(t, a, reg, "ns/c")
+
+	// One more inode in the superblock than the tree holds, pushed under
+	// its own digest, as a tenant with the registry's credentials can.
+	img := bytes.Clone(reg[chain.Layers[0].Digest])
+	const inodes = 1024 + 16 // the superblock's inode count
+	binary.LittleEndian.PutUint64(img[inodes:], binary.LittleEndian.Uint64(img[inodes:])+1)
+	forged := chain
+	forged.Layers = []ChainLayer{chain.Layers[0]}
+	forged.Layers[0].Digest = reg.put(img)
+
+	b := newTestStore(t, Options{})
+	_, err := b.Sync(ctx, mustRef(t, "ns/c"), forged, reg.fetch, SyncOptions{})
+	if !errors.Is(err, ErrInvalidImage) || !strings.Contains(err.Error(), "the superblock says") {
+		t.Fatalf("Sync of a forged image = %v, want ErrInvalidImage naming the inode count", err)
+	}
+	if _, err := b.Inspect(ctx, mustRef(t, "ns/c")); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a refused Sync left the cache: %v", err)
+	}
+	assertNoOrphans(t, b)
 }

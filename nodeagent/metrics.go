@@ -53,6 +53,7 @@ const (
 	failureNoSpace       = "no-space"
 	failureUnpublishable = "unpublishable"
 	failureUntrusted     = "untrusted-chain"
+	failureInvalidImage  = "invalid-image"
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {

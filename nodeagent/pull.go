@@ -93,6 +93,10 @@ func (s *syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeC
 				"node %s refused to pull for claim %s/%s: %v; fix status.published or the StorageClasses", s.node, claim.Namespace, claim.Name, err)
 		}
 		logger.Info("Published chain refused; mounting what the node has", "err", err.Error())
+	case errors.Is(err, layerfs.ErrInvalidImage):
+		s.metrics.fail(opPull, failureInvalidImage)
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonUntrustedChain, actionPull, "%s", invalidImageMessage(s.node, ref, err))
+		logger.Info("Layer image refused; mounting what the node has", "err", err.Error())
 	case errors.Is(err, layerfs.ErrTooLarge):
 		s.metrics.fail(opPull, failureTooLarge)
 		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonLayerTooLarge, actionPull, "%s", tooLargeMessage(ref, s.node, reg, cache, err))

@@ -145,6 +145,8 @@ func failureReason(err error) string {
 		return failureUntrusted
 	case errors.Is(err, layerfs.ErrTooLarge):
 		return failureTooLarge
+	case errors.Is(err, layerfs.ErrInvalidImage):
+		return failureInvalidImage
 	case errors.Is(err, layerfs.ErrNoSpace):
 		return failureNoSpace
 	case errors.Is(err, layerfs.ErrUnpublishable):
@@ -194,6 +196,8 @@ func (s *syncer) failureEvent(cache *v1alpha1.Cache, err error) (reason, msg str
 		return reasonUntrustedChain, fmt.Sprintf("node %s pushed nothing for cache %s: %v; its layers stay on the node until status.published names a repository and Secret that a StorageClass of this agent pairs", s.node, ref, err)
 	case errors.Is(err, layerfs.ErrTooLarge):
 		return reasonLayerTooLarge, fmt.Sprintf("node %s could not take in a layer that other nodes published for cache %s: %v; its own layers are pushed first, and the node keeps what it has; raise parameter %s of the cache's StorageClass", s.node, ref, err, paramMaxLayerSize)
+	case errors.Is(err, layerfs.ErrInvalidImage):
+		return reasonUntrustedChain, invalidImageMessage(s.node, ref, err)
 	}
 	return reasonRegistryFailed, s.failureMessage(cache, err)
 }
@@ -260,4 +264,10 @@ func (k *keyedLocks) lock(ctx context.Context, ref layerfs.CacheRef) (unlock fun
 	case <-ctx.Done():
 		return nil, fmt.Errorf("wait for another sync of cache %s: %w", ref, context.Cause(ctx))
 	}
+}
+
+// invalidImageMessage says that a pulled image was refused, and why it
+// is not retried as an outage would be.
+func invalidImageMessage(node string, ref layerfs.CacheRef, err error) string {
+	return fmt.Sprintf("node %s refused a layer image of cache %s from the registry and mounts what it has: %v; the image was not written by a layercache node agent (or was changed in the registry), so the same bytes will be refused again: delete the Cache, and every node starts it anew", node, ref, err)
 }

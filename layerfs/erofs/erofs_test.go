@@ -16,8 +16,11 @@ import (
 )
 
 // basicTree has one of everything the writer must carry.
-func basicTree(t *testing.T) string {
-	dir := t.TempDir()
+func basicTree(t *testing.T) string { return basicTreeIn(t, t.TempDir()) }
+
+// basicTreeIn makes in dir one entry of each kind, with xattrs of each
+// prefix (overlayfs's own among them) and a hard link.
+func basicTreeIn(t testing.TB, dir string) string {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	must(t, err, "open")
 	defer unix.Close(fd)

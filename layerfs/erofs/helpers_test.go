@@ -52,6 +52,9 @@ func writeImage(t testing.TB, dir string) (string, Stats) {
 		t.Fatalf("image is %d bytes, Stats.ImageBytes says %d", fi.Size(), st.ImageBytes)
 	}
 	fsck(t, img)
+	if err := checkImage(t, img); err != nil {
+		t.Fatalf("Check of the writer's image of %s: %v", dir, err)
+	}
 	return img, st
 }
 
