@@ -5,13 +5,18 @@ package cache
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 )
@@ -116,4 +121,73 @@ func TestSnapshotConcurrentWriters(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("after both commits (generations %v) the cache holds %q, want exactly the later writer's files %q", committed, got, want)
 	}
+}
+
+// TestSnapshotNestedSubvolume (issue 33, finding 1): a build without
+// privileges creates btrfs subvolumes inside its snapshot volume, two
+// levels deep, and writes past the volume's limit into the deepest: the
+// write fails with EDQUOT, as it would in the volume itself. The build
+// fails; at its end the volume goes, nested subvolumes and all, and the
+// node's clean-up goes on: the next build of the cache commits.
+func TestSnapshotNestedSubvolume(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
+	defer cancel()
+	const cacheName = "snap-nested"
+	helper := e.subvolumeHelper(ctx)
+
+	script := "/helper/subvolume /cache/nested && /helper/subvolume /cache/nested/deeper && " +
+		"dd if=/dev/zero of=/cache/nested/deeper/big bs=1M count=64 2>&1; echo dd-exit=$?; sync; exit 1"
+	pod := e.snapshotPod("nest", cacheName, "16Mi", script)
+	pod.Spec.Volumes = append(pod.Spec.Volumes, helper)
+	c := &pod.Spec.Containers[0]
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: helper.Name, MountPath: "/helper", ReadOnly: true})
+	c.SecurityContext = &corev1.SecurityContext{
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		AllowPrivilegeEscalation: new(false),
+	}
+	nest := e.runPod(ctx, pod, corev1.PodFailed)
+	out := e.logs(ctx, nest.Name)
+	if !strings.Contains(out, "Disk quota exceeded") || strings.Contains(out, "dd-exit=0") {
+		t.Errorf("a write of 64Mi into a subvolume nested in a 16Mi snapshot volume: %q, want dd to fail with Disk quota exceeded", out)
+	}
+	end := e.expectVolumeEnd(ctx, nest.Name, "Discarded")
+	if hp := end.PV.Spec.HostPath; hp != nil {
+		err := wait.PollUntilContextTimeout(ctx, pollInterval, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, err := e.Cluster.NodeExec(ctx, e.Node, "sh", "-c", `test ! -e "$1"`, "sh", hp.Path)
+			return err == nil, nil
+		})
+		if err != nil {
+			t.Errorf("the ended volume with nested subvolumes is still on the node at %s: %v", hp.Path, err)
+		}
+	} else {
+		t.Errorf("the volume's PV has no hostPath: %+v", end.PV.Spec.PersistentVolumeSource)
+	}
+
+	next := e.runPod(ctx, e.snapshotPod("next", cacheName, "16Mi", "ls -A /cache; echo next > /cache/next"), corev1.PodSucceeded)
+	if got := e.logs(ctx, next.Name); got != "" {
+		t.Errorf("the next build sees %q in the cache, want it empty (the failed build was discarded)", got)
+	}
+	e.expectVolumeEnd(ctx, next.Name, "Committed")
+	e.waitGeneration(ctx, cacheName, 1)
+}
+
+// subvolumeHelper builds cmd/subvolume for the node (the nodes share the
+// host's filesystem) and returns a hostPath volume of its directory.
+func (e *env) subvolumeHelper(ctx context.Context) corev1.Volume {
+	e.t.Helper()
+	dir := filepath.Join("/var/tmp/layercache-e2e-bin", e.Namespace)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { os.RemoveAll(dir) })
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "subvolume"), "./cmd/subvolume")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		e.t.Fatalf("building cmd/subvolume: %v\n%s", err, out)
+	}
+	return corev1.Volume{Name: "helper", VolumeSource: corev1.VolumeSource{
+		HostPath: &corev1.HostPathVolumeSource{Path: dir, Type: new(corev1.HostPathDirectory)},
+	}}
 }
