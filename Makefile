@@ -270,3 +270,8 @@ undeploy: $(BIN)/kpt ## delete every Cache (node agents clear them from the node
 .PHONY: bench-e2e
 bench-e2e: up ## layercache vs rancher/local-path-provisioner on the local cluster: medians and ratios in _output/bench (BENCH_RUNS=5)
 	e2e/bench/run.sh
+
+.PHONY: bench-builds
+bench-builds: WITH = tekton argo
+bench-builds: up ## the Argo and Tekton warm-cache builds as the README's figures need: the median of three warm builds and the hostPath ceiling (make test runs one warm build, no ceiling)
+	LAYERCACHE_BUILD_CEILING=1 e2e/cluster/run-e2e.sh -v -run 'TestWorkflowWarmCache|TestPipelineRunWarmCache' ./e2e/argo/ ./e2e/tekton/

@@ -195,9 +195,39 @@ func (f *Framework) HostPathCacheDir(ctx context.Context, node Node, dir string)
 	})
 }
 
+// EnvBuildCeiling set to 1 makes the CI systems' warm-cache scenarios
+// measure as the README's figures need (make bench-builds).
+const EnvBuildCeiling = "LAYERCACHE_BUILD_CEILING"
+
+// BuildRuns is how the CI systems' warm-cache scenarios (Argo's, Tekton's)
+// measure. In make test: one warm build after the cold one, which is what
+// their checks need (the warm build found the cold one's GOCACHE and took
+// at most a third of its time). With EnvBuildCeiling=1: the median of
+// three warm builds, and the same builds on a hostPath volume, the
+// physical ceiling the figures compare with; only logged, never checked,
+// so make test leaves those eight builds to make bench-builds.
+type BuildRuns struct {
+	Warm    int
+	Ceiling bool
+}
+
+// BuildRunsFromEnv reads EnvBuildCeiling.
+func BuildRunsFromEnv(t testing.TB) BuildRuns {
+	t.Helper()
+	switch v := os.Getenv(EnvBuildCeiling); v {
+	case "", "0":
+		return BuildRuns{Warm: 1}
+	case "1":
+		return BuildRuns{Warm: 3, Ceiling: true}
+	default:
+		t.Fatalf("%s=%q: use 1 to measure the hostPath ceiling and three warm builds, or leave it unset", EnvBuildCeiling, v)
+		return BuildRuns{}
+	}
+}
+
 // BuildTimes are a CI system's build step times: cold and warm through
-// layercache and on a hostPath directory (the physical ceiling); each
-// warm time is the median of several builds.
+// layercache and, when measured, on a hostPath directory (the physical
+// ceiling); each warm time is the median of WarmRuns builds.
 type BuildTimes struct {
 	Cold, Warm, HostPathCold, HostPathWarm time.Duration
 	// WarmRuns is how many warm builds each median is of.
@@ -211,6 +241,10 @@ func (b BuildTimes) Log(t testing.TB, system string) {
 	t.Helper()
 	t.Logf("%s build step (go build of testdata/hello, GOCACHE and GOMODCACHE on the cache; warm: median of %d runs):", system, b.WarmRuns)
 	t.Logf("  layercache cold %6.2fs  warm %6.2fs  (%.1fx faster than cold; goal >= 10x)", b.Cold.Seconds(), b.Warm.Seconds(), b.Cold.Seconds()/b.Warm.Seconds())
+	if b.HostPathWarm == 0 {
+		t.Logf("  hostPath ceiling not measured (%s=1, make bench-builds, measures it)", EnvBuildCeiling)
+		return
+	}
 	t.Logf("  hostPath   cold %6.2fs  warm %6.2fs  (layercache warm is %.2fx the hostPath warm; goal <= 1.2x)", b.HostPathCold.Seconds(), b.HostPathWarm.Seconds(), b.Warm.Seconds()/b.HostPathWarm.Seconds())
 }
 
