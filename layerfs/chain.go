@@ -39,9 +39,6 @@ const (
 	// (layerfs/erofs), which the receiving node mounts as the layer: no
 	// per-file work on a pull, and nothing to translate.
 	FormatEROFS LayerFormat = "erofs"
-	// FormatTar is an OCI layer tar, as layers were published before
-	// images; Sync still unpacks them, within the same bounds.
-	FormatTar LayerFormat = "tar"
 )
 
 // Fetch opens a chain layer's decompressed blob. The reader verifies the

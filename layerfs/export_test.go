@@ -1,7 +1,6 @@
 package layerfs
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -80,55 +79,6 @@ func headIDs(t testing.TB, s *Store, cache string) []string {
 	h, err := s.readHead(mustRef(t, cache))
 	must(t, err)
 	return h.layerIDs()
-}
-
-// TestLegacyTarFormat pins the tar layers that nodes published before
-// images, which Sync still imports.
-func TestLegacyTarFormat(t *testing.T) {
-	s := newTestStore(t, Options{})
-	buildChain(t, s, "ns/c", layerSteps[:2])
-	var buf bytes.Buffer
-	must(t, writeLayerTar(context.Background(), s.layerDir(headIDs(t, s, "ns/c")[0]), &buf))
-	entries := map[string]*tar.Header{}
-	tr := tar.NewReader(&buf)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		must(t, err)
-		entries[hdr.Name] = hdr
-	}
-	for name, check := range map[string]func(h *tar.Header) bool{
-		".wh.gone.txt":           func(h *tar.Header) bool { return h.Typeflag == tar.TypeReg && h.Size == 0 },
-		"replaced/":              func(h *tar.Header) bool { return h.Typeflag == tar.TypeDir },
-		"replaced/.wh..wh..opq":  func(h *tar.Header) bool { return h.Typeflag == tar.TypeReg },
-		"replaced/new":           func(h *tar.Header) bool { return h.Size == int64(len("only this")) },
-		"link":                   func(h *tar.Header) bool { return h.Typeflag == tar.TypeSymlink && h.Linkname == "change.txt" },
-		"keep.txt":               func(h *tar.Header) bool { return h.Uid == 1234 && h.PAXRecords["SCHILY.xattr.user.origin"] == "layer1" },
-		"tree/a/b/c.txt":         func(h *tar.Header) bool { return h.Mode&0o777 == 0o600 },
-		".wh..wh..opq":           nil, // the root is never opaque
-		"gone.txt":               nil,
-		"replaced/.wh.old-1":     nil, // covered by the opaque marker
-		"trusted.overlay.opaque": nil,
-	} {
-		h, ok := entries[name]
-		switch {
-		case check == nil && ok:
-			t.Errorf("%s: unexpected entry", name)
-		case check != nil && !ok:
-			t.Errorf("%s: missing", name)
-		case check != nil && !check(h):
-			t.Errorf("%s: wrong entry %+v", name, h)
-		}
-	}
-	for name, h := range entries {
-		for k := range h.PAXRecords {
-			if strings.Contains(k, "overlay") {
-				t.Errorf("%s: exports overlay's own xattr %s", name, k)
-			}
-		}
-	}
 }
 
 func TestExportAndSetDigestRefuseLayersNotInHead(t *testing.T) {

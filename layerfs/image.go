@@ -184,6 +184,19 @@ func receiveImage(ctx context.Context, f *os.File, cl ChainLayer, fetch Fetch, m
 	return sb, nil
 }
 
+// ctxReader stops a stream once ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
 // sparseWriter writes a stream to f at increasing offsets, leaving runs
 // of zeros of holeMin or more as holes: the holes of a sparse file take
 // no space on the node, and shorter runs (padding, zeros inside a file's

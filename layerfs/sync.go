@@ -360,8 +360,10 @@ func (s *Store) pullLayer(ctx context.Context, cl ChainLayer, fetch Fetch, maxBy
 			cl.Size = maxBytes
 		}
 	}
-	if cl.Format == FormatEROFS {
-		return s.pullImage(ctx, cl, fetch, maxBytes)
+	if cl.Format != FormatEROFS {
+		// Layers were once published as OCI tars; nothing released did,
+		// and a tar is unpacked, not checked, so none is taken in.
+		return LayerInfo{}, fmt.Errorf("layer %s is of format %q; a node takes in %q images only: %w", cl.Digest, cl.Format, FormatEROFS, ErrInvalidImage)
 	}
-	return s.pullTar(ctx, cl, fetch, maxBytes)
+	return s.pullImage(ctx, cl, fetch, maxBytes)
 }

@@ -188,7 +188,9 @@ func (s *syncer) checkChain(ctx context.Context, cache *v1alpha1.Cache) (*regist
 func chainOf(pub *v1alpha1.PublishedChain) layerfs.Chain {
 	c := layerfs.Chain{Generation: pub.Generation}
 	for _, l := range pub.Layers {
-		format := layerfs.FormatTar
+		// The trust check refused a chain with another media type; a layer
+		// of one would be refused by Sync too (ErrInvalidImage).
+		format := layerfs.LayerFormat(l.MediaType)
 		if remote.IsImage(l.MediaType) {
 			format = layerfs.FormatEROFS
 		}
