@@ -109,15 +109,7 @@ func TestNamespaceCacheSizeBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
 	defer cancel()
 
-	for _, name := range []string{"a", "b", "c"} {
-		e.runPod(ctx, e.cachePod("build-"+name, cacheAnnotations(name), "head -c 1048576 /dev/urandom > /cache/blob"), corev1.PodSucceeded)
-		e.expectVolumeEnd(ctx, "build-"+name, "Committed")
-		c := e.waitGeneration(ctx, name, 1)
-		// Two must fit in 2.5 MiB and three must not.
-		if size := e.nodeEntry(c).SizeBytes; size < 1<<20 || size > 1<<20+1<<18 {
-			t.Fatalf("cache %s takes %d bytes on the node, want about 1 MiB (1 MiB to 1.25 MiB)", name, size)
-		}
-	}
+	e.buildMiBCaches(ctx, "a", "b", "c")
 	// A second build of a makes it the most recently used. (A commit
 	// records the use at once; a mount only once a minute.)
 	c := e.lastUsed(ctx, "c")
@@ -126,14 +118,7 @@ func TestNamespaceCacheSizeBound(t *testing.T) {
 	e.waitGeneration(ctx, "a", 2)
 	e.waitUsedAfter(ctx, "a", c)
 
-	ns, err := e.Client.CoreV1().Namespaces().Get(ctx, e.Namespace, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	metav1.SetMetaDataAnnotation(&ns.ObjectMeta, v1alpha1.AnnotationMaxCacheSize, "2.5Mi")
-	if _, err := e.Client.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("annotating Namespace %s with %s: %v", e.Namespace, v1alpha1.AnnotationMaxCacheSize, err)
-	}
+	e.boundNamespace(ctx, "2.5Mi")
 
 	e.waitCacheGone(ctx, "b")
 	ev := e.waitEvent(ctx, e.Namespace, "Cache", "b", func(ev *corev1.Event) bool { return ev.Reason == "Evicted" })
@@ -151,6 +136,64 @@ func TestNamespaceCacheSizeBound(t *testing.T) {
 		if c, err := e.cache(ctx, name); err != nil || c.DeletionTimestamp != nil {
 			t.Errorf("Cache %s: %v, want it kept (deleting: %v)", name, err, c != nil && c.DeletionTimestamp != nil)
 		}
+	}
+}
+
+// TestCSIBuildIsNeverEvicted: caches a, b and c of about 1 MiB each, in
+// that order; a CSI build runs on a, the least recently used, when the
+// namespace is bounded to 2.5 MiB. The manager passes a over (issue 33,
+// finding 5: a CSI volume has no PV, so it once counted as unused) and
+// evicts b; the build then commits to a.
+func TestCSIBuildIsNeverEvicted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
+	defer cancel()
+	e.buildMiBCaches(ctx, "a", "b", "c")
+
+	// The build waits for the test's word, a minute at most.
+	script := "i=0; while [ ! -e /tmp/go-on ] && [ $i -lt 60 ]; do sleep 1; i=$((i+1)); done; echo more > /cache/more"
+	pod := e.cachePod("writer", nil, script)
+	pod.Spec.Volumes = []corev1.Volume{csiVolume("a")}
+	e.runPod(ctx, pod, corev1.PodRunning)
+	e.boundNamespace(ctx, "2.5Mi")
+	e.waitCacheGone(ctx, "b")
+	if c, err := e.cache(ctx, "a"); err != nil || c.DeletionTimestamp != nil {
+		t.Fatalf("Cache a, which a CSI build is writing: %v, want it kept (deleting: %v)", err, c != nil && c.DeletionTimestamp != nil)
+	}
+
+	e.exec(ctx, "writer", "touch /tmp/go-on")
+	if _, err := e.WaitForPodPhase(ctx, "writer", corev1.PodSucceeded); err != nil {
+		t.Fatal(err)
+	}
+	e.expectCSIEnd(ctx, "writer", "Committed")
+	e.waitGeneration(ctx, "a", 2)
+}
+
+// buildMiBCaches builds the caches one after the other, each with a
+// 1 MiB file: two fit in 2.5 MiB and three do not.
+func (e *env) buildMiBCaches(ctx context.Context, names ...string) {
+	e.t.Helper()
+	for _, name := range names {
+		e.runPod(ctx, e.cachePod("build-"+name, cacheAnnotations(name), "head -c 1048576 /dev/urandom > /cache/blob"), corev1.PodSucceeded)
+		e.expectVolumeEnd(ctx, "build-"+name, "Committed")
+		c := e.waitGeneration(ctx, name, 1)
+		if size := e.nodeEntry(c).SizeBytes; size < 1<<20 || size > 1<<20+1<<18 {
+			e.t.Fatalf("cache %s takes %d bytes on the node, want about 1 MiB (1 MiB to 1.25 MiB)", name, size)
+		}
+	}
+}
+
+// boundNamespace sets the test namespace's cache size bound.
+func (e *env) boundNamespace(ctx context.Context, bound string) {
+	e.t.Helper()
+	ns, err := e.Client.CoreV1().Namespaces().Get(ctx, e.Namespace, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	metav1.SetMetaDataAnnotation(&ns.ObjectMeta, v1alpha1.AnnotationMaxCacheSize, bound)
+	if _, err := e.Client.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatalf("annotating Namespace %s with %s: %v", e.Namespace, v1alpha1.AnnotationMaxCacheSize, err)
 	}
 }
 
