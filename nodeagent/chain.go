@@ -135,7 +135,7 @@ func (s *syncer) published(ctx context.Context, ref layerfs.CacheRef, p pushed, 
 	s.metrics.registrySeconds.WithLabelValues(p.direction).Observe(time.Since(p.start).Seconds())
 	s.metrics.publishLag.Observe(time.Since(p.layer.Created).Seconds())
 	log.FromContext(ctx).Info("Published", "cache", ref.String(), "layer", p.layer.ID, "digest", p.blob.Digest.String(), "how", p.direction,
-		"generation", generation, "bytes", p.blob.Size, "tarBytes", p.blob.TarBytes, "seconds", time.Since(p.start).Seconds())
+		"generation", generation, "bytes", p.blob.Size, "imageBytes", p.blob.ImageBytes, "seconds", time.Since(p.start).Seconds())
 }
 
 // publishSquashes publishes the node's squashes of published layers, so

@@ -181,7 +181,7 @@ func BenchmarkPushCompression(b *testing.B) {
 	for _, kind := range order {
 		mbps[kind] = float64(bytes) / 1e6 / medianOf(took[kind]).Seconds()
 		b.ReportMetric(mbps[kind], kind+"-MB/s")
-		b.ReportMetric(float64(blobs[kind].TarBytes)/float64(blobs[kind].Size), kind+"-ratio")
+		b.ReportMetric(float64(blobs[kind].ImageBytes)/float64(blobs[kind].Size), kind+"-ratio")
 	}
 	b.ReportMetric(mbps["zstd"]/mbps["gzip"], "zstd/gzip-speed")
 	b.ReportMetric(mbps[string(remote.DefaultCompression)]/mbps["tar"], "image/tar-push")

@@ -35,15 +35,14 @@ func (c Compression) validate() error {
 	return fmt.Errorf("compression %q is not known: use zstd or gzip", c)
 }
 
-// Media types of layer blobs. Layers are EROFS images (layerfs/erofs);
-// tars are what earlier versions published, still read.
+// Media types of layer blobs: EROFS images (layerfs/erofs), compressed.
 const (
 	MediaTypeImageZstd types.MediaType = "application/vnd.layercache.layer.v1.erofs+zstd"
 	MediaTypeImageGzip types.MediaType = "application/vnd.layercache.layer.v1.erofs+gzip"
 )
 
-// IsImage tells whether a layer blob of mediaType is an EROFS image (as
-// opposed to an OCI layer tar).
+// IsImage tells whether a layer blob of mediaType is an EROFS image, the
+// only kind a node takes in.
 func IsImage(mediaType string) bool {
 	switch types.MediaType(mediaType) {
 	case MediaTypeImageZstd, MediaTypeImageGzip:

@@ -2,8 +2,8 @@
 // registry, the distributed store of caches that span nodes.
 //
 // A cache is one repository (<registry>/<namespace>/<cache>). Each layer is
-// a blob: an OCI layer tar (overlay whiteouts as .wh. files, see
-// layerfs.ExportLayer), compressed with zstd or gzip. A plain OCI image
+// a blob: the layer's EROFS image (layerfs/erofs, see layerfs.ExportLayer),
+// compressed with zstd or gzip. A plain OCI image
 // manifest, tagged "latest", lists the chain base-first, so registry
 // garbage collection keeps the blobs and crane or skopeo can inspect a
 // cache. The chain's order is not the registry's to decide: the Cache

@@ -21,14 +21,14 @@ import (
 // Blob is a layer as the registry holds it.
 type Blob struct {
 	Digest    v1.Hash // of the compressed blob
-	DiffID    v1.Hash // of the uncompressed tar
+	DiffID    v1.Hash // of the uncompressed image
 	Size      int64   // of the compressed blob
 	MediaType types.MediaType
-	// TarBytes is the uncompressed size, for throughput reports.
-	TarBytes int64
+	// ImageBytes is the uncompressed image's size, for throughput reports.
+	ImageBytes int64
 }
 
-// Export writes a layer's uncompressed OCI tar to w.
+// Export writes a layer's uncompressed EROFS image to w.
 type Export func(w io.Writer) error
 
 // PushLayer compresses what export writes into a temp file in tmpDir,
@@ -76,11 +76,11 @@ func (t *Target) compressTo(f *os.File, export Export) (Blob, error) {
 		return Blob{}, fmt.Errorf("compress layer: %w", err)
 	}
 	return Blob{
-		Digest:    v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%x", compressed.h.Sum(nil))},
-		DiffID:    v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%x", uncompressed.h.Sum(nil))},
-		Size:      compressed.n,
-		TarBytes:  uncompressed.n,
-		MediaType: t.Compression.mediaType(),
+		Digest:     v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%x", compressed.h.Sum(nil))},
+		DiffID:     v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%x", uncompressed.h.Sum(nil))},
+		Size:       compressed.n,
+		ImageBytes: uncompressed.n,
+		MediaType:  t.Compression.mediaType(),
 	}, nil
 }
 

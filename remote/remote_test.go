@@ -61,8 +61,8 @@ func TestPushFetchRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if blob.TarBytes != int64(len(want)) || blob.Size <= 0 || blob.Size >= blob.TarBytes {
-				t.Errorf("blob %+v: want TarBytes %d and a smaller compressed size", blob, len(want))
+			if blob.ImageBytes != int64(len(want)) || blob.Size <= 0 || blob.Size >= blob.ImageBytes {
+				t.Errorf("blob %+v: want ImageBytes %d and a smaller compressed size", blob, len(want))
 			}
 			again, err := tg.PushLayer(ctx, t.TempDir(), exportOf(want))
 			if err != nil || again.Digest != blob.Digest {
