@@ -225,7 +225,6 @@ type GCResult struct {
 // RecoverResult tells what Recover repaired.
 type RecoverResult struct {
 	Remounted     []string `json:"remounted,omitempty"`
-	RolledForward []string `json:"rolledForward,omitempty"` // interrupted commits of the old layout finished
 	RemovedTemp   int      `json:"removedTemp"`
 	RemovedLayers int      `json:"removedLayers"`
 	// Torn lists the volumes found torn by a crash at remount (see

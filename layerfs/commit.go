@@ -33,8 +33,6 @@ func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, erro
 			return fmt.Errorf("volume %q: %w", volumeID, ErrNotFound)
 		case r.ReadOnly:
 			return fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
-		case r.Upper == "":
-			return fmt.Errorf("volume %q has the store's old layout: run recover (layerfs recover, or restart the node agent) before committing it", volumeID)
 		}
 		sealed, err := s.sealEarly(t)
 		if err != nil {

@@ -103,24 +103,6 @@ var crashOps = []crashOp{
 		},
 	},
 	{
-		// A commit of the store's old layout, recorded with its layer
-		// moved in or not, is finished by Recover.
-		name:  "recover-legacy-commit",
-		setup: func(t testing.TB, s *Store) { setupLegacyCommit(t, s, true) },
-		run: func(ctx context.Context, s *Store) error {
-			_, err := s.Recover(ctx)
-			return err
-		},
-	},
-	{
-		name:  "recover-legacy-commit-unmoved",
-		setup: func(t testing.TB, s *Store) { setupLegacyCommit(t, s, false) },
-		run: func(ctx context.Context, s *Store) error {
-			_, err := s.Recover(ctx)
-			return err
-		},
-	},
-	{
 		name:  "squash",
 		setup: func(t testing.TB, s *Store) { buildChain(t, s, "ns/c", layerSteps) },
 		run: func(ctx context.Context, s *Store) error {

@@ -250,9 +250,7 @@ func (s *Store) referencedLayers() (map[string]bool, error) {
 		for _, id := range r.Layers {
 			refs[id] = true
 		}
-		for _, id := range r.ownLayers() {
-			refs[id] = true
-		}
+		refs[r.Upper] = true // the volume's own layer
 	}
 	return refs, nil
 }

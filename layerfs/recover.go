@@ -61,11 +61,7 @@ func (s *Store) Recover(ctx context.Context) (RecoverResult, error) {
 // made again under its lock, and a volume that is gone stays gone: a
 // Mount here would create it anew, owned by nobody.
 func (s *Store) recoverVolume(ctx context.Context, listed *volumeRecord, res *RecoverResult) error {
-	if s.needsMigration(listed) {
-		if err := s.migrateVolume(ctx, listed.ID, res); err != nil {
-			return err
-		}
-	} else if listed.Mounted {
+	if listed.Mounted {
 		return nil
 	}
 	return s.transact(ctx, scope{store: true, volume: listed.ID}, func(t *txn) error {

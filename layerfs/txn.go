@@ -172,7 +172,7 @@ func (t *txn) saveHead() error {
 
 // saveVolume writes or removes the volume's record. Rewriting an existing
 // record may use the space reserve: repairing a volume (a remount that
-// finds it torn, a migration) must work on a full disk, creating one not.
+// finds it torn) must work on a full disk, creating one not.
 func (t *txn) saveVolume() error {
 	if t.Volume == nil {
 		return t.s.removeVolumeDir(t.volID)

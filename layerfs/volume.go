@@ -15,8 +15,7 @@ type volumeRecord struct {
 	CacheUID string `json:"cacheUID"`
 	// Upper is the layer the volume's upper directory will be: it lives at
 	// layers/<Upper> from the volume's birth, so that a commit moves
-	// nothing. Empty in records of the old layout, whose upper directory
-	// is volumes/<id>/upper until Recover moves it (see migrate.go).
+	// nothing (a snapshot volume's commit makes it its generation's id).
 	Upper    string      `json:"upper,omitempty"`
 	RootMode os.FileMode `json:"rootMode"`
 	RootUID  int         `json:"rootUID"`
@@ -38,7 +37,6 @@ type volumeRecord struct {
 	// the cache: the fallback may be squashed or removed meanwhile, and
 	// the record naming them is what keeps them (see seed.go).
 	SeedLayers []LayerInfo `json:"seedLayers,omitempty"`
-	legacyCommit
 }
 
 func (s *Store) volumeDir(id string) string  { return filepath.Join(s.volumesDir(), id) }
@@ -55,9 +53,6 @@ func (s *Store) controlAside(id string) string { return filepath.Join(s.volumeDi
 func (s *Store) upperDir(r *volumeRecord) string {
 	if r.Layout == LayoutSnapshot {
 		return s.snapVolumePath(r.ID)
-	}
-	if r.Upper == "" {
-		return s.legacyUpperDir(r.ID)
 	}
 	return s.layerDir(r.Upper)
 }

@@ -329,7 +329,7 @@ func (a *agent) run(ctx context.Context) error {
 		a.prov.metrics.fail(opRecover, "unswept")
 		logger.Error(errors.New(res.Unswept), "Some unreferenced layers could not be deleted; GC retries them")
 	}
-	logger.Info("Recovered layer store", "remounted", len(res.Remounted), "rolledForward", len(res.RolledForward),
+	logger.Info("Recovered layer store", "remounted", len(res.Remounted),
 		"removedTemp", res.RemovedTemp, "removedLayers", res.RemovedLayers, "torn", res.Torn, "failed", len(res.Failed))
 
 	factories := []informers.SharedInformerFactory{a.claimInformers, a.pvInformers, a.podInformers}

@@ -201,16 +201,13 @@ func runRecover(ctx context.Context, w io.Writer, store *layerfs.Store) error {
 }
 
 func writeRecoverResult(w io.Writer, res layerfs.RecoverResult) error {
-	if len(res.Remounted) == 0 && len(res.RolledForward) == 0 && res.RemovedTemp == 0 && res.RemovedLayers == 0 && len(res.Failed) == 0 && len(res.Torn) == 0 && res.Unswept == "" {
+	if len(res.Remounted) == 0 && res.RemovedTemp == 0 && res.RemovedLayers == 0 && len(res.Failed) == 0 && len(res.Torn) == 0 && res.Unswept == "" {
 		_, err := fmt.Fprintln(w, "recover: nothing to repair")
 		return err
 	}
 	var b strings.Builder
 	for _, v := range res.Remounted {
 		fmt.Fprintf(&b, "remounted volume %s\n", v)
-	}
-	for _, v := range res.RolledForward {
-		fmt.Fprintf(&b, "finished the interrupted commit of volume %s\n", v)
 	}
 	if res.RemovedTemp > 0 {
 		fmt.Fprintf(&b, "removed %s of interrupted operations\n", count(res.RemovedTemp, "leftover"))

@@ -331,9 +331,9 @@ func TestSummaries(t *testing.T) {
 		{
 			name: "recover repaired",
 			write: func(b *bytes.Buffer) error {
-				return writeRecoverResult(b, layerfs.RecoverResult{Remounted: []string{"a", "b"}, RolledForward: []string{"c"}, RemovedTemp: 2, RemovedLayers: 1})
+				return writeRecoverResult(b, layerfs.RecoverResult{Remounted: []string{"a", "b"}, RemovedTemp: 2, RemovedLayers: 1})
 			},
-			want: "remounted volume a\nremounted volume b\nfinished the interrupted commit of volume c\nremoved 2 leftovers of interrupted operations\nremoved 1 unreferenced layer\n",
+			want: "remounted volume a\nremounted volume b\nremoved 2 leftovers of interrupted operations\nremoved 1 unreferenced layer\n",
 		},
 		{
 			name:  "recover nothing",
