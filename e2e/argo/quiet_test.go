@@ -10,8 +10,12 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 )
 
-// completedWatch is how long TestCompletedWorkflowIsQuiet watches a
-// namespace whose completed Workflow and pods stay.
+// completedWatch is how long the quiet scenarios watch a namespace whose
+// completed Workflow and pods stay. Each runs one small Workflow, then
+// waits about five minutes, so they run side by side, and beside
+// TestWorkflowWarmCache, once the package's other scenarios are done
+// (Go's t.Parallel). The Go builds stay one at a time: two at once on 2
+// cores timed out beside e2e/cache.
 const completedWatch = 3 * time.Minute
 
 // TestCompletedWorkflowIsQuiet: once a successful Workflow's claim is
@@ -20,6 +24,7 @@ const completedWatch = 3 * time.Minute
 // Argo's or layercache's undoes the other's work (a claim recreated, a
 // PV re-annotated, Events repeated).
 func TestCompletedWorkflowIsQuiet(t *testing.T) {
+	t.Parallel() // a wait, beside the others: see completedWatch
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), completedWatch+10*time.Minute)
 	defer cancel()
@@ -44,6 +49,7 @@ func TestCompletedWorkflowIsQuiet(t *testing.T) {
 // the failure on the PV; nothing may rewrite it or anything else in the
 // namespace while the Workflow is kept, and nothing is committed.
 func TestKeptFailedWorkflowIsQuiet(t *testing.T) {
+	t.Parallel() // a wait, beside the others: see completedWatch
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), completedWatch+10*time.Minute)
 	defer cancel()

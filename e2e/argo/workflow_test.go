@@ -125,6 +125,7 @@ type goBuild struct {
 // again. The same builds on a hostPath volume give the physical ceiling
 // (framework.BuildRuns: in make bench-builds).
 func TestWorkflowWarmCache(t *testing.T) {
+	t.Parallel() // beside the quiet scenarios only: see completedWatch
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
