@@ -76,7 +76,7 @@ type inode struct {
 func (n *inode) typ() uint32 { return n.mode & 0o170000 }
 
 func (c *checker) errorf(nid uint64, format string, args ...any) error {
-	return fmt.Errorf("erofs: inode %d: %s", nid, fmt.Sprintf(format, args...))
+	return fmt.Errorf("erofs: inode %d: "+format, append([]any{nid}, args...)...)
 }
 
 // block returns block b of the image; blocks are cached, as directories
@@ -128,7 +128,7 @@ func (c *checker) inode(nid uint64) (*inode, error) {
 	}
 	b, err := c.bytesAt(off, inodeSize)
 	if err != nil {
-		return nil, c.errorf(nid, "%v", err)
+		return nil, c.errorf(nid, "%w", err)
 	}
 	le := binary.LittleEndian
 	format := le.Uint16(b[0:])
@@ -248,7 +248,7 @@ func (c *checker) checkBlockMap(n *inode, bits uint8, chunks int64) error {
 		off := n.tailOff + 4*i
 		blk, err := c.block(off / BlockSize)
 		if err != nil {
-			return c.errorf(n.nid, "block map: %v", err)
+			return c.errorf(n.nid, "block map: %w", err)
 		}
 		addr := binary.LittleEndian.Uint32(blk[off%BlockSize:])
 		if addr == nullAddr {
@@ -269,7 +269,7 @@ func (c *checker) checkXattrs(n *inode) error {
 	}
 	x, err := c.bytesAt(n.off+inodeSize, n.xattrs)
 	if err != nil {
-		return c.errorf(n.nid, "xattrs: %v", err)
+		return c.errorf(n.nid, "xattrs: %w", err)
 	}
 	if x[4] != 0 {
 		return c.errorf(n.nid, "%d shared xattrs: images of this package keep xattrs inline", x[4])
@@ -286,7 +286,7 @@ func (c *checker) checkXattrs(n *inode) error {
 		}
 		name := string(x[p+4 : p+4+nameLen])
 		if err := checkXattrName(index, name); err != nil {
-			return c.errorf(n.nid, "%v", err)
+			return c.errorf(n.nid, "%w", err)
 		}
 		p = (end + 3) &^ 3
 	}
