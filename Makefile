@@ -132,22 +132,25 @@ up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH="tekton argo b
 down: ## stop the local cluster and remove everything it made
 	e2e/cluster/down.sh
 
-# make e2e's stages, which make test runs one by one to time each.
+# make e2e's stages, which make test runs one by one to time each. One
+# cluster of two nodes with the registry serves every e2e package: the
+# one-node scenarios keep their pods on node 1 (framework.New), the
+# two-node ones (e2e/multinode) use both, side by side.
 E2E_WITH = tekton argo buildkit
 
 .PHONY: e2e
-e2e: e2e-up e2e-packages e2e-faults e2e-multinode ## the e2e suite on a one-node cluster (with Tekton, Argo Workflows and BuildKit), the short fault tests alone after it, then e2e-multinode
+e2e: e2e-up e2e-packages e2e-faults ## the e2e suite on one two-node cluster with the registry, Tekton, Argo Workflows and BuildKit: every package side by side, then the short fault tests alone
 
 .PHONY: e2e-build
-e2e-build: ## build everything make e2e's clusters run (Kubernetes, the images, kpt, Tekton, Argo, BuildKit) and start nothing; make test runs it beside its unit stages
-	e2e/cluster/up.sh --build-only --nodes 1 --with "$(E2E_WITH)" --deploy $(DEPLOY)
+e2e-build: ## build everything make e2e's cluster runs (Kubernetes, the images, kpt, Tekton, Argo, BuildKit, the registry) and start nothing; make test runs it beside its unit stages
+	e2e/cluster/up.sh --build-only --nodes 2 --with "$(E2E_WITH)" --deploy $(DEPLOY)
 
 .PHONY: e2e-up
-e2e-up: ## make up for make e2e: one node with Tekton, Argo Workflows and BuildKit
-	$(MAKE) up NODES=1 WITH="$(E2E_WITH)"
+e2e-up: ## make up for make e2e: two nodes and the registry, with Tekton, Argo Workflows and BuildKit
+	$(MAKE) up NODES=2 WITH="$(E2E_WITH)"
 
 .PHONY: e2e-packages
-e2e-packages: ## every e2e package on the running cluster (make e2e-up), side by side
+e2e-packages: ## every e2e package on the running cluster (make e2e-up), e2e/multinode included, side by side
 	e2e/cluster/run-e2e.sh
 
 .PHONY: e2e-faults
@@ -155,11 +158,8 @@ e2e-faults: ## the short fault tests, alone on the running cluster, after make e
 	$(SOAK_FAULTS_SHORT)
 
 .PHONY: e2e-multinode
-e2e-multinode: ## a fresh two-node cluster with the registry, the scenarios of e2e/multinode on it, then the short registry fault alone
-	$(MAKE) down
-	$(MAKE) up NODES=2 WITH=
+e2e-multinode: ## the scenarios of e2e/multinode alone, on the running two-node cluster (make e2e-up; make e2e-packages runs them beside the rest)
 	e2e/cluster/run-e2e.sh --multinode
-	$(SOAK_REGISTRY_SHORT)
 
 # The load test of e2e/soak at full size; its short version (10 at once,
 # 40 builds) runs in make e2e. SOAK_* variables override the sizes.
@@ -199,16 +199,16 @@ soak-registry: up ## make soak's load on node 1 of a two-node cluster with the r
 	$(call SOAK_RUN,registry)
 
 # The short fault tests (build tag faults) kill the node agent, restart
-# the node's daemons or stop the control plane, which would break any test
-# running beside them: make e2e runs them alone, after its packages (which
-# run side by side). make soak-faults runs them all; make e2e all but
-# agent-oom, which takes 54 s alone but 168 s right after agent-kill (the
-# kubelet's CrashLoopBackOff of the same agent grows).
-SOAK_FAULTS_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|APIServerDown|NodeRestart|NodeReboot|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 30m ./e2e/soak/
-SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad(AgentKilled|AgentOOM|APIServerDown|NodeRestart|NodeReboot|ManagerLeader)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 40m ./e2e/soak/
-# The short registry fault needs the two-node cluster: make e2e-multinode
-# runs it alone after e2e/multinode, as it stops the registry.
-SOAK_REGISTRY_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^TestLoadRegistryDown$$' -timeout 30m ./e2e/soak/
+# the node's daemons or stop the control plane or the registry, which would
+# break any test running beside them: make e2e runs them alone, after its
+# packages (which run side by side). make soak-faults runs them all; make
+# e2e all but agent-oom, which takes 54 s alone but 168 s right after
+# agent-kill (the kubelet's CrashLoopBackOff of the same agent grows). The
+# registry fault needs the two-node cluster with the registry (make
+# e2e-up), make soak-faults's one-node cluster has none.
+SOAK_FAULT_TESTS = AgentKilled|APIServerDown|NodeRestart|NodeReboot|ManagerLeader
+SOAK_FAULTS_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad($(SOAK_FAULT_TESTS)|RegistryDown)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 30m ./e2e/soak/
+SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad($(SOAK_FAULT_TESTS)|AgentOOM)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 40m ./e2e/soak/
 
 .PHONY: soak-faults
 soak-faults: up ## every short fault test, alone on the cluster (make e2e runs all but agent-oom after its packages): the node agent SIGKILLed twice (about 1 min; longer when rerun within 10 min, as the kubelet's CrashLoopBackOff grows), OOM-killed twice (about 1 min alone, 3 min right after the SIGKILLs), etcd and kube-apiserver down 10 s (1.5-2.5 min), the node's kubelet and containerd restarted (about 1 min), the node rebooted but its kernel (about 70 s), the manager's leader SIGKILLed (about 1 min); reports in _output/soak/short/

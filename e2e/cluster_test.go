@@ -110,7 +110,7 @@ func TestClusterIsReal(t *testing.T) {
 // node sees its own /var/lib/layercache, and the host sees it at the node's
 // HostRoot.
 func TestNodesHaveOwnLayercacheRoot(t *testing.T) {
-	f := framework.New(t)
+	f := framework.NewAcrossNodes(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 
@@ -169,7 +169,7 @@ func nodeReady(n corev1.Node) bool {
 // Bidirectional propagation is seen by the node (so the kubelet can hand it
 // to other pods), by another pod, and by the host at the node's HostRoot.
 func TestBidirectionalMountPropagation(t *testing.T) {
-	f := framework.New(t)
+	f := framework.NewAcrossNodes(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 

@@ -2,7 +2,7 @@
 # Deploy layercache with kpt live apply, as `make deploy` and the e2e
 # harness (e2e/cluster/up.sh) do.
 #
-#   hack/deploy.sh [default|e2e|e2e-multinode]
+#   hack/deploy.sh [default|e2e]
 #
 # default applies the kpt package config/ as it stands; an overlay is
 # rendered with kustomize and applied with the package's inventory
@@ -40,7 +40,7 @@ default)
 	"$kpt" "${args[@]}" config 2>&1 | tee "$log"
 	;;
 *)
-	[[ -f config/$overlay/kustomization.yaml ]] || die "no overlay config/$overlay (use default, e2e or e2e-multinode)"
+	[[ -f config/$overlay/kustomization.yaml ]] || die "no overlay config/$overlay (use default or e2e)"
 	mkdir -p _output/deploy
 	{ cat config/resourcegroup.yaml; echo ---; "$kubectl" kustomize "config/$overlay"; } >"_output/deploy/$overlay.yaml"
 	"$kpt" "${args[@]}" - <"_output/deploy/$overlay.yaml" 2>&1 | tee "$log"

@@ -14,7 +14,8 @@
 #                   same build, build-kubernetes.sh's lock, and is not
 #                   built twice)
 #   bench-smoke     alone: its ratios compare timings
-#   e2e-up, e2e-packages, e2e-faults, e2e-multinode (make e2e's stages)
+#   e2e-up, e2e-packages, e2e-faults (make e2e's stages: one two-node
+#                   cluster for every package, then the faults alone)
 # A failed stage ends the run: the background build is stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -137,7 +138,6 @@ stage bench-smoke make --no-print-directory bench-smoke
 stage e2e-up make --no-print-directory e2e-up
 stage e2e-packages make --no-print-directory e2e-packages
 stage e2e-faults make --no-print-directory e2e-faults
-stage e2e-multinode make --no-print-directory e2e-multinode
 trap - EXIT
 echo
 print_table passed

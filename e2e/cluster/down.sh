@@ -128,6 +128,7 @@ done
 
 for ((n = 1; n <= 4; n++)); do
 	ip link show "$(bridge_name "$n")" >/dev/null 2>&1 && ip link delete "$(bridge_name "$n")"
+	ip address del "$(node_ip "$n")/32" dev lo 2>/dev/null || true
 done
 
 if grep -q "$HOSTS_MARK" /etc/hosts; then

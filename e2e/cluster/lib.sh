@@ -73,6 +73,13 @@ require_root() {
 }
 
 node_name() { echo "layercache-node$1"; }
+# Node N has an address of its own on the host's loopback device (from
+# 198.18.0.0/15, the range RFC 2544 sets aside for tests; the kubelet
+# refuses 127/8 as a node IP): the nodes share the host's network, and
+# each hostNetwork pod of a DaemonSet (the node agents) binds its metrics
+# and probe ports on its node's address (status.hostIP), as on separate
+# machines. Traffic to it never leaves the host.
+node_ip() { echo "198.18.0.$1"; }
 node_dir() { echo "$CLUSTER_DIR/node$1"; }
 kubelet_port() { echo $((10240 + 10 * $1)); }     # 10250, 10260, ...
 kubelet_healthz_port() { echo $((10238 + 10 * $1)); } # 10248, 10258, ...

@@ -57,6 +57,7 @@ fi
 	--config "$dir/kubelet.yaml" \
 	--kubeconfig "$dir/kubelet.kubeconfig" \
 	--hostname-override "$(node_name "$n")" \
+	--node-ip "$(node_ip "$n")" \
 	--root-dir "$KUBELET_ROOT" \
 	--v 1 >>"$LOG_DIR/node$n-kubelet.log" 2>&1 &
 

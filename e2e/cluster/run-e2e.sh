@@ -1,28 +1,34 @@
 #!/usr/bin/env bash
 # Run the e2e suite against the cluster that up.sh started.
 #   run-e2e.sh [--multinode] [go test arguments, e.g. -run TestClusterIsReal -v] [./e2e/PACKAGE/...]
-# Packages given (arguments starting with ./) replace the default ./e2e/...
-# --multinode runs e2e/multinode (build tags e2e,multinode) instead, which
-# needs a cluster of two nodes with the registry (make up NODES=2).
+# Packages given (arguments starting with ./) replace the default: every
+# package, e2e/multinode (build tags e2e,multinode) too when the cluster has
+# two nodes and the registry (make e2e-up). --multinode runs e2e/multinode
+# alone.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# go test runs two packages at a time (-p, the cores), taking them in the
-# order given: the longest, e2e/argo and e2e/cache, start side by side,
-# and e2e/tekton follows e2e/argo while the short packages follow
-# e2e/cache. Alphabetically e2e/tekton came last, after both, and was the
-# long pole. Packages listed twice run once.
+# go test runs three packages at a time (-p 3), taking them in the order
+# given: the longest, e2e/argo and e2e/cache, and e2e/multinode start side
+# by side, then e2e/tekton and the short packages. Alphabetically
+# e2e/tekton came last and was the long pole. Packages listed twice run
+# once. The scenarios mostly wait on the cluster, so more of them run at
+# once (-parallel 8) than there are cores.
 tags=e2e packages=(./e2e/argo/ ./e2e/cache/ ./e2e/tekton/ ./e2e/...)
+[[ -f $KUBECONFIG_FILE ]] || die "no cluster: $KUBECONFIG_FILE is missing; run make up first"
 if [[ ${1:-} == --multinode ]]; then
 	tags=e2e,multinode packages=(./e2e/multinode/)
 	shift
+elif [[ $(jq '(.nodes | length) > 1 and .registry != null' "$CLUSTER_DIR/cluster.json") == true ]]; then
+	tags=e2e,multinode packages=(./e2e/argo/ ./e2e/cache/ ./e2e/multinode/ ./e2e/tekton/ ./e2e/...)
+else
+	log "one node: e2e/multinode does not run (it needs make up NODES=2, as make e2e-up starts)"
 fi
 for arg; do
 	[[ $arg != ./* ]] || packages=()
 done
-[[ -f $KUBECONFIG_FILE ]] || die "no cluster: $KUBECONFIG_FILE is missing; run make up first"
 export KUBECONFIG=$KUBECONFIG_FILE
 cd "$REPO_DIR"
-log "running e2e tests ${packages[*]:-(as given)} (KUBECONFIG=$KUBECONFIG)"
-# The scenarios mostly wait on the cluster, so more run at once than cores.
-go test -tags "$tags" -count=1 -parallel 8 -timeout 40m "$@" "${packages[@]}"
+cmd=(go test -tags "$tags" -count=1 -p 3 -parallel 8 -timeout 40m "$@" "${packages[@]}")
+log "running ${cmd[*]} (KUBECONFIG=$KUBECONFIG; later flags win)"
+"${cmd[@]}"

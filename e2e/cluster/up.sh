@@ -198,7 +198,7 @@ subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubern
 		cert "kubelet$n-serving" "$name" "" "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=DNS:$name,IP:127.0.0.1"
+subjectAltName=DNS:$name,IP:$(node_ip "$n")"
 	done
 	openssl ecparam -name prime256v1 -genkey -noout -out "$PKI_DIR/sa.key" 2>/dev/null
 	openssl ec -in "$PKI_DIR/sa.key" -pubout -out "$PKI_DIR/sa.pub" 2>/dev/null
@@ -257,7 +257,8 @@ start_control_plane() {
 	wait_for etcd 60 etcd_ok || die "etcd did not become healthy; see $LOG_DIR/etcd.log"
 
 	# Loopback only: the apiserver advertises 127.0.0.1 and reaches kubelets
-	# by node name, which /etc/hosts resolves to 127.0.0.1. The kubernetes
+	# by node name, which /etc/hosts resolves to the node's address on the
+	# loopback device (node_ip). The kubernetes
 	# Service gets no endpoints (loopback is not a valid endpoint), so
 	# in-cluster clients use hostNetwork and KUBERNETES_SERVICE_HOST.
 	#
@@ -270,6 +271,12 @@ start_control_plane() {
 	# controller does, fails every watch and sees changes only when it
 	# relists, up to a minute later. Off, those watches start as they did
 	# before 1.34; clients that ask for a stream fall back to a list.
+	#
+	# PodNodeSelector: the e2e framework keeps a one-node scenario's pods
+	# on node 1 of a two-node cluster with its namespace's node selector
+	# (scheduler.alpha.kubernetes.io/node-selector), the pods of Tekton
+	# and Argo included, so that one-node and two-node scenarios share a
+	# cluster.
 	launch kube-apiserver "$BIN_DIR/kube-apiserver" \
 		--etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
 		--bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address 127.0.0.1 \
@@ -285,7 +292,7 @@ start_control_plane() {
 		--service-account-signing-key-file "$PKI_DIR/sa.key" \
 		--service-cluster-ip-range 10.96.0.0/16 \
 		--authorization-mode Node,RBAC \
-		--enable-admission-plugins NodeRestriction \
+		--enable-admission-plugins NodeRestriction,PodNodeSelector \
 		--allow-privileged \
 		--feature-gates WatchList=false \
 		--profiling=false
@@ -314,16 +321,17 @@ start_control_plane() {
 KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
 
 prepare_host() {
-	local n name
+	local n name ip
 	if [[ ! -f $STATE_DIR/sysctl ]]; then
 		for name in "${KUBELET_SYSCTLS[@]}"; do echo "$name=$(sysctl -n "$name")"; done >"$STATE_DIR/sysctl"
 	fi
 	for ((n = 1; n <= NODES; n++)); do
-		name=$(node_name "$n")
-		if ! grep -qE "^127\.0\.0\.1[[:space:]]+$name([[:space:]]|\$)" /etc/hosts; then
+		name=$(node_name "$n") ip=$(node_ip "$n")
+		ip address replace "$ip/32" dev lo
+		if ! grep -qE "^${ip//./\\.}[[:space:]]+$name([[:space:]]|\$)" /etc/hosts; then
 			# Appended in place: /etc/hosts may be a bind mount that a rename would break.
 			[[ -z $(tail -c1 /etc/hosts) ]] || echo >>/etc/hosts
-			echo "127.0.0.1 $name $HOSTS_MARK" >>/etc/hosts
+			echo "$ip $name $HOSTS_MARK" >>/etc/hosts
 		fi
 	done
 	# containerd puts containers in cgroups /k8s.io/<id>.
@@ -419,7 +427,7 @@ EOF
 	cat >"$dir/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: $(node_ip "$n")
 port: $(kubelet_port "$n")
 healthzBindAddress: 127.0.0.1
 healthzPort: $(kubelet_healthz_port "$n")
@@ -643,10 +651,7 @@ apply_config() {
 # deploy applies the project's e2e overlay, and restarts its pods when the
 # image changed (same tag, new content).
 deploy() {
-	# Nodes of one host share its network: with more than one, the node
-	# agents cannot each bind the same probe and metrics ports.
 	local name=e2e
-	((NODES > 1)) && name=e2e-multinode
 	log "deploying config/$name (--deploy $DEPLOY)"
 	mkdir -p "$STATE_DIR" "$LOG_DIR"
 	if ! apply_config "$name" >"$LOG_DIR/deploy.log" 2>&1; then

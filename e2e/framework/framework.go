@@ -60,10 +60,29 @@ type Framework struct {
 	t         testing.TB
 }
 
+// NodeSelectorAnnotation is the PodNodeSelector admission plugin's
+// namespace annotation: every pod of the namespace gets its node selector.
+const NodeSelectorAnnotation = "scheduler.alpha.kubernetes.io/node-selector"
+
 // New connects to the cluster named by KUBECONFIG, creates a fresh
 // namespace for the test and registers its removal. It fails the test if
-// there is no cluster.
+// there is no cluster. On a cluster of more than one node the namespace's
+// pods (those Tekton, Argo and Jobs create too) all run on the first node,
+// where the one-node scenarios look: they share the cluster with the
+// two-node ones (NewAcrossNodes).
 func New(t testing.TB) *Framework {
+	t.Helper()
+	return newFramework(t, true)
+}
+
+// NewAcrossNodes is New for a scenario that places its pods on nodes
+// itself: its namespace's pods may run on any node.
+func NewAcrossNodes(t testing.TB) *Framework {
+	t.Helper()
+	return newFramework(t, false)
+}
+
+func newFramework(t testing.TB, firstNodeOnly bool) *Framework {
 	t.Helper()
 	cfg, err := RESTConfig()
 	if err != nil {
@@ -81,12 +100,16 @@ func New(t testing.TB) *Framework {
 
 	ctx, cancel := context.WithTimeout(context.Background(), NamespaceTimeout)
 	defer cancel()
-	ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+	meta := metav1.ObjectMeta{
 		GenerateName: namespacePrefix(t.Name()),
 		// The scenarios' namespaces are CI namespaces an admin opted in
 		// to CSI inline volumes.
 		Labels: map[string]string{E2ELabel: "true", v1alpha1.LabelCSI: v1alpha1.CSIEnabled},
-	}}, metav1.CreateOptions{})
+	}
+	if firstNodeOnly && len(cluster.Nodes) > 1 {
+		meta.Annotations = map[string]string{NodeSelectorAnnotation: corev1.LabelHostname + "=" + cluster.Nodes[0].Name}
+	}
+	ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: meta}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating the test namespace (is the cluster up? `make up`): %v", err)
 	}

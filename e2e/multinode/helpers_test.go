@@ -43,7 +43,7 @@ type syncEnv struct {
 
 func newSyncEnv(t *testing.T) *syncEnv {
 	t.Helper()
-	f := framework.New(t)
+	f := framework.NewAcrossNodes(t)
 	if len(f.Cluster.Nodes) < 2 || f.Cluster.Registry == nil {
 		t.Fatalf("needs two nodes and the registry (cluster.json has %d nodes, registry %v): start the cluster with `make up NODES=2`",
 			len(f.Cluster.Nodes), f.Cluster.Registry != nil)

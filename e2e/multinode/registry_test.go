@@ -46,7 +46,7 @@ const defaultStorageClass = "layercache"
 // that keeps its blobs. It stops the registry, so it runs alone (no
 // t.Parallel: Go runs the parallel tests after it).
 func TestRegistryServesTheCluster(t *testing.T) {
-	f := framework.New(t)
+	f := framework.NewAcrossNodes(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	reg := f.Cluster.Registry

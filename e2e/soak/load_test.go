@@ -121,7 +121,9 @@ func TestLoad(t *testing.T) {
 func runLoad(t *testing.T, cfg config) {
 	t.Logf("load: %d concurrent, %d churn builds, %d caches, %d%% failing, volumes %s, bound %s, fault %s, seed %d (SOAK_SEED=%d repeats the outcomes)",
 		cfg.Concurrent, cfg.Builds, cfg.Caches, cfg.FailPercent, cfg.Volume, cfg.Duration, cfg.Fault, cfg.Seed, cfg.Seed)
-	f := framework.New(t)
+	// Every pod of the load names its node (node 1; node 2 reads the
+	// caches after the registry fault).
+	f := framework.NewAcrossNodes(t)
 	node := f.Cluster.Nodes[0]
 	l := &load{t: t, f: f, cfg: cfg, node: node, pvByClaim: map[string]string{}, pvDeleted: map[string]bool{},
 		phase2: make(chan struct{}), loadDone: make(chan struct{})}

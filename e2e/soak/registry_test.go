@@ -140,8 +140,9 @@ func (l *load) startRegistryRun() {
 
 // watchAgentWrites records when the watch sees node 1's agent write: a
 // change of a Cache's chain (status.published: announcements, appends;
-// only node 1 commits) or of one of node 1's CacheReplicas. The node
-// agents serve no metrics on a two-node cluster, so the watch counts.
+// only node 1 commits) or of one of node 1's CacheReplicas. The watch
+// counts this namespace's writes only; the agent's metrics would count
+// every namespace's, and other scenarios may share the cluster.
 func (l *load) watchAgentWrites() {
 	dyn, err := dynamic.NewForConfig(l.f.Config)
 	if err != nil {

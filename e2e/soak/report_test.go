@@ -581,7 +581,7 @@ func registryMarkdown(w func(string, ...any), f *faultRun, c config) {
 		w("- extra on %s: %s", r.OtherNode, x)
 	}
 	w("")
-	w("Writes are the changes the test's watch saw of the Caches' status.published (node 1 is the only writer) and of node 1's CacheReplicas; the node agents serve no metrics on a two-node cluster. After this report layercache's objects in the namespace (Caches, CacheReplicas, its Events) are watched for %s; a write fails the test.", c.QuietWatch)
+	w("Writes are the changes the test's watch saw of the Caches' status.published (node 1 is the only writer) and of node 1's CacheReplicas, in this namespace only. After this report layercache's objects in the namespace (Caches, CacheReplicas, its Events) are watched for %s; a write fails the test.", c.QuietWatch)
 }
 
 // processMarkdown lists the agent's processes when there were several.
