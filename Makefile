@@ -58,7 +58,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e ./e2e/...
 	$(GO) vet -tags e2e,benchpeer ./e2e/bench/
 	$(GO) vet -tags envtest ./cachemanager/
-	$(GO) vet -tags e2e,multinode ./e2e/multinode/
+	$(GO) vet -tags e2e,multinode,faults ./e2e/multinode/
 	$(GO) vet -tags e2e,faults ./e2e/soak/
 	$(GO) vet -tags scale ./e2e/scale/
 
@@ -154,8 +154,8 @@ e2e-packages: ## every e2e package on the running cluster (make e2e-up), e2e/mul
 	e2e/cluster/run-e2e.sh
 
 .PHONY: e2e-faults
-e2e-faults: ## the short fault tests, alone on the running cluster, after make e2e-packages
-	$(SOAK_FAULTS_SHORT)
+e2e-faults: ## the short fault tests and the two-node scenarios that kill node agents, one at a time, alone on the running cluster, after make e2e-packages
+	$(E2E_FAULTS)
 
 .PHONY: e2e-multinode
 e2e-multinode: ## the scenarios of e2e/multinode alone, on the running two-node cluster (make e2e-up; make e2e-packages runs them beside the rest)
@@ -207,7 +207,11 @@ soak-registry: up ## make soak's load on node 1 of a two-node cluster with the r
 # registry fault needs the two-node cluster with the registry (make
 # e2e-up), make soak-faults's one-node cluster has none.
 SOAK_FAULT_TESTS = AgentKilled|APIServerDown|NodeRestart|NodeReboot|ManagerLeader
-SOAK_FAULTS_SHORT = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad($(SOAK_FAULT_TESTS)|RegistryDown)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 30m ./e2e/soak/
+# make e2e-faults adds the registry fault and e2e/multinode's scenarios
+# that SIGKILL node agents (build tag faults too), which would kill the
+# agent under the one-node scenarios of node 1; -p 1 runs the two packages
+# one after the other.
+E2E_FAULTS = e2e/cluster/run-e2e.sh -tags e2e,multinode,faults -p 1 -run '^(TestLoad($(SOAK_FAULT_TESTS)|RegistryDown)|TestStandaloneClaimPodEndsWithoutManager|TestAgentKilledMidPushAndMidPull|TestAnAnnouncedLayerArrivesAfterTheAgentReturns)$$' -timeout 30m ./e2e/soak/ ./e2e/multinode/
 SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad($(SOAK_FAULT_TESTS)|AgentOOM)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 40m ./e2e/soak/
 
 .PHONY: soak-faults

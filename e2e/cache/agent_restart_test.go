@@ -24,6 +24,10 @@ import (
 // replaces the pod, the agent recovers its store and syncs its informers.
 const agentRestartTimeout = 3 * time.Minute
 
+// kubeletRetryMax is the longest the kubelet waits before it retries a
+// failed volume operation (2m2s, its exponential backoff's cap).
+const kubeletRetryMax = 2*time.Minute + 2*time.Second
+
 // TestNodeAgentRestart takes the node agent away under a cache's pods, in
 // two ways. First its pod is deleted while a pod uses a volume: the volume
 // keeps working through the restart. Then the agent is kept off the node
@@ -128,10 +132,14 @@ func TestNodeAgentRestart(t *testing.T) {
 	restore()
 	t.Logf("node agent pod %s is ready", e.agentPod(ctx).Name)
 
+	// A CSI volume ends when the kubelet unpublishes it, and the kubelet
+	// retries the unpublish that failed while the agent was away with a
+	// backoff that doubles up to kubeletRetryMax: the agent's return may
+	// fall just after a retry.
 	e.expectVolumeEnd(ctx, "short", "Committed")
-	e.expectCSIEnd(ctx, "csi-short", "Committed")
+	e.expectCSIEndWithin(ctx, kubeletRetryMax+eventTimeout, "csi-short", "Committed")
 	e.expectVolumeEnd(ctx, "deleted", "Committed")
-	e.expectCSIEnd(ctx, "csi-deleted", "Committed")
+	e.expectCSIEndWithin(ctx, kubeletRetryMax+eventTimeout, "csi-deleted", "Committed")
 	for _, pod := range []string{"deleted", "csi-deleted"} {
 		e.waitPodGone(ctx, pod)
 	}

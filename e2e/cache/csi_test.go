@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,8 +43,15 @@ func (e *env) csiPod(name string, volume corev1.Volume, script string) *corev1.P
 // and checks it ended as want (Committed or Discarded), exactly once.
 func (e *env) expectCSIEnd(ctx context.Context, pod, want string) *corev1.Event {
 	e.t.Helper()
+	return e.expectCSIEndWithin(ctx, eventTimeout, pod, want)
+}
+
+// expectCSIEndWithin is expectCSIEnd for an end that may take up to
+// timeout to come.
+func (e *env) expectCSIEndWithin(ctx context.Context, timeout time.Duration, pod, want string) *corev1.Event {
+	e.t.Helper()
 	isEnd := func(ev *corev1.Event) bool { _, ok := endReasons[ev.Reason]; return ok }
-	ev := e.waitEvent(ctx, e.Namespace, "Pod", pod, isEnd)
+	ev := e.waitEventWithin(ctx, timeout, isEnd, eventSubject{e.Namespace, "Pod", pod})
 	if ev.Reason != want {
 		e.t.Errorf("CSI volume of pod %s: %s (%q), want %s", pod, ev.Reason, ev.Message, want)
 	}

@@ -375,9 +375,16 @@ func (e *env) waitEvent(ctx context.Context, namespace, kind, name string, match
 // waitEventOn waits for an Event about any of subjects that match accepts.
 func (e *env) waitEventOn(ctx context.Context, match func(*corev1.Event) bool, subjects ...eventSubject) *corev1.Event {
 	e.t.Helper()
+	return e.waitEventWithin(ctx, eventTimeout, match, subjects...)
+}
+
+// waitEventWithin is waitEventOn for an Event that may take longer than
+// eventTimeout to come.
+func (e *env) waitEventWithin(ctx context.Context, timeout time.Duration, match func(*corev1.Event) bool, subjects ...eventSubject) *corev1.Event {
+	e.t.Helper()
 	var found *corev1.Event
 	var seen []string
-	err := wait.PollUntilContextTimeout(ctx, pollInterval, eventTimeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, pollInterval, timeout, true, func(ctx context.Context) (bool, error) {
 		seen = seen[:0]
 		for _, sub := range subjects {
 			selector := fields.Set{"involvedObject.kind": sub.kind, "involvedObject.name": sub.name}.AsSelector().String()
@@ -397,7 +404,7 @@ func (e *env) waitEventOn(ctx context.Context, match func(*corev1.Event) bool, s
 		return false, nil
 	})
 	if err != nil {
-		e.t.Fatalf("no matching Event about %v within %s: %v; Events seen: %q", subjects, eventTimeout, err, seen)
+		e.t.Fatalf("no matching Event about %v within %s: %v; Events seen: %q", subjects, timeout, err, seen)
 	}
 	return found
 }

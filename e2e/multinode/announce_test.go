@@ -8,10 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"k8s.io/apimachinery/pkg/util/wait"
-
-	"github.com/layercache/layercache/api/v1alpha1"
 )
 
 // deltaScript writes a 512 MiB delta and a mark: publishing it takes
@@ -49,60 +45,4 @@ func TestTheNextBuildSeesTheLastCommitOnAnyNode(t *testing.T) {
 	if c, err := e.cache(ctx, "handoff"); err == nil && c.Status.Published != nil && len(c.Status.Published.Announced) > 0 {
 		t.Errorf("announcements left after every commit was read: %+v", c.Status.Published.Announced)
 	}
-}
-
-// TestAnAnnouncedLayerArrivesAfterTheAgentReturns kills node A's agent
-// between its announcement of a commit and the append of the layer. A
-// reader on node B waits for it, within the class's syncTimeout; the
-// restarted agent publishes the layer, and a later reader sees it.
-func TestAnAnnouncedLayerArrivesAfterTheAgentReturns(t *testing.T) {
-	e := newSyncEnv(t)
-	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
-	defer cancel()
-	a, b := e.node(0), e.node(1)
-	if _, err := e.CreatePod(ctx, e.buildPod("writer", a, "revived", "", deltaScript("revived"))); err != nil {
-		t.Fatal(err)
-	}
-	// Kill the agent the moment its announcement is in the chain.
-	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		c, err := e.cache(ctx, "revived")
-		return err == nil && announced(c, a), nil
-	})
-	if err != nil {
-		t.Fatalf("node %s never announced the writer's commit: %v", a, err)
-	}
-	killed := e.killAgent(ctx, a, "revived")
-	if len(killed.published.Layers) > 0 {
-		t.Fatalf("the layer was already published when %s's agent was killed (chain %+v); the scenario needs the kill before the append", a, killed.published)
-	}
-	t.Logf("killed %s's agent %s after it announced %+v", a, killed.pid, killed.published.Announced)
-
-	start := time.Now()
-	out := e.run(ctx, e.buildPod("reader", b, "revived", "", "cat /cache/mark 2>/dev/null || echo cold"))
-	t.Logf("the reader on %s read %q after %v", b, strings.TrimSpace(out), time.Since(start).Round(time.Second))
-	if strings.TrimSpace(out) != "revived" {
-		// It waited its syncTimeout for the agent and says what it lacks.
-		e.waitEvent(ctx, "PersistentVolumeClaim", "reader-cache", "SyncIncomplete", "generation 1 from node "+a)
-	}
-	c := e.waitPublished(ctx, "revived", 1)
-	if len(c.Status.Published.Announced) != 0 {
-		t.Errorf("the announcement stayed after the layer was published: %+v", c.Status.Published)
-	}
-	out = e.run(ctx, e.buildPod("later", b, "revived", "", "cat /cache/mark"))
-	if strings.TrimSpace(out) != "revived" {
-		t.Errorf("a later reader on %s read %q, want the writer's mark", b, out)
-	}
-}
-
-// announced tells whether the chain announces a layer of node.
-func announced(c *v1alpha1.Cache, node string) bool {
-	if c.Status.Published == nil {
-		return false
-	}
-	for _, a := range c.Status.Published.Announced {
-		if a.Node == node {
-			return true
-		}
-	}
-	return false
 }
