@@ -19,22 +19,22 @@ import (
 // charts cannot annotate the claims they make (ARC, Jenkins, Concourse).
 const paramCache = "cache"
 
-// claimCache is the cache the claim names by annotation, or else the one
-// its class's template names for it. The annotation wins.
-func claimCache(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod) (layerfs.CacheRef, error) {
-	if raw, ok := claim.Annotations[v1alpha1.AnnotationCache]; ok {
-		return parseCacheAnnotation(claim.Namespace, raw)
+// cache is the cache the volume names, or else the one its class's
+// template names for it. The volume's own setting wins.
+func (s settings) cache(class classParams) (layerfs.CacheRef, error) {
+	if raw, ok := s.get(v1alpha1.AnnotationCache); ok {
+		return s.parseCacheValue(v1alpha1.AnnotationCache, raw)
 	}
 	if class.CacheTemplate == nil {
-		return layerfs.CacheRef{}, &claimError{Reason: reasonInvalidAnnotation,
-			Message: fmt.Sprintf("annotation %s is missing and StorageClass %q has no %s parameter: set the annotation to the name of the cache to use, for example %s: maven, or use a class whose %s parameter names it",
-				v1alpha1.AnnotationCache, class.Name, paramCache, v1alpha1.AnnotationCache, paramCache)}
+		return layerfs.CacheRef{}, &claimError{Reason: s.reason,
+			Message: fmt.Sprintf("%s is missing and StorageClass %q has no %s parameter: set the %s to the name of the cache to use, for example %s: maven, or use a class whose %s parameter names it",
+				s.field(v1alpha1.AnnotationCache), class.Name, paramCache, s.noun, s.key(v1alpha1.AnnotationCache), paramCache)}
 	}
-	raw, err := cacheFromTemplate(class.Name, class.CacheTemplate, templateData(claim, pod))
+	raw, err := cacheFromTemplate(class.Name, class.CacheTemplate, s.template)
 	if err != nil {
 		return layerfs.CacheRef{}, err
 	}
-	ref, err := parseCacheAnnotation(claim.Namespace, raw)
+	ref, err := s.parseCacheValue(v1alpha1.AnnotationCache, raw)
 	if err != nil {
 		return ref, &claimError{Reason: reasonCacheTemplate,
 			Message: fmt.Sprintf("StorageClass %q: parameter %s %q named the cache %q for this claim, which is not valid: %v",
@@ -43,28 +43,23 @@ func claimCache(claim *corev1.PersistentVolumeClaim, class classParams, pod *cor
 	return ref, nil
 }
 
-// parseCacheAnnotation reads NAME (a cache of the claim's namespace) or
-// NAMESPACE/NAME.
-func parseCacheAnnotation(claimNamespace, value string) (layerfs.CacheRef, error) {
-	return parseCacheValue(v1alpha1.AnnotationCache, claimNamespace, value)
-}
-
-// parseCacheValue reads NAME or NAMESPACE/NAME given as annotation key.
-func parseCacheValue(key, claimNamespace, value string) (layerfs.CacheRef, error) {
-	fix := "use NAME for a cache of the claim's namespace or NAMESPACE/NAME for another namespace's cache, where both are DNS-1123 labels (lower-case letters, digits and '-', at most 63 characters)"
-	ref := layerfs.CacheRef{Namespace: claimNamespace, Name: value}
+// parseCacheValue reads NAME (a cache of the volume's namespace) or
+// NAMESPACE/NAME, given as setting key.
+func (s settings) parseCacheValue(key, value string) (layerfs.CacheRef, error) {
+	fix := "use NAME for a cache of the " + s.holder + "'s namespace or NAMESPACE/NAME for another namespace's cache, where both are DNS-1123 labels (lower-case letters, digits and '-', at most 63 characters)"
+	ref := layerfs.CacheRef{Namespace: s.Namespace, Name: value}
 	if ns, name, ok := strings.Cut(value, "/"); ok {
 		if strings.Contains(name, "/") {
-			return ref, annotationError(key, value, "it has more than one '/'; "+fix)
+			return ref, s.invalid(key, value, "it has more than one '/'; "+fix)
 		}
 		ref = layerfs.CacheRef{Namespace: ns, Name: name}
 	}
 	if err := ref.Validate(); err != nil {
 		var invalid *layerfs.InvalidNameError
 		if errors.As(err, &invalid) {
-			return ref, annotationError(key, value, fmt.Sprintf("the %s name %q is not valid (%s); %s", invalid.Kind, invalid.Value, invalid.Reason, fix))
+			return ref, s.invalid(key, value, fmt.Sprintf("the %s name %q is not valid (%s); %s", invalid.Kind, invalid.Value, invalid.Reason, fix))
 		}
-		return ref, annotationError(key, value, fix)
+		return ref, s.invalid(key, value, fix)
 	}
 	return ref, nil
 }

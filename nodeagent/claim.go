@@ -220,42 +220,13 @@ func parseID(class, key, value string) (int, error) {
 	return int(id), nil
 }
 
-// parseClaim validates a claim's annotations against its class and returns
-// what to mount. pod is the pod that owns the claim, if any; it matters only
-// when the class's cache template names the cache. It does not check access
-// to another namespace's cache.
-func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod) (volumeRequest, error) {
-	req := volumeRequest{
-		UID: class.UID, GID: class.GID, Perm: class.Perm, Writer: writerOf(claim),
-		AllowSetuid: class.AllowSetuid, AllowDevices: class.AllowDevices, Layout: class.Layout,
-		Class: class.Name,
-	}
-	if q, ok := claim.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
-		req.LimitBytes = q.Value()
-	}
-
-	ref, err := claimCache(claim, class, pod)
-	if err != nil {
-		return req, err
-	}
-	req.Cache = ref
-	if req.Fallbacks, req.FallbackIgnored, err = claimFallbacks(claim, class, pod, ref); err != nil {
-		return req, err
-	}
-	req.Registry = class.Registry.forCache(ref, req.LimitBytes)
-	if req.Mode, req.ForcedRead, err = claimMode(claim, ref, class); err != nil {
-		return req, err
-	}
-	req.Commit, err = claimCommit(claim)
-	return req, err
-}
-
-// claimMode is the mode the claim asks for, by default write to a cache of
+// mode is the mode the volume asks for, by default write to a cache of
 // its own namespace and read of another's. A class that forces reads turns
-// a write into a read; forced tells whether the claim asked for that write.
-func claimMode(claim *corev1.PersistentVolumeClaim, ref layerfs.CacheRef, class classParams) (mode v1alpha1.Mode, forced bool, err error) {
-	own := ref.Namespace == claim.Namespace
-	asked := claim.Annotations[v1alpha1.AnnotationMode]
+// a write into a read; forced tells whether the volume asked for that
+// write.
+func (s settings) mode(ref layerfs.CacheRef, class classParams) (mode v1alpha1.Mode, forced bool, err error) {
+	own := ref.Namespace == s.Namespace
+	asked, _ := s.get(v1alpha1.AnnotationMode)
 	switch {
 	case asked == "" && own:
 		mode = v1alpha1.ModeWrite
@@ -263,12 +234,12 @@ func claimMode(claim *corev1.PersistentVolumeClaim, ref layerfs.CacheRef, class 
 		mode = v1alpha1.ModeRead
 	default:
 		if mode, err = v1alpha1.ParseMode(asked); err != nil {
-			return "", false, refusedValue(err, "or remove the annotation (the default is write in the cache's own namespace and read for another namespace's cache)")
+			return "", false, s.refused(err, " (the default is write in the cache's own namespace and read for another namespace's cache)")
 		}
 		if mode == v1alpha1.ModeWrite && !own {
-			return "", false, &claimError{Reason: reasonInvalidAnnotation,
-				Message: fmt.Sprintf("annotation %s is %q, but cache %s belongs to namespace %q and a claim may only read another namespace's cache; set %s: %s, or use a cache of namespace %q",
-					v1alpha1.AnnotationMode, asked, ref, ref.Namespace, v1alpha1.AnnotationMode, v1alpha1.ModeRead, claim.Namespace)}
+			return "", false, &claimError{Reason: s.reason,
+				Message: fmt.Sprintf("%s is %q, but cache %s belongs to namespace %q and a %s may only read another namespace's cache; set %s: %s, or use a cache of namespace %q",
+					s.field(v1alpha1.AnnotationMode), asked, ref, ref.Namespace, s.holder, s.key(v1alpha1.AnnotationMode), v1alpha1.ModeRead, s.Namespace)}
 		}
 	}
 	if class.ForceRead && mode == v1alpha1.ModeWrite {
@@ -277,16 +248,16 @@ func claimMode(claim *corev1.PersistentVolumeClaim, ref layerfs.CacheRef, class 
 	return mode, false, nil
 }
 
-// claimCommit is the commit policy the claim asks for, by default
+// commit is the commit policy the volume asks for, by default
 // CommitOnSuccess.
-func claimCommit(claim *corev1.PersistentVolumeClaim) (v1alpha1.CommitPolicy, error) {
-	asked := claim.Annotations[v1alpha1.AnnotationCommit]
+func (s settings) commit() (v1alpha1.CommitPolicy, error) {
+	asked, _ := s.get(v1alpha1.AnnotationCommit)
 	if asked == "" {
 		return v1alpha1.CommitOnSuccess, nil
 	}
 	policy, err := v1alpha1.ParseCommitPolicy(asked)
 	if err != nil {
-		return "", refusedValue(err, "or remove the annotation (the default is "+string(v1alpha1.CommitOnSuccess)+")")
+		return "", s.refused(err, " (the default is "+string(v1alpha1.CommitOnSuccess)+")")
 	}
 	return policy, nil
 }

@@ -411,6 +411,10 @@ func TestCSIPublishRefused(t *testing.T) {
 			want: []string{"volumeAttributes mode", "a pod may only read another namespace's cache", "mode: read"}},
 		{name: "read without a grant", attrs: map[string]string{attrCache: "team/maven"}, objs: []client.Object{cacheObject("team", "maven")},
 			wantCode: codes.FailedPrecondition, wantReason: reasonCacheAccessDenied, want: []string{`does not grant namespace "ci"`, "spec.readers"}},
+		{name: "a fallback without a grant", attrs: map[string]string{attrCache: "maven", attrFallback: "team/main"}, objs: []client.Object{cacheObject("team", "main")},
+			wantCode: codes.FailedPrecondition, wantReason: reasonCacheAccessDenied, want: []string{`volumeAttributes fallback names fallback team/main: Cache team/main does not grant namespace "ci"`}},
+		{name: "bad fallback list", attrs: map[string]string{attrCache: "maven", attrFallback: "main,,dev"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+			want: []string{`volumeAttributes fallback has value "main,,dev"`, "a cache of the pod's namespace", "fallback: main"}},
 		{name: "a cache that syncs through a registry", attrs: map[string]string{attrCache: "maven"}, objs: []client.Object{publishedCache("ci", "maven")},
 			wantCode: codes.FailedPrecondition, wantReason: reasonRegistryCache, want: []string{"syncs across nodes through registry", "use a claim of the cache's StorageClass"}},
 	}

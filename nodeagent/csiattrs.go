@@ -66,10 +66,9 @@ func parseCSIPod(attrs map[string]string) (csiPod, error) {
 	return p, nil
 }
 
-// csiClaim turns a CSI volume's attributes into the claim they stand for,
-// owned by the pod, so that the claim parsers validate them by the same
-// rules. Its errors name annotations; csiMessage renames them.
-func csiClaim(attrs map[string]string, pod csiPod, limits csiLimits) (*corev1.PersistentVolumeClaim, error) {
+// csiSettings are a CSI volume's attributes as settings, checked for
+// unknown attributes and a cache.
+func csiSettings(attrs map[string]string, pod csiPod, readOnly bool, limits csiLimits) (settings, error) {
 	var unknown []string
 	for k := range attrs {
 		if !slices.Contains(userAttrs, k) && !strings.HasPrefix(k, "csi.storage.k8s.io/") {
@@ -78,35 +77,25 @@ func csiClaim(attrs map[string]string, pod csiPod, limits csiLimits) (*corev1.Pe
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return nil, &claimError{Reason: reasonInvalidAttribute, Message: fmt.Sprintf(
+		return settings{}, &claimError{Reason: reasonInvalidAttribute, Message: fmt.Sprintf(
 			"unknown volumeAttributes %q of driver %s: the valid ones are cache (required), mode, commit, size and fallback", unknown, v1alpha1.CSIDriverName)}
 	}
 	if attrs[attrCache] == "" {
-		return nil, &claimError{Reason: reasonInvalidAttribute,
+		return settings{}, &claimError{Reason: reasonInvalidAttribute,
 			Message: "volumeAttributes has no cache: name the cache to use, for example cache: maven (or NAMESPACE/NAME for another namespace's cache, read-only)"}
-	}
-	claim := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace:   pod.Namespace,
-			Name:        "csi",
-			Annotations: map[string]string{},
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: new(true),
-			}},
-		},
-	}
-	for attr, ann := range map[string]string{attrCache: v1alpha1.AnnotationCache, attrMode: v1alpha1.AnnotationMode,
-		attrCommit: v1alpha1.AnnotationCommit, attrFallback: v1alpha1.AnnotationFallback} {
-		if v, ok := attrs[attr]; ok {
-			claim.Annotations[ann] = v
-		}
 	}
 	size, err := limits.size(attrs)
 	if err != nil {
-		return nil, err
+		return settings{}, err
 	}
-	claim.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: size}
-	return claim, nil
+	s := settings{terms: csiTerms, Namespace: pod.Namespace, values: map[string]string{},
+		Writer: pod.key(), LimitBytes: size.Value(), ReadOnly: readOnly}
+	for annotation, attr := range csiTerms.keys {
+		if v, ok := attrs[attr]; ok {
+			s.values[annotation] = v
+		}
+	}
+	return s, nil
 }
 
 // csiLimits bound the size of CSI volumes, in bytes: Default where the
@@ -133,64 +122,23 @@ func (l csiLimits) size(attrs map[string]string) (resource.Quantity, error) {
 	return q, nil
 }
 
-// csiMessage says in a CSI volume's terms what the claim parsers said in a
-// claim's.
-var csiMessage = strings.NewReplacer(
-	"annotation "+v1alpha1.AnnotationCache, "volumeAttributes "+attrCache,
-	"annotation "+v1alpha1.AnnotationMode, "volumeAttributes "+attrMode,
-	"annotation "+v1alpha1.AnnotationCommit, "volumeAttributes "+attrCommit,
-	"annotation "+v1alpha1.AnnotationFallback, "volumeAttributes "+attrFallback,
-	v1alpha1.AnnotationCache+":", attrCache+":",
-	v1alpha1.AnnotationMode+":", attrMode+":",
-	v1alpha1.AnnotationCommit+":", attrCommit+":",
-	v1alpha1.AnnotationFallback+":", attrFallback+":",
-	"remove the annotation", "remove the attribute",
-	"a claim may only", "a pod may only",
-	"the claim's namespace", "the pod's namespace",
-	"annotate the claim with", "set the volume attribute",
-	"for this claim", "for this volume",
-)
-
-// csiRequest validates a CSI volume's attributes as a claim's annotations
-// are, on the defaults of a class without parameters (a node-local overlay
-// cache), and checks access to the caches they name.
+// csiRequest admits a CSI volume as a claim is admitted, on the defaults
+// of a class without parameters (a node-local overlay cache), in a
+// namespace that opted in, and never of a cache that syncs through a
+// registry.
 func (p *Provisioner) csiRequest(ctx context.Context, attrs map[string]string, pod csiPod, readOnly bool, limits csiLimits) (volumeRequest, error) {
 	if err := p.caches.csiOptedIn(ctx, pod.Namespace); err != nil {
 		return volumeRequest{}, err
 	}
-	claim, err := csiClaim(attrs, pod, limits)
+	s, err := csiSettings(attrs, pod, readOnly, limits)
 	if err != nil {
 		return volumeRequest{}, err
 	}
-	req, err := parseClaim(claim, classParams{}, nil)
+	req, err := p.admitVolume(ctx, s, classParams{})
 	if err != nil {
-		return req, renameClaimError(err)
-	}
-	req.Class = ""
-	if readOnly {
-		// The pod mounts the volume read-only: nothing it does can be
-		// committed, so it is a read view.
-		req.Mode = v1alpha1.ModeRead
-	}
-	if err := p.caches.authorize(ctx, pod.Namespace, req); err != nil {
-		return req, renameClaimError(err)
-	}
-	if err := p.refuseRegistryCache(ctx, req); err != nil {
 		return req, err
 	}
-	req.Fallbacks, err = p.caches.authorizeFallbacks(ctx, pod.Namespace, req.Fallbacks)
-	return req, renameClaimError(err)
-}
-
-func renameClaimError(err error) error {
-	if ce, ok := err.(*claimError); ok {
-		reason := ce.Reason
-		if reason == reasonInvalidAnnotation {
-			reason = reasonInvalidAttribute
-		}
-		return &claimError{Reason: reason, Message: csiMessage.Replace(ce.Message)}
-	}
-	return err
+	return req, p.refuseRegistryCache(ctx, req)
 }
 
 // refuseRegistryCache refuses a CSI volume of a cache that syncs through a

@@ -66,17 +66,6 @@ type claimError struct {
 
 func (e *claimError) Error() string { return e.Message }
 
-func annotationError(key, value, fix string) error {
-	return &claimError{Reason: reasonInvalidAnnotation,
-		Message: fmt.Sprintf("annotation %s has value %q: %s", key, value, fix)}
-}
-
-// refusedValue refuses a claim whose annotation value did not parse; err
-// says what is wrong and the valid values, orDefault how to get the default.
-func refusedValue(err error, orDefault string) error {
-	return &claimError{Reason: reasonInvalidAnnotation, Message: err.Error() + ", " + orDefault}
-}
-
 func classError(class, format string, args ...any) error {
 	return &claimError{Reason: reasonInvalidStorageClass,
 		Message: fmt.Sprintf("StorageClass %q: ", class) + fmt.Sprintf(format, args...)}

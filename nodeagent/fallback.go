@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -42,8 +41,10 @@ import (
 const paramFallback = "fallback"
 
 // fallbackFix is how a fallback list is written, for messages.
-var fallbackFix = fmt.Sprintf("use a comma-separated list of at most %d caches, each NAME for a cache of the claim's namespace or NAMESPACE/NAME for another namespace's cache, where both are DNS-1123 labels, for example %s: main",
-	v1alpha1.MaxFallbacks, v1alpha1.AnnotationFallback)
+func (t terms) fallbackFix() string {
+	return fmt.Sprintf("use a comma-separated list of at most %d caches, each NAME for a cache of the %s's namespace or NAMESPACE/NAME for another namespace's cache, where both are DNS-1123 labels, for example %s: main",
+		v1alpha1.MaxFallbacks, t.holder, t.key(v1alpha1.AnnotationFallback))
+}
 
 // parseFallbackClass validates the class's fallback parameter.
 func parseFallbackClass(class string, params map[string]string, layout layerfs.Layout) (*cacheTemplate, error) {
@@ -58,26 +59,26 @@ func parseFallbackClass(class string, params map[string]string, layout layerfs.L
 	return parseTemplate(class, paramFallback, text, `"main" or "{{ .Namespace }}/main"`)
 }
 
-// claimFallbacks are the fallbacks the claim lists by annotation, or else
-// those its class's template lists for it, without the claim's own cache
-// (a class may fall back to "main" for every cache, main's included) and
-// without repeats. ignored tells that the claim's annotation was valid but
-// its class cannot seed (see the top of this file).
-func claimFallbacks(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod, cache layerfs.CacheRef) (refs []layerfs.CacheRef, ignored bool, err error) {
-	raw, annotated := claim.Annotations[v1alpha1.AnnotationFallback]
+// fallbacks are the fallbacks the volume lists, or else those its
+// class's template lists for it, without the volume's own cache (a class
+// may fall back to "main" for every cache, main's included) and without
+// repeats. ignored tells that the volume's list was valid but its class
+// cannot seed (see the top of this file).
+func (s settings) fallbacks(class classParams, cache layerfs.CacheRef) (refs []layerfs.CacheRef, ignored bool, err error) {
+	raw, listed := s.get(v1alpha1.AnnotationFallback)
 	switch {
-	case annotated:
-		if refs, err = parseFallbacks(v1alpha1.AnnotationFallback, claim.Namespace, raw); err != nil {
+	case listed:
+		if refs, err = s.parseFallbacks(raw); err != nil {
 			return nil, false, err
 		}
 		if class.Layout == layerfs.LayoutSnapshot {
 			return nil, len(refs) > 0, nil
 		}
 	case class.FallbackTemplate != nil:
-		if raw, err = fallbackFromTemplate(class, templateData(claim, pod)); err != nil {
+		if raw, err = fallbackFromTemplate(class, s.template); err != nil {
 			return nil, false, err
 		}
-		if refs, err = parseFallbacks(v1alpha1.AnnotationFallback, claim.Namespace, raw); err != nil {
+		if refs, err = s.parseFallbacks(raw); err != nil {
 			return nil, false, &claimError{Reason: reasonCacheTemplate,
 				Message: fmt.Sprintf("StorageClass %q: parameter %s %q listed the fallbacks %q for this claim, which are not valid: %v",
 					class.Name, paramFallback, class.FallbackTemplate.text, raw, err)}
@@ -92,22 +93,23 @@ func claimFallbacks(claim *corev1.PersistentVolumeClaim, class classParams, pod 
 	return out, false, nil
 }
 
-// parseFallbacks reads a comma-separated list of caches given as key.
-func parseFallbacks(key, claimNamespace, value string) ([]layerfs.CacheRef, error) {
+// parseFallbacks reads a comma-separated list of caches.
+func (s settings) parseFallbacks(value string) ([]layerfs.CacheRef, error) {
+	key := v1alpha1.AnnotationFallback
 	if strings.TrimSpace(value) == "" {
 		return nil, nil // an empty list: no fallbacks
 	}
 	items := strings.Split(value, ",")
 	if len(items) > v1alpha1.MaxFallbacks {
-		return nil, annotationError(key, value, fmt.Sprintf("it lists %d caches; %s", len(items), fallbackFix))
+		return nil, s.invalid(key, value, fmt.Sprintf("it lists %d caches; %s", len(items), s.fallbackFix()))
 	}
 	refs := make([]layerfs.CacheRef, 0, len(items))
 	for _, item := range items {
 		item = strings.TrimSpace(item)
 		if item == "" {
-			return nil, annotationError(key, value, "it has an empty entry; "+fallbackFix)
+			return nil, s.invalid(key, value, "it has an empty entry; "+s.fallbackFix())
 		}
-		ref, err := parseCacheValue(key, claimNamespace, item)
+		ref, err := s.parseCacheValue(key, item)
 		if err != nil {
 			return nil, err
 		}
@@ -131,21 +133,20 @@ func fallbackFromTemplate(class classParams, data cacheTemplateData) (string, er
 	return b.String(), nil
 }
 
-// authorizeFallbacks checks that the claim's namespace may read each
+// authorizeFallbacks checks that the volume's namespace may read each
 // fallback of another namespace, as a read claim of it is checked
 // (authorizeRead): seeding reads the fallback, and never writes it (the
 // commit creates the claim's own cache). It returns the fallbacks to use:
 // those whose Cache is being deleted go, since seeding from one would
 // carry its layers into a new cache after its owner asked them gone.
-func (c *caches) authorizeFallbacks(ctx context.Context, namespace string, refs []layerfs.CacheRef) ([]layerfs.CacheRef, error) {
+func (c *caches) authorizeFallbacks(ctx context.Context, namespace string, refs []layerfs.CacheRef, source string) ([]layerfs.CacheRef, error) {
 	var out []layerfs.CacheRef
 	for _, ref := range refs {
 		if ref.Namespace != namespace {
 			cache, err := c.authorizeRead(ctx, namespace, ref)
 			var refused *claimError
 			if errors.As(err, &refused) {
-				return nil, &claimError{Reason: refused.Reason, Message: fmt.Sprintf("annotation %s or parameter %s names fallback %s: %s",
-					v1alpha1.AnnotationFallback, paramFallback, ref, refused.Message)}
+				return nil, &claimError{Reason: refused.Reason, Message: fmt.Sprintf("%s names fallback %s: %s", source, ref, refused.Message)}
 			}
 			if err != nil {
 				return nil, fmt.Errorf("fallback %s: %w", ref, err)

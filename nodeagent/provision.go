@@ -191,15 +191,7 @@ func (p *Provisioner) admit(ctx context.Context, claim *corev1.PersistentVolumeC
 			return volumeRequest{}, err
 		}
 	}
-	req, err := parseClaim(claim, class, pod)
-	if err != nil {
-		return req, err
-	}
-	if err := p.caches.authorize(ctx, claim.Namespace, req); err != nil {
-		return req, err
-	}
-	req.Fallbacks, err = p.caches.authorizeFallbacks(ctx, claim.Namespace, req.Fallbacks)
-	return req, err
+	return p.admitVolume(ctx, claimSettings(claim, pod), class)
 }
 
 // Delete ends a released volume (see end) and lets the library delete its

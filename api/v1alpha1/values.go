@@ -52,7 +52,18 @@ func parseValue[T ~string](annotation, value string, valid ...T) (T, error) {
 	if slices.Contains(valid, T(value)) {
 		return T(value), nil
 	}
-	return "", fmt.Errorf("annotation %s has value %q: use %s", annotation, value, oneOf(valid))
+	return "", &InvalidValueError{Annotation: annotation, Value: value, Valid: oneOf(valid)}
+}
+
+// InvalidValueError is an annotation value that is none of the valid ones.
+// Valid lists them for a message: `"a", "b" or "c"`.
+// +kubebuilder:object:generate=false
+type InvalidValueError struct {
+	Annotation, Value, Valid string
+}
+
+func (e *InvalidValueError) Error() string {
+	return fmt.Sprintf("annotation %s has value %q: use %s", e.Annotation, e.Value, e.Valid)
 }
 
 // oneOf lists values for a message: `"a", "b" or "c"`.
