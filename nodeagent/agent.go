@@ -40,6 +40,7 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/internal/bootstrap"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote"
 )
 
@@ -95,12 +96,12 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("create controller manager: %w", err)
 	}
-	m, err := newMetrics(crmetrics.Registry)
+	m, err := kit.NewMetrics(crmetrics.Registry)
 	if err != nil {
 		return fmt.Errorf("register metrics: %w", err)
 	}
 
-	a := newAgent(opts, st, &caches{client: mgr.GetClient(), reader: mgr.GetAPIReader(), node: opts.NodeName}, mgr.GetEventRecorder(Component), m)
+	a := newAgent(opts, st, &kit.Caches{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Node: opts.NodeName}, mgr.GetEventRecorder(Component), m)
 	a.prov.hostname = nodeHostname(ctx, clientset, opts.NodeName)
 	if err := a.wire(ctx, clientset, crmetrics.Registry); err != nil {
 		return err
@@ -151,7 +152,7 @@ func informerOptions(node string) crcache.Options {
 // agent ties the provisioner, its informers and the maintenance together.
 type agent struct {
 	opts  Options
-	store store
+	store kit.Store
 	prov  *Provisioner
 	maint *maintainer
 	// queues is the work off the critical path; the agent runs it, the
@@ -171,7 +172,7 @@ type agent struct {
 	ready atomic.Bool
 }
 
-func newAgent(opts Options, st store, c *caches, events events.EventRecorder, m *metrics) *agent {
+func newAgent(opts Options, st kit.Store, c *kit.Caches, events events.EventRecorder, m *kit.Metrics) *agent {
 	maint := &maintainer{
 		node: opts.NodeName, store: st, caches: c, events: events, metrics: m,
 		gc: layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
@@ -272,7 +273,7 @@ func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.S
 	}
 	a.ends = &buildEnds{
 		prov: a.prov, kube: clientset, pods: podInformer.GetIndexer(), claims: claims,
-		pvs: corelisters.NewPersistentVolumeLister(pvInformer.GetIndexer()), queue: newKeyQueue("build-end"), seen: a.prov.seen,
+		pvs: corelisters.NewPersistentVolumeLister(pvInformer.GetIndexer()), queue: kit.NewKeyQueue("build-end"), seen: a.prov.seen,
 	}
 	if _, err := podInformer.AddEventHandler(a.ends.handlers()); err != nil {
 		return fmt.Errorf("watch this node's pods: %w", err)
@@ -286,7 +287,7 @@ func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.S
 		return fmt.Errorf("watch this node's PVs to release held pods: %w", err)
 	}
 	if a.opts.KubeletDir != "" {
-		a.csi = newCSIDriver(a.prov, a.opts.KubeletDir, csiLimits{Default: a.opts.CSIDefaultBytes, Max: a.opts.CSIMaxBytes})
+		a.csi = newCSIDriver(a.prov, a.opts.KubeletDir, kit.CSILimits{Default: a.opts.CSIDefaultBytes, Max: a.opts.CSIMaxBytes})
 		a.csiEnds = newCSIEnds(a.prov, a.csi, podInformer.GetIndexer())
 		if _, err := podInformer.AddEventHandler(a.csiEnds.handlers()); err != nil {
 			return fmt.Errorf("watch this node's pods for CSI volumes: %w", err)
@@ -322,11 +323,11 @@ func (a *agent) run(ctx context.Context) error {
 	// cannot be deleted, must not keep the agent from serving every other
 	// volume: a volume's own end retries it, GC the leftover.
 	for _, f := range res.Failed {
-		a.prov.metrics.fail(opRecover, "error")
+		a.prov.metrics.Fail(kit.OpRecover, "error")
 		logger.Error(f.Err, "Volume could not be recovered; it is retried when its build ends", "volume", f.Volume)
 	}
 	if res.Unswept != "" {
-		a.prov.metrics.fail(opRecover, "unswept")
+		a.prov.metrics.Fail(kit.OpRecover, "unswept")
 		logger.Error(errors.New(res.Unswept), "Some unreferenced layers could not be deleted; GC retries them")
 	}
 	logger.Info("Recovered layer store", "remounted", len(res.Remounted),

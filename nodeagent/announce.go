@@ -16,6 +16,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // Read-your-writes across nodes. Committing a large delta (its sync) and
@@ -51,11 +52,11 @@ func (s *syncer) announce(ctx context.Context, ref layerfs.CacheRef, volume stri
 	// yet) has nothing to announce into: spare the commit's path a live
 	// read. A chain this node's informer has not seen yet only misses
 	// one announcement, which is never more than a hint.
-	if cached, err := s.caches.get(ctx, ref); err == nil && (cached == nil || cached.Status.Published == nil) {
+	if cached, err := s.caches.Get(ctx, ref); err == nil && (cached == nil || cached.Status.Published == nil) {
 		return
 	}
 	now := metav1.NewTime(time.Now().UTC().Truncate(time.Second))
-	_, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+	_, err := s.caches.UpdatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		mine := v1alpha1.AnnouncedLayer{Node: s.node, Volume: volume}
 		if pub == nil || len(pub.Announced) >= maxAnnounced || slices.ContainsFunc(pub.Announced, mine.Same) {
 			return pub, false
@@ -136,7 +137,7 @@ func (s *syncer) settled(ctx context.Context, a v1alpha1.AnnouncedLayer) bool {
 // published.
 func (s *syncer) withdraw(ctx context.Context, ref layerfs.CacheRef, which func(v1alpha1.AnnouncedLayer) bool, why string) error {
 	var withdrawn []string
-	cache, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+	cache, err := s.caches.UpdatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		if pub == nil {
 			return pub, false
 		}
@@ -157,7 +158,7 @@ func (s *syncer) withdraw(ctx context.Context, ref layerfs.CacheRef, which func(
 	if err != nil || cache == nil || len(withdrawn) == 0 {
 		return err
 	}
-	s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonAnnouncementWithdrawn, actionPush,
+	s.events.Eventf(cache, nil, corev1.EventTypeWarning, kit.ReasonAnnouncementWithdrawn, kit.ActionPush,
 		"node %s withdrew its announcement of %s of cache %s: %s; builds on other nodes no longer wait for it",
 		s.node, strings.Join(withdrawn, ", "), ref, why)
 	return nil
@@ -206,7 +207,7 @@ func (s *syncer) awaitAnnounced(ctx context.Context, cache *v1alpha1.Cache) (*v1
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	start := time.Now()
 	outcome := "arrived"
-	defer func() { s.metrics.announceWait.WithLabelValues(outcome).Observe(time.Since(start).Seconds()) }()
+	defer func() { s.metrics.AnnounceWait.WithLabelValues(outcome).Observe(time.Since(start).Seconds()) }()
 	tick := time.NewTicker(announcePoll)
 	defer tick.Stop()
 	for {
@@ -216,7 +217,7 @@ func (s *syncer) awaitAnnounced(ctx context.Context, cache *v1alpha1.Cache) (*v1
 			return cache, append(want, skipped...)
 		case <-tick.C:
 		}
-		next, err := s.caches.live(ctx, ref)
+		next, err := s.caches.Live(ctx, ref)
 		if err != nil || next == nil || next.Status.Published == nil {
 			continue
 		}
@@ -247,7 +248,7 @@ func (s *syncer) othersAnnounced(ctx context.Context, cache *v1alpha1.Cache) (wa
 			why[a.Node] = reason
 		}
 		if reason == "" {
-			wait = append(wait, announcement{AnnouncedLayer: a, why: "not published within the StorageClass's " + paramSyncTimeout})
+			wait = append(wait, announcement{AnnouncedLayer: a, why: "not published within the StorageClass's " + kit.ParamSyncTimeout})
 		} else {
 			skip = append(skip, announcement{AnnouncedLayer: a, why: reason})
 		}
@@ -267,7 +268,7 @@ func (s *syncer) cannotDeliver(ctx context.Context, cache *v1alpha1.Cache, node 
 	// this node's only); announcements of other nodes are few.
 	var r v1alpha1.CacheReplica
 	key := client.ObjectKey{Namespace: cache.Namespace, Name: v1alpha1.CacheReplicaName(cache.Name, node)}
-	if err := s.caches.reader.Get(ctx, key, &r); err == nil && r.Status.PublishError != "" {
+	if err := s.caches.Reader.Get(ctx, key, &r); err == nil && r.Status.PublishError != "" {
 		return "node " + node + " cannot publish now: " + r.Status.PublishError
 	}
 	return ""
@@ -293,7 +294,7 @@ func (s *syncer) goneNodes(ctx context.Context, announced []v1alpha1.AnnouncedLa
 // skip a writer, or a writer drop its announcements.
 func (s *syncer) nodeState(ctx context.Context, node string) (exists, ready bool) {
 	var n corev1.Node
-	err := s.caches.reader.Get(ctx, client.ObjectKey{Name: node}, &n)
+	err := s.caches.Reader.Get(ctx, client.ObjectKey{Name: node}, &n)
 	switch {
 	case apierrors.IsNotFound(err):
 		return false, false

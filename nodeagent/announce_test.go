@@ -16,6 +16,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // Read-your-writes across nodes: two agents over real stores, one API and
@@ -64,8 +65,8 @@ func TestAReaderWaitsForTheCommitAnnouncedOnAnotherNode(t *testing.T) {
 	if pub := c.published(t); pub.Generation != 2 || len(pub.Announced) != 0 {
 		t.Errorf("chain after the publish %+v: want generation 2 and no announcement left", pub)
 	}
-	wantEvents(t, c.nodes["node-b"], "Warning "+reasonSyncIncomplete, 0)
-	if n := histogramCount(t, c.nodes["node-b"].prov.sync.metrics.announceWait.WithLabelValues("arrived")); n != 1 {
+	wantEvents(t, c.nodes["node-b"], "Warning "+kit.ReasonSyncIncomplete, 0)
+	if n := histogramCount(t, c.nodes["node-b"].prov.sync.metrics.AnnounceWait.WithLabelValues("arrived")); n != 1 {
 		t.Errorf("node-b observed %d waits that arrived, want 1", n)
 	}
 }
@@ -77,12 +78,12 @@ func TestAnAnnouncementThatDoesNotArriveIsAnEventNamingIt(t *testing.T) {
 	c.end(t, "node-a", pv)
 
 	start := time.Now()
-	cold := c.provisionWith(t, "node-b", "reader", map[string]string{paramSyncTimeout: "2s"})
+	cold := c.provisionWith(t, "node-b", "reader", map[string]string{kit.ParamSyncTimeout: "2s"})
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("provisioning took %v with a 2s syncTimeout", took)
 	}
 	wantNoFile(t, cold, "late.txt")
-	wantEvents(t, c.nodes["node-b"], "Warning "+reasonSyncIncomplete, 1, "generation 1 from node node-a", "syncTimeout")
+	wantEvents(t, c.nodes["node-b"], "Warning "+kit.ReasonSyncIncomplete, 1, "generation 1 from node node-a", "syncTimeout")
 
 	// It arrives for later builds.
 	if err := c.nodes["node-a"].prov.sync.publish(context.Background(), maven); err != nil {
@@ -207,7 +208,7 @@ func TestAnnouncementsAreResolved(t *testing.T) {
 		if pub := c.published(t); len(pub.Announced) != 0 {
 			t.Errorf("chain %+v: want the announcement withdrawn", pub)
 		}
-		wantEvents(t, a, "Warning "+reasonAnnouncementWithdrawn, 1, "node node-a withdrew", "generation 1", "cannot be published")
+		wantEvents(t, a, "Warning "+kit.ReasonAnnouncementWithdrawn, 1, "node node-a withdrew", "generation 1", "cannot be published")
 	})
 }
 
@@ -218,7 +219,7 @@ func TestAnnouncingCostsOneWritePerCommit(t *testing.T) {
 	c.provision(t, "node-b", "prepare") // records the registry: one write
 	counted := &countingClient{Client: c.client}
 	for _, n := range c.nodes {
-		n.prov.sync.caches.client = counted
+		n.prov.sync.caches.Client = counted
 	}
 	pv := c.provision(t, "node-a", "build")
 	writeFile(t, pv, "a.txt", "a")
@@ -254,7 +255,7 @@ func TestAnAnnouncedCommitThatMakesNoLayerIsWithdrawn(t *testing.T) {
 	if pub := c.published(t); len(pub.Announced) != 0 || pub.Generation != 0 {
 		t.Errorf("chain %+v: want no layer and no announcement", pub)
 	}
-	wantEvents(t, c.nodes["node-a"], "Warning "+reasonAnnouncementWithdrawn, 1, "made no layer")
+	wantEvents(t, c.nodes["node-a"], "Warning "+kit.ReasonAnnouncementWithdrawn, 1, "made no layer")
 }
 
 // A commit into a cache without a published chain (no registry) costs no
@@ -285,7 +286,7 @@ func TestAnnounceWithoutAChainReadsNothingLive(t *testing.T) {
 					return c.Get(ctx, key, obj, opts...)
 				},
 			})
-			s := &syncer{node: "node-a", caches: &caches{client: cached, reader: reader, node: "node-a"},
+			s := &syncer{node: "node-a", caches: &kit.Caches{Client: cached, Reader: reader, Node: "node-a"},
 				inFlight: map[string]bool{}, trust: &trust{}}
 			s.announce(t.Context(), layerfs.CacheRef{Namespace: "ci", Name: "go"}, "pvc-1")
 			if got := live.Load() > 0; got != tt.wantLive {

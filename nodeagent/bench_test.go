@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/layercache/layercache/internal/benchsize"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // BenchmarkHandoffAcrossNodes is read-your-writes across nodes, timed: a
@@ -54,7 +55,7 @@ func BenchmarkHandoffAcrossNodes(b *testing.B) {
 			}
 			published <- time.Since(start)
 		}()
-		reader := c.provisionWith(b, "node-b", "reader-"+strings.ToLower(size), map[string]string{paramSyncTimeout: "5m"})
+		reader := c.provisionWith(b, "node-b", "reader-"+strings.ToLower(size), map[string]string{kit.ParamSyncTimeout: "5m"})
 		handoff := time.Since(start)
 		publish := <-published
 

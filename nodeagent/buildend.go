@@ -14,6 +14,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // What ended a build, for the ends metric.
@@ -49,8 +50,8 @@ type endCause struct {
 func (p *Provisioner) end(ctx context.Context, pv *corev1.PersistentVolume, cause endCause) (ended, error) {
 	rec, err := parsePV(pv)
 	if err != nil {
-		p.events.Eventf(pv, nil, corev1.EventTypeWarning, reasonInvalidVolume, actionEnd, "%s", err.Error())
-		p.metrics.fail(opCommit, reasonInvalidVolume)
+		p.events.Eventf(pv, nil, corev1.EventTypeWarning, kit.ReasonInvalidVolume, kit.ActionEnd, "%s", err.Error())
+		p.metrics.Fail(kit.OpCommit, kit.ReasonInvalidVolume)
 		return ended{}, err
 	}
 	return p.endVolume(log.IntoContext(ctx, log.FromContext(ctx).WithValues("pv", pv.Name)), pv.Name, rec, cause)
@@ -79,9 +80,9 @@ func (p *Provisioner) endVolume(ctx context.Context, volume string, rec provisio
 		return res, err
 	}
 	res.Outcome = rec.Outcome
-	p.metrics.ends.WithLabelValues(res.Result, cause.Trigger).Inc()
-	if at, ok := queuedAt(ctx); ok && cause.Trigger == triggerPod {
-		p.metrics.endDelay.Observe(time.Since(at).Seconds())
+	p.metrics.Ends.WithLabelValues(res.Result, cause.Trigger).Inc()
+	if at, ok := kit.QueuedAt(ctx); ok && cause.Trigger == triggerPod {
+		p.metrics.EndDelay.Observe(time.Since(at).Seconds())
 	}
 	p.reports.Add(rec.Cache)
 	return res, nil
@@ -126,35 +127,35 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 		if errors.Is(err, layerfs.ErrBusy) {
 			reason = "busy"
 		}
-		p.metrics.fail(opCommit, reason)
+		p.metrics.Fail(kit.OpCommit, reason)
 		// The store keeps the upper layer on any failure; the caller
 		// retries with backoff.
 		msg := fmt.Sprintf("commit of volume %s into cache %s failed and is retried; the volume's changes are kept: %v", volume, rec.Cache, err)
-		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonCommitFailed, actionCommit, "%s", msg)
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonCommitFailed, kit.ActionCommit, "%s", msg)
 		return ended{}, fmt.Errorf("commit volume %s into cache %s: %w", volume, rec.Cache, err)
 	}
-	p.metrics.commitSeconds.Observe(time.Since(start).Seconds())
+	p.metrics.CommitSeconds.Observe(time.Since(start).Seconds())
 	out := ended{Result: v1alpha1.ResultCommitted, Generation: res.Generation}
 	switch {
 	case res.Torn:
 		out = ended{Result: v1alpha1.ResultDiscarded}
-		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonCommitTorn, actionCommit,
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonCommitTorn, kit.ActionCommit,
 			"node %s went down while volume %s was mounted; its changes were written without syncs and may be torn, so they were discarded and cache %s stays at generation %d",
 			p.node, volume, rec.Cache, res.Generation)
 	case res.OverLimit:
 		out = ended{Result: v1alpha1.ResultDiscarded}
-		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonCommitOverLimit, actionCommit,
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonCommitOverLimit, kit.ActionCommit,
 			"volume %s's changes take %s, more than its claim's storage request, so they were discarded and cache %s stays at generation %d; request more storage in the claim",
 			volume, v1alpha1.FormatSize(res.Bytes), rec.Cache, res.Generation)
 	case res.Dropped:
 		out = ended{Result: v1alpha1.ResultDropped}
-		p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonCommitDropped, actionCommit,
+		p.events.Eventf(subject, nil, corev1.EventTypeNormal, kit.ReasonCommitDropped, kit.ActionCommit,
 			"cache %s was deleted while volume %s used it, so the volume's changes were dropped", rec.Cache, volume)
 	case res.Layer == "":
-		p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonCommitted, actionCommit,
+		p.events.Eventf(subject, nil, corev1.EventTypeNormal, kit.ReasonCommitted, kit.ActionCommit,
 			"volume %s had no changes; cache %s stays at generation %d", volume, rec.Cache, res.Generation)
 	default:
-		p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonCommitted, actionCommit,
+		p.events.Eventf(subject, nil, corev1.EventTypeNormal, kit.ReasonCommitted, kit.ActionCommit,
 			"committed volume %s as generation %d of cache %s (%d bytes)", volume, res.Generation, rec.Cache, res.Bytes)
 	}
 	logger.Info("Committed", "generation", res.Generation, "layer", res.Layer, "bytes", res.Bytes, "dropped", res.Dropped, "torn", res.Torn, "overLimit", res.OverLimit)
@@ -175,12 +176,12 @@ func (p *Provisioner) discard(ctx context.Context, logger logr.Logger, volume st
 		return ended{}, nil
 	}
 	if err != nil {
-		p.metrics.fail(opDiscard, "error")
-		p.events.Eventf(subject, nil, corev1.EventTypeWarning, reasonDiscardFailed, actionDiscard, "discarding volume %s failed and is retried: %v", volume, err)
+		p.metrics.Fail(kit.OpDiscard, "error")
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonDiscardFailed, kit.ActionDiscard, "discarding volume %s failed and is retried: %v", volume, err)
 		return ended{}, fmt.Errorf("discard volume %s of cache %s: %w", volume, rec.Cache, err)
 	}
 	why := rec.discardWhy()
-	p.events.Eventf(subject, nil, corev1.EventTypeNormal, reasonDiscarded, actionDiscard, "discarded volume %s: %s", volume, why)
+	p.events.Eventf(subject, nil, corev1.EventTypeNormal, kit.ReasonDiscarded, kit.ActionDiscard, "discarded volume %s: %s", volume, why)
 	logger.Info("Discarded", "why", why)
 	return ended{Result: v1alpha1.ResultDiscarded}, nil
 }

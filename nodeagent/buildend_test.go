@@ -132,7 +132,7 @@ func TestDeleteCommitFailureKeepsVolume(t *testing.T) {
 	if _, ok := env.store.volumes[pv.Name]; !ok {
 		t.Fatal("volume gone after a failed commit")
 	}
-	if got := metricValue(t, env.prov.metrics.failures.WithLabelValues("commit", "busy")); got != 1 {
+	if got := metricValue(t, env.prov.metrics.Failures.WithLabelValues("commit", "busy")); got != 1 {
 		t.Errorf("failures{commit,busy} = %v, want 1", got)
 	}
 
@@ -152,7 +152,7 @@ func TestDeleteQueuesSquash(t *testing.T) {
 	if err := env.prov.Delete(context.Background(), pv); err != nil {
 		t.Fatal(err)
 	}
-	if n := env.prov.squashes.queue.Len(); n != 1 {
+	if n := env.prov.squashes.Queue.Len(); n != 1 {
 		t.Errorf("squash queue has %d items after a commit that needs a squash, want 1", n)
 	}
 }
@@ -184,7 +184,7 @@ func TestDeleteOfTornVolume(t *testing.T) {
 		t.Errorf("commits %v discards %v, want the torn volume discarded", env.store.commits, env.store.discards)
 	}
 	env.wantEvent(t, "Warning CommitTorn", pv.Name, "may be torn", "discarded")
-	if got := metricValue(t, env.prov.metrics.ends.WithLabelValues(v1alpha1.ResultDiscarded, triggerRelease)); got != 1 {
+	if got := metricValue(t, env.prov.metrics.Ends.WithLabelValues(v1alpha1.ResultDiscarded, triggerRelease)); got != 1 {
 		t.Errorf("volume ends discarded by release = %v, want 1", got)
 	}
 }

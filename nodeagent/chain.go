@@ -12,13 +12,14 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote"
 )
 
 // sameChain checks a chain re-read for an update: it must still be the
 // one this node checked and pushes to, and keep the chain's shape, or the
 // node writes nothing to it.
-func sameChain(ref layerfs.CacheRef, reg *registryRef, pub *v1alpha1.PublishedChain) error {
+func sameChain(ref layerfs.CacheRef, reg *kit.RegistryRef, pub *v1alpha1.PublishedChain) error {
 	switch {
 	case pub.Repository != reg.Repository:
 		return &untrustedError{Cache: ref, Field: "repository", Value: fmt.Sprintf("%q", pub.Repository),
@@ -78,14 +79,14 @@ func (s *syncer) putBlob(ctx context.Context, ref layerfs.CacheRef, target *remo
 //
 // The append also settles announcements in the same update (see
 // landed): the commit's own goes, and those of gone nodes.
-func (s *syncer) appendPushed(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, ps []pushed, gone []string) (*v1alpha1.PublishedChain, error) {
+func (s *syncer) appendPushed(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, ps []pushed, gone []string) (*v1alpha1.PublishedChain, error) {
 	unlock, err := s.locks.lock(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
 	var refused error
-	cache, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+	cache, err := s.caches.UpdatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		if pub == nil {
 			return pub, false
 		}
@@ -128,12 +129,12 @@ func (s *syncer) appendPushed(ctx context.Context, ref layerfs.CacheRef, reg *re
 
 // published counts and logs a layer that is in the chain now.
 func (s *syncer) published(ctx context.Context, ref layerfs.CacheRef, p pushed, generation int64) {
-	s.metrics.registryLayers.WithLabelValues(p.direction).Inc()
+	s.metrics.RegistryLayers.WithLabelValues(p.direction).Inc()
 	if p.direction != remote.Mounted {
-		s.metrics.registryBytes.WithLabelValues(p.direction).Add(float64(p.blob.Size))
+		s.metrics.RegistryBytes.WithLabelValues(p.direction).Add(float64(p.blob.Size))
 	}
-	s.metrics.registrySeconds.WithLabelValues(p.direction).Observe(time.Since(p.start).Seconds())
-	s.metrics.publishLag.Observe(time.Since(p.layer.Created).Seconds())
+	s.metrics.RegistrySeconds.WithLabelValues(p.direction).Observe(time.Since(p.start).Seconds())
+	s.metrics.PublishLag.Observe(time.Since(p.layer.Created).Seconds())
 	log.FromContext(ctx).Info("Published", "cache", ref.String(), "layer", p.layer.ID, "digest", p.blob.Digest.String(), "how", p.direction,
 		"generation", generation, "bytes", p.blob.Size, "imageBytes", p.blob.ImageBytes, "seconds", time.Since(p.start).Seconds())
 }
@@ -145,7 +146,7 @@ func (s *syncer) published(ctx context.Context, ref layerfs.CacheRef, p pushed, 
 // the covered layers keep them (Sync matches a squash by what it
 // covers); new nodes fetch one blob instead of many. It returns the
 // chain as written, or nil if nothing was published.
-func (s *syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, info layerfs.CacheInfo, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
+func (s *syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, target *remote.Target, info layerfs.CacheInfo, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
 	var out *v1alpha1.PublishedChain
 	for _, layer := range info.Layers {
 		if layer.Digest != "" || len(layer.Covers) < 2 || coveredRun(pub.Layers, layer.Covers) < 0 {
@@ -173,7 +174,7 @@ func (s *syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, reg 
 
 // replaceRun swaps the run of the chain that layer covers for blob, and
 // records blob's digest on the node.
-func (s *syncer) replaceRun(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, layer layerfs.LayerInfo, blob remote.Blob) (*v1alpha1.PublishedChain, error) {
+func (s *syncer) replaceRun(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, layer layerfs.LayerInfo, blob remote.Blob) (*v1alpha1.PublishedChain, error) {
 	unlock, err := s.locks.lock(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -181,7 +182,7 @@ func (s *syncer) replaceRun(ctx context.Context, ref layerfs.CacheRef, reg *regi
 	defer unlock()
 	replaced := false
 	var refused error
-	cache, err := s.caches.updatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+	cache, err := s.caches.UpdatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		i := -1
 		if pub != nil {
 			if refused = sameChain(ref, reg, pub); refused != nil {

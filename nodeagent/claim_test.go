@@ -13,6 +13,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 func testClass(params map[string]string) *storagev1.StorageClass {
@@ -31,16 +32,16 @@ func TestParseClass(t *testing.T) {
 		name    string
 		class   func(*storagev1.StorageClass)
 		params  map[string]string
-		want    classParams
+		want    kit.ClassParams
 		wantErr string // substring; "" means success
 	}{
-		{name: "defaults", want: classParams{}},
+		{name: "defaults", want: kit.ClassParams{}},
 		{name: "uid gid mode", params: map[string]string{"uid": "1000", "gid": "2000", "mode": "0775"},
-			want: classParams{UID: 1000, GID: 2000, Perm: 0o775}},
-		{name: "mode without leading zero", params: map[string]string{"mode": "755"}, want: classParams{Perm: 0o755}},
-		{name: "forced read", params: map[string]string{"mode": "read"}, want: classParams{ForceRead: true}},
+			want: kit.ClassParams{UID: 1000, GID: 2000, Perm: 0o775}},
+		{name: "mode without leading zero", params: map[string]string{"mode": "755"}, want: kit.ClassParams{Perm: 0o755}},
+		{name: "forced read", params: map[string]string{"mode": "read"}, want: kit.ClassParams{ForceRead: true}},
 		{name: "setuid programs and devices allowed", params: map[string]string{"allowSetuid": "true", "allowDevices": "true"},
-			want: classParams{AllowSetuid: true, AllowDevices: true}},
+			want: kit.ClassParams{AllowSetuid: true, AllowDevices: true}},
 		{name: "allowSetuid not a bool", params: map[string]string{"allowSetuid": "yes"}, wantErr: `parameter allowSetuid has value "yes": use "true" or "false"`},
 		{name: "immediate binding", class: func(c *storagev1.StorageClass) { c.VolumeBindingMode = &immediate },
 			wantErr: "volumeBindingMode is Immediate"},
@@ -49,8 +50,8 @@ func TestParseClass(t *testing.T) {
 		{name: "mount options", class: func(c *storagev1.StorageClass) { c.MountOptions = []string{"noatime"} },
 			wantErr: "remove mountOptions"},
 		{name: "unknown parameter", params: map[string]string{"uid": "1", "owner": "me"}, wantErr: `unknown parameters ["owner"]`},
-		{name: "cluster max age", params: map[string]string{"clusterMaxAge": "168h"}, want: classParams{}},
-		{name: "cluster max age zero keeps forever", params: map[string]string{"clusterMaxAge": "0s"}, want: classParams{}},
+		{name: "cluster max age", params: map[string]string{"clusterMaxAge": "168h"}, want: kit.ClassParams{}},
+		{name: "cluster max age zero keeps forever", params: map[string]string{"clusterMaxAge": "0s"}, want: kit.ClassParams{}},
 		{name: "negative cluster max age", params: map[string]string{"clusterMaxAge": "-1h"},
 			wantErr: `StorageClass "layercache": parameter clusterMaxAge has value "-1h": use a duration of at least 0 such as "720h" (30 days), or "0s" to keep caches forever`},
 		{name: "cluster max age in days", params: map[string]string{"clusterMaxAge": "30d"}, wantErr: `parameter clusterMaxAge has value "30d"`},
@@ -61,8 +62,8 @@ func TestParseClass(t *testing.T) {
 		{name: "mode too big", params: map[string]string{"mode": "17777"}, wantErr: `parameter mode has value "17777"`},
 		{name: "mode zero", params: map[string]string{"mode": "0000"}, wantErr: "lets nobody use the volume"},
 		{name: "setuid", params: map[string]string{"mode": "4755"}, wantErr: "setuid"},
-		{name: "snapshot layout", params: map[string]string{"layout": "snapshot"}, want: classParams{Layout: layerfs.LayoutSnapshot}},
-		{name: "overlay layout", params: map[string]string{"layout": "overlay"}, want: classParams{Layout: layerfs.LayoutOverlay}},
+		{name: "snapshot layout", params: map[string]string{"layout": "snapshot"}, want: kit.ClassParams{Layout: layerfs.LayoutSnapshot}},
+		{name: "overlay layout", params: map[string]string{"layout": "overlay"}, want: kit.ClassParams{Layout: layerfs.LayoutOverlay}},
 		{name: "unknown layout", params: map[string]string{"layout": "zfs"}, wantErr: `parameter layout has value "zfs": use "overlay" (the default) or "snapshot"`},
 		{name: "snapshot with a registry", params: map[string]string{"layout": "snapshot", "registry": "registry.example/caches"},
 			wantErr: "snapshot caches do not sync through a registry yet; remove registry and registrySecret, or use layout: overlay"},
@@ -73,8 +74,8 @@ func TestParseClass(t *testing.T) {
 			if tt.class != nil {
 				tt.class(class)
 			}
-			got, err := parseClass(class)
-			checkClaimError(t, err, tt.wantErr, reasonInvalidStorageClass)
+			got, err := kit.ParseClass(class)
+			checkClaimError(t, err, tt.wantErr, kit.ReasonInvalidStorageClass)
 			tt.want.Name = class.Name
 			if tt.wantErr == "" && got != tt.want {
 				t.Errorf("parseClass = %+v, want %+v", got, tt.want)
@@ -94,40 +95,40 @@ func TestParseClaim(t *testing.T) {
 	tests := []struct {
 		name    string
 		ann     map[string]string
-		class   classParams
-		want    volumeRequest
+		class   kit.ClassParams
+		want    kit.VolumeRequest
 		wantErr string
 	}{
 		{name: "own cache, defaults",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "maven"},
-			want: volumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success"}},
+			want: kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success"}},
 		{name: "own cache by full name",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "ci/maven"},
-			want: volumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success"}},
+			want: kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success"}},
 		{name: "own cache read, commit always",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationMode: "read", v1alpha1.AnnotationCommit: "always"},
-			want: volumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "always"}},
+			want: kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "always"}},
 		{name: "other namespace defaults to read",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "trusted/maven"},
-			want: volumeRequest{Cache: ref("trusted", "maven"), Mode: "read", Commit: "on-success"}},
+			want: kit.VolumeRequest{Cache: ref("trusted", "maven"), Mode: "read", Commit: "on-success"}},
 		{name: "other namespace explicit read",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "trusted/maven", v1alpha1.AnnotationMode: "read", v1alpha1.AnnotationCommit: "never"},
-			want: volumeRequest{Cache: ref("trusted", "maven"), Mode: "read", Commit: "never"}},
+			want: kit.VolumeRequest{Cache: ref("trusted", "maven"), Mode: "read", Commit: "never"}},
 		{name: "other namespace write refused",
 			ann:     map[string]string{v1alpha1.AnnotationCache: "trusted/maven", v1alpha1.AnnotationMode: "write"},
 			wantErr: `may only read another namespace's cache; set layercache.dev/mode: read`},
 		{name: "class forces read over explicit write",
 			ann:   map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationMode: "write"},
-			class: classParams{ForceRead: true},
-			want:  volumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "on-success", ForcedRead: true}},
+			class: kit.ClassParams{ForceRead: true},
+			want:  kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "on-success", ForcedRead: true}},
 		{name: "class forces read over default",
 			ann:   map[string]string{v1alpha1.AnnotationCache: "maven"},
-			class: classParams{ForceRead: true},
-			want:  volumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "on-success"}},
+			class: kit.ClassParams{ForceRead: true},
+			want:  kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "on-success"}},
 		{name: "class ownership carried",
 			ann:   map[string]string{v1alpha1.AnnotationCache: "maven"},
-			class: classParams{UID: 1000, GID: 1000, Perm: 0o750},
-			want:  volumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success", UID: 1000, GID: 1000, Perm: 0o750}},
+			class: kit.ClassParams{UID: 1000, GID: 1000, Perm: 0o750},
+			want:  kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success", UID: 1000, GID: 1000, Perm: 0o750}},
 		{name: "cache missing", ann: nil, wantErr: `annotation layercache.dev/cache is missing and StorageClass "" has no cache parameter`},
 		{name: "cache empty", ann: map[string]string{v1alpha1.AnnotationCache: ""}, wantErr: `has value "": the cache name "" is not valid (it is empty)`},
 		{name: "cache upper case", ann: map[string]string{v1alpha1.AnnotationCache: "Maven"}, wantErr: "upper-case"},
@@ -143,13 +144,13 @@ func TestParseClaim(t *testing.T) {
 			wantErr: `annotation layercache.dev/commit has value "yes": use "on-success", "always", "never" or "on-marker", or remove the annotation (the default is on-success)`},
 		{name: "commit on marker",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationCommit: "on-marker"},
-			want: volumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-marker"}},
+			want: kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-marker"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			claim := testClaim("ci", tt.ann)
-			got, err := parseClaim(claim, tt.class, nil)
-			checkClaimError(t, err, tt.wantErr, reasonInvalidAnnotation)
+			got, err := kit.ParseClaim(claim, tt.class, nil)
+			checkClaimError(t, err, tt.wantErr, kit.ReasonInvalidAnnotation)
 			if tt.wantErr != "" {
 				return
 			}
@@ -163,18 +164,18 @@ func TestParseClaim(t *testing.T) {
 
 func TestWriterOf(t *testing.T) {
 	claim := testClaim("ci", nil)
-	if got := writerOf(claim); got != "ci/build-cache" {
+	if got := kit.WriterOf(claim); got != "ci/build-cache" {
 		t.Errorf("standalone claim: writer %q, want ci/build-cache", got)
 	}
 	claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "build-7x2k", Controller: new(true)}}
-	if got := writerOf(claim); got != "ci/build-7x2k" {
+	if got := kit.WriterOf(claim); got != "ci/build-7x2k" {
 		t.Errorf("ephemeral claim: writer %q, want the owning pod ci/build-7x2k", got)
 	}
 }
 
 func TestMountOptions(t *testing.T) {
-	req := volumeRequest{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Mode: "read", UID: 1, GID: 2, Perm: 0o700, Writer: "ci/p"}
-	got := req.mountOptions()
+	req := kit.VolumeRequest{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Mode: "read", UID: 1, GID: 2, Perm: 0o700, Writer: "ci/p"}
+	got := req.MountOptions()
 	want := layerfs.MountOptions{Cache: req.Cache, ReadOnly: true, UID: 1, GID: 2, Mode: os.FileMode(0o700), Writer: "ci/p"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("mountOptions = %+v, want %+v", got, want)
@@ -191,7 +192,7 @@ func checkClaimError(t *testing.T, err error, want, reason string) {
 		}
 		return
 	}
-	var ce *claimError
+	var ce *kit.ClaimError
 	if !errors.As(err, &ce) {
 		t.Fatalf("error %v (%T), want a claimError containing %q", err, err, want)
 	}

@@ -18,6 +18,7 @@ import (
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // TestControllerTwoNodes runs the provisioner library's controller for two
@@ -41,7 +42,7 @@ func TestControllerTwoNodes(t *testing.T) {
 		// below the root.
 		opts.Root = t.TempDir()
 		t.Cleanup(func() { _ = unix.Unmount(filepath.Join(opts.Root, gateDir), unix.MNT_DETACH) })
-		a := newAgent(opts, st, &caches{client: cacheClient, reader: cacheClient, node: node}, env.events, testMetrics(t))
+		a := newAgent(opts, st, &kit.Caches{Client: cacheClient, Reader: cacheClient, Node: node}, env.events, testMetrics(t))
 		if err := a.wire(ctx, clientset, prometheus.NewRegistry()); err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // The labels a CSI volume keeps in the store (layerfs.MountOptions.Labels):
@@ -55,13 +56,13 @@ type csiDriver struct {
 	kubeletDir string
 	// limits bound every volume's size attribute (Options.CSIDefaultBytes
 	// and CSIMaxBytes).
-	limits csiLimits
+	limits kit.CSILimits
 	locks  volumeLocks
 	// ends ends CSI volumes whose pods ended; nil in tests without it.
 	ends *csiEnds
 }
 
-func newCSIDriver(prov *Provisioner, kubeletDir string, limits csiLimits) *csiDriver {
+func newCSIDriver(prov *Provisioner, kubeletDir string, limits kit.CSILimits) *csiDriver {
 	return &csiDriver{prov: prov, kubeletDir: kubeletDir, limits: limits, locks: volumeLocks{m: map[string]*volumeLock{}}}
 }
 
@@ -103,7 +104,7 @@ func (d *csiDriver) NodePublishVolume(ctx context.Context, r *csi.NodePublishVol
 	if r.GetVolumeCapability().GetBlock() != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s volumes are filesystems, not block devices: use volumeMounts, not volumeDevices", r.GetVolumeId(), v1alpha1.CSIDriverName)
 	}
-	pod, err := parseCSIPod(r.GetVolumeContext())
+	pod, err := kit.ParseCSIPod(r.GetVolumeContext())
 	if err == nil {
 		err = d.checkPod(pod, r.GetTargetPath())
 	}
@@ -113,7 +114,7 @@ func (d *csiDriver) NodePublishVolume(ctx context.Context, r *csi.NodePublishVol
 	id := csiStoreID(r.GetVolumeId())
 	unlock := d.locks.lock(id)
 	defer unlock()
-	logger := log.FromContext(ctx).WithValues("pod", pod.key(), "volume", id)
+	logger := log.FromContext(ctx).WithValues("pod", pod.Key(), "volume", id)
 	ctx = log.IntoContext(ctx, logger)
 
 	vol, err := d.prov.store.Volume(ctx, id)
@@ -121,10 +122,10 @@ func (d *csiDriver) NodePublishVolume(ctx context.Context, r *csi.NodePublishVol
 		// A kubelet that restarted while the build ended publishes the
 		// pod's volumes again; a new, empty volume would be ended once
 		// more, a second commit of the same build.
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s: pod %s has ended and its build's volume was ended already; no new volume is made for it", id, pod.key())
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s: pod %s has ended and its build's volume was ended already; no new volume is made for it", id, pod.Key())
 	}
 	if err := d.prov.holds.hold(ctx, pod.Namespace, pod.Name, pod.UID); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "volume %s: hold pod %s until its build's end: %v", id, pod.key(), err)
+		return nil, status.Errorf(codes.Unavailable, "volume %s: hold pod %s until its build's end: %v", id, pod.Key(), err)
 	}
 	switch {
 	case errors.Is(err, layerfs.ErrNotFound):
@@ -148,27 +149,27 @@ func (d *csiDriver) NodePublishVolume(ctx context.Context, r *csi.NodePublishVol
 // mountNew validates the request, as for a claim, and mounts its volume.
 // A refusal is an Event on the pod and fails the mount with the same
 // message, which the kubelet also shows on the pod.
-func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeRequest, pod csiPod, id string) (*layerfs.Volume, error) {
+func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeRequest, pod kit.CSIPod, id string) (*layerfs.Volume, error) {
 	start := time.Now()
 	p := d.prov
 	req, err := p.csiRequest(ctx, r.GetVolumeContext(), pod, r.GetReadonly(), d.limits)
 	if err != nil {
-		var refused *claimError
+		var refused *kit.ClaimError
 		if !errors.As(err, &refused) {
-			p.metrics.fail(opProvision, "api")
+			p.metrics.Fail(kit.OpProvision, "api")
 			return nil, status.Errorf(codes.Unavailable, "volume %s: %v", r.GetVolumeId(), err)
 		}
-		p.events.Eventf(pod.object(), nil, corev1.EventTypeWarning, refused.Reason, actionProvision, "%s", refused.Message)
-		p.metrics.fail(opProvision, refused.Reason)
+		p.events.Eventf(pod.Object(), nil, corev1.EventTypeWarning, refused.Reason, kit.ActionProvision, "%s", refused.Message)
+		p.metrics.Fail(kit.OpProvision, refused.Reason)
 		code := codes.InvalidArgument
 		switch refused.Reason {
-		case reasonCacheAccessDenied, reasonCacheDeleting, reasonRegistryCache, reasonCSINotEnabled:
+		case kit.ReasonCacheAccessDenied, kit.ReasonCacheDeleting, kit.ReasonRegistryCache, kit.ReasonCSINotEnabled:
 			code = codes.FailedPrecondition
 		}
 		return nil, status.Errorf(code, "%s", refused.Message)
 	}
-	opts := req.mountOptions()
-	opts.Writer = pod.key()
+	opts := req.MountOptions()
+	opts.Writer = pod.Key()
 	opts.Labels = map[string]string{
 		labelCSIVolume: r.GetVolumeId(), labelCSITarget: r.GetTargetPath(),
 		labelPodNamespace: pod.Namespace, labelPodName: pod.Name, labelPodUID: string(pod.UID),
@@ -178,22 +179,22 @@ func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeReques
 	if errors.Is(err, layerfs.ErrLayoutMismatch) {
 		msg := fmt.Sprintf("cache %s was made by a StorageClass of the %s layout and CSI inline volumes are of the %s layout: %v; use a claim of that class, or another cache",
 			req.Cache, layerfs.LayoutSnapshot, layerfs.LayoutOverlay, err)
-		p.events.Eventf(pod.object(), nil, corev1.EventTypeWarning, reasonMountFailed, actionProvision, "%s", msg)
-		p.metrics.fail(opProvision, reasonMountFailed)
+		p.events.Eventf(pod.Object(), nil, corev1.EventTypeWarning, kit.ReasonMountFailed, kit.ActionProvision, "%s", msg)
+		p.metrics.Fail(kit.OpProvision, kit.ReasonMountFailed)
 		return nil, status.Error(codes.FailedPrecondition, msg)
 	}
 	if err != nil {
-		p.metrics.fail(opProvision, reasonMountFailed)
+		p.metrics.Fail(kit.OpProvision, kit.ReasonMountFailed)
 		return nil, status.Errorf(codes.Internal, "mount volume %s of cache %s on node %s: %v", id, req.Cache, p.node, err)
 	}
-	p.metrics.provisionSeconds.WithLabelValues(string(req.Mode)).Observe(time.Since(start).Seconds())
-	p.metrics.provisioned(req.Cache, vol)
+	p.metrics.ProvisionSeconds.WithLabelValues(string(req.Mode)).Observe(time.Since(start).Seconds())
+	p.metrics.Provisioned(req.Cache, vol)
 	// No status report now: the one at the build's end carries the new
 	// generation, and the periodic pass shows a longer build's open
 	// volume. That keeps a CSI build to two API writes: the end's Event
 	// and its report.
 	if vol.SeededFrom != nil {
-		p.events.Eventf(pod.object(), nil, corev1.EventTypeNormal, reasonSeeded, actionProvision,
+		p.events.Eventf(pod.Object(), nil, corev1.EventTypeNormal, kit.ReasonSeeded, kit.ActionProvision,
 			"volume %s of cache %s starts from fallback %s at generation %d: cache %s has no generation on node %s yet",
 			id, req.Cache, vol.SeededFrom.Cache, vol.SeededFrom.Generation, req.Cache, p.node)
 	}
@@ -251,13 +252,13 @@ func (d *csiDriver) checkTarget(volumeID, target string) error {
 // directory (the kubelet's pods/<uid>/volumes/...), and the pod of that
 // name this node's informer holds, if it holds one yet, has that UID. A
 // volume is then never made, held or ended for a pod it does not serve.
-func (d *csiDriver) checkPod(pod csiPod, target string) error {
+func (d *csiDriver) checkPod(pod kit.CSIPod, target string) error {
 	rel := strings.TrimPrefix(target, filepath.Join(d.kubeletDir, "pods")+"/")
 	if uid, _, _ := strings.Cut(rel, "/"); uid != string(pod.UID) {
-		return fmt.Errorf("the target path %s is in the directory of pod UID %q, but the volume context names pod %s with UID %q", target, uid, pod.key(), pod.UID)
+		return fmt.Errorf("the target path %s is in the directory of pod UID %q, but the volume context names pod %s with UID %q", target, uid, pod.Key(), pod.UID)
 	}
-	if got, ok := d.prov.holds.podUID(pod.key()); ok && got != pod.UID {
-		return fmt.Errorf("pod %s has UID %q, but the volume context names UID %q", pod.key(), got, pod.UID)
+	if got, ok := d.prov.holds.podUID(pod.Key()); ok && got != pod.UID {
+		return fmt.Errorf("pod %s has UID %q, but the volume context names UID %q", pod.Key(), got, pod.UID)
 	}
 	return nil
 }
@@ -368,4 +369,37 @@ func (l *volumeLocks) lock(id string) (unlock func()) {
 		}
 		l.mu.Unlock()
 	}
+}
+
+// csiRequest admits a CSI volume as a claim is admitted, on the defaults
+// of a class without parameters (a node-local overlay cache), in a
+// namespace that opted in, and never of a cache that syncs through a
+// registry.
+func (p *Provisioner) csiRequest(ctx context.Context, attrs map[string]string, pod kit.CSIPod, readOnly bool, limits kit.CSILimits) (kit.VolumeRequest, error) {
+	if err := p.caches.CSIOptedIn(ctx, pod.Namespace); err != nil {
+		return kit.VolumeRequest{}, err
+	}
+	s, err := kit.CSISettings(attrs, pod, readOnly, limits)
+	if err != nil {
+		return kit.VolumeRequest{}, err
+	}
+	req, err := p.admitVolume(ctx, s, kit.ClassParams{})
+	if err != nil {
+		return req, err
+	}
+	return req, p.refuseRegistryCache(ctx, req)
+}
+
+// refuseRegistryCache refuses a CSI volume of a cache that syncs through a
+// registry: a CSI volume is node-local, so it would neither pull the
+// published generations first nor publish in step, and the node's chain
+// would part from the cluster's.
+func (p *Provisioner) refuseRegistryCache(ctx context.Context, req kit.VolumeRequest) error {
+	cache, err := p.caches.Get(ctx, req.Cache)
+	if err != nil || cache == nil || cache.Status.Published == nil {
+		return err
+	}
+	return &kit.ClaimError{Reason: kit.ReasonRegistryCache, Message: fmt.Sprintf(
+		"cache %s syncs across nodes through registry %s, and CSI inline volumes are node-local; use a claim of the cache's StorageClass (label %s on the Cache), or another cache",
+		req.Cache, cache.Status.Published.Repository, v1alpha1.LabelStorageClass)}
 }

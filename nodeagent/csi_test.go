@@ -25,6 +25,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // The tests in this file drive the CSI Node service as the kubelet does,
@@ -42,7 +43,7 @@ type csiEnv struct {
 }
 
 // testCSILimits are the node agent's defaults.
-var testCSILimits = csiLimits{Default: DefaultOptions().CSIDefaultBytes, Max: DefaultOptions().CSIMaxBytes}
+var testCSILimits = kit.CSILimits{Default: DefaultOptions().CSIDefaultBytes, Max: DefaultOptions().CSIMaxBytes}
 
 // newCSIEnv's pods are of namespace ci, which has opted in to CSI
 // volumes.
@@ -92,8 +93,8 @@ func (e *csiEnv) target(pod string) string {
 
 func (e *csiEnv) publishRequest(pod string, attrs map[string]string) *csi.NodePublishVolumeRequest {
 	ctx := map[string]string{
-		attrPodNamespace: "ci", attrPodName: pod, attrPodUID: "uid-" + pod,
-		attrServiceAccount: "default", attrEphemeral: "true",
+		kit.AttrPodNamespace: "ci", kit.AttrPodName: pod, kit.AttrPodUID: "uid-" + pod,
+		kit.AttrServiceAccount: "default", kit.AttrEphemeral: "true",
 	}
 	for k, v := range attrs {
 		ctx[k] = v
@@ -164,18 +165,18 @@ func TestCSIVolumeEndsAsItsPod(t *testing.T) {
 		{name: "succeeded commits", phase: corev1.PodSucceeded, wantCommit: true, wantEvent: "Normal Committed"},
 		{name: "failed discards", phase: corev1.PodFailed, wantEvent: "Normal Discarded"},
 		{name: "gone pod's outcome is unknown: discarded", phase: "", wantEvent: "Normal Discarded"},
-		{name: "always commits a gone pod's volume", attrs: map[string]string{attrCommit: "always"}, phase: "", wantCommit: true, wantEvent: "Normal Committed"},
-		{name: "never discards", attrs: map[string]string{attrCommit: "never"}, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
-		{name: "on-marker with the marker commits a failed pod", attrs: map[string]string{attrCommit: "on-marker"}, phase: corev1.PodFailed, marker: true, wantCommit: true, wantEvent: "Normal Committed"},
-		{name: "on-marker without it discards", attrs: map[string]string{attrCommit: "on-marker"}, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
-		{name: "read mode discards", attrs: map[string]string{attrMode: "read"}, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
+		{name: "always commits a gone pod's volume", attrs: map[string]string{kit.AttrCommit: "always"}, phase: "", wantCommit: true, wantEvent: "Normal Committed"},
+		{name: "never discards", attrs: map[string]string{kit.AttrCommit: "never"}, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
+		{name: "on-marker with the marker commits a failed pod", attrs: map[string]string{kit.AttrCommit: "on-marker"}, phase: corev1.PodFailed, marker: true, wantCommit: true, wantEvent: "Normal Committed"},
+		{name: "on-marker without it discards", attrs: map[string]string{kit.AttrCommit: "on-marker"}, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
+		{name: "read mode discards", attrs: map[string]string{kit.AttrMode: "read"}, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
 		{name: "a read-only mount is a read view", readOnly: true, phase: corev1.PodSucceeded, wantEvent: "Normal Discarded"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newCSIEnv(t)
 			e.setPod(t, csiPodObject("build", corev1.PodRunning))
-			attrs := map[string]string{attrCache: "maven"}
+			attrs := map[string]string{kit.AttrCache: "maven"}
 			for k, v := range tt.attrs {
 				attrs[k] = v
 			}
@@ -235,7 +236,7 @@ func TestCSIVolumeEndsWhenThePhaseArrivesAfterUnpublish(t *testing.T) {
 	ctx := context.Background()
 	e := newCSIEnv(t)
 	e.setPod(t, csiPodObject("build", corev1.PodRunning))
-	target := e.publish(t, "build", map[string]string{attrCache: "maven"})
+	target := e.publish(t, "build", map[string]string{kit.AttrCache: "maven"})
 	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
 	e.unpublish(t, "build")
 	if !e.volumeOpen(t, "build") || e.generation(t, "maven") != 0 {
@@ -260,7 +261,7 @@ func TestCSIVolumeOfAPodGoneAfterUnpublishIsDiscarded(t *testing.T) {
 	ctx := context.Background()
 	e := newCSIEnv(t)
 	e.setPod(t, csiPodObject("build", corev1.PodRunning))
-	target := e.publish(t, "build", map[string]string{attrCache: "maven"})
+	target := e.publish(t, "build", map[string]string{kit.AttrCache: "maven"})
 	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
 	e.unpublish(t, "build")
 	if err := e.pods.Delete(csiPodObject("build", "")); err != nil {
@@ -288,7 +289,7 @@ func TestCSIVolumeOfAPodGoneAfterUnpublishIsDiscarded(t *testing.T) {
 func (e *csiEnv) buildFirst(t *testing.T) string {
 	t.Helper()
 	e.setPod(t, csiPodObject("first", corev1.PodRunning))
-	target := e.publish(t, "first", map[string]string{attrCache: "maven"})
+	target := e.publish(t, "first", map[string]string{kit.AttrCache: "maven"})
 	writeTestFile(t, filepath.Join(target, "built.txt"), "from first")
 	e.setPod(t, csiPodObject("first", corev1.PodSucceeded))
 	if err := e.ends.sweep(context.Background()); err != nil {
@@ -306,7 +307,7 @@ func TestCSIVolumeOfAKeptPodEndsBeforeUnpublish(t *testing.T) {
 	e.unpublish(t, "first")
 
 	e.setPod(t, csiPodObject("second", corev1.PodRunning))
-	next := e.publish(t, "second", map[string]string{attrCache: "maven"})
+	next := e.publish(t, "second", map[string]string{kit.AttrCache: "maven"})
 	if b, err := os.ReadFile(filepath.Join(next, "built.txt")); err != nil || string(b) != "from first" {
 		t.Fatalf("the next pod reads %q, %v; want the first pod's commit", b, err)
 	}
@@ -321,7 +322,7 @@ func TestCSIPublishOfAnEndedPodIsRefused(t *testing.T) {
 	e.buildFirst(t)
 	e.unpublish(t, "first")
 
-	_, err := e.driver.NodePublishVolume(ctx, e.publishRequest("first", map[string]string{attrCache: "maven"}))
+	_, err := e.driver.NodePublishVolume(ctx, e.publishRequest("first", map[string]string{kit.AttrCache: "maven"}))
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("publish for an ended pod: %v, want FailedPrecondition", err)
 	}
@@ -336,7 +337,7 @@ func TestCSIVolumeOfAForceDeletedPodWaitsForUnpublish(t *testing.T) {
 	ctx := context.Background()
 	e := newCSIEnv(t)
 	e.setPod(t, csiPodObject("build", corev1.PodRunning))
-	target := e.publish(t, "build", map[string]string{attrCache: "maven", attrCommit: "always"})
+	target := e.publish(t, "build", map[string]string{kit.AttrCache: "maven", kit.AttrCommit: "always"})
 	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
 	if err := e.pods.Delete(csiPodObject("build", "")); err != nil {
 		t.Fatal(err)
@@ -359,13 +360,13 @@ func TestCSIVolumeEndsAfterAnAgentRestart(t *testing.T) {
 	ctx := context.Background()
 	e := newCSIEnv(t)
 	e.setPod(t, csiPodObject("build", corev1.PodRunning))
-	target := e.publish(t, "build", map[string]string{attrCache: "maven"})
+	target := e.publish(t, "build", map[string]string{kit.AttrCache: "maven"})
 	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
 
 	restarted := newCSIDriver(e.prov, e.kubeletDir, testCSILimits)
 	ends := newCSIEnds(e.prov, restarted, e.pods)
 	// The kubelet publishes again after its own restart: nothing stacks.
-	if _, err := restarted.NodePublishVolume(ctx, e.publishRequest("build", map[string]string{attrCache: "maven"})); err != nil {
+	if _, err := restarted.NodePublishVolume(ctx, e.publishRequest("build", map[string]string{kit.AttrCache: "maven"})); err != nil {
 		t.Fatal(err)
 	}
 	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
@@ -390,33 +391,33 @@ func TestCSIPublishRefused(t *testing.T) {
 		wantReason string
 		want       []string
 	}{
-		{name: "unknown attribute", attrs: map[string]string{attrCache: "maven", "cahce": "x"}, wantCode: codes.InvalidArgument,
-			wantReason: reasonInvalidAttribute, want: []string{`unknown volumeAttributes ["cahce"]`, "cache (required), mode, commit, size and fallback"}},
-		{name: "no cache", attrs: map[string]string{}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+		{name: "unknown attribute", attrs: map[string]string{kit.AttrCache: "maven", "cahce": "x"}, wantCode: codes.InvalidArgument,
+			wantReason: kit.ReasonInvalidAttribute, want: []string{`unknown volumeAttributes ["cahce"]`, "cache (required), mode, commit, size and fallback"}},
+		{name: "no cache", attrs: map[string]string{}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{"volumeAttributes has no cache", "cache: maven"}},
-		{name: "bad mode", attrs: map[string]string{attrCache: "maven", attrMode: "rw"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+		{name: "bad mode", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrMode: "rw"}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{`volumeAttributes mode has value "rw"`, "remove the attribute"}},
-		{name: "bad commit", attrs: map[string]string{attrCache: "maven", attrCommit: "sometimes"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+		{name: "bad commit", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrCommit: "sometimes"}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{`volumeAttributes commit has value "sometimes"`}},
-		{name: "bad size", attrs: map[string]string{attrCache: "maven", attrSize: "lots"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+		{name: "bad size", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrSize: "lots"}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{`size has value "lots"`, "10Gi"}},
 		// Issue 33, finding 3: a CSI volume is always limited.
-		{name: "size past the node's cap", attrs: map[string]string{attrCache: "maven", attrSize: "1Ti"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+		{name: "size past the node's cap", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrSize: "1Ti"}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{`size has value "1Ti"`, "--csi-max-size of 100Gi"}},
-		{name: "no size at all", attrs: map[string]string{attrCache: "maven", attrSize: "0"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+		{name: "no size at all", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrSize: "0"}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{`size has value "0"`, "the node's default, 10Gi"}},
-		{name: "bad cache name", attrs: map[string]string{attrCache: "Maven_3"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+		{name: "bad cache name", attrs: map[string]string{kit.AttrCache: "Maven_3"}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{"volumeAttributes cache", "Maven_3"}},
-		{name: "write to another namespace", attrs: map[string]string{attrCache: "team/maven", attrMode: "write"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+		{name: "write to another namespace", attrs: map[string]string{kit.AttrCache: "team/maven", kit.AttrMode: "write"}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{"volumeAttributes mode", "a pod may only read another namespace's cache", "mode: read"}},
-		{name: "read without a grant", attrs: map[string]string{attrCache: "team/maven"}, objs: []client.Object{cacheObject("team", "maven")},
-			wantCode: codes.FailedPrecondition, wantReason: reasonCacheAccessDenied, want: []string{`does not grant namespace "ci"`, "spec.readers"}},
-		{name: "a fallback without a grant", attrs: map[string]string{attrCache: "maven", attrFallback: "team/main"}, objs: []client.Object{cacheObject("team", "main")},
-			wantCode: codes.FailedPrecondition, wantReason: reasonCacheAccessDenied, want: []string{`volumeAttributes fallback names fallback team/main: Cache team/main does not grant namespace "ci"`}},
-		{name: "bad fallback list", attrs: map[string]string{attrCache: "maven", attrFallback: "main,,dev"}, wantCode: codes.InvalidArgument, wantReason: reasonInvalidAttribute,
+		{name: "read without a grant", attrs: map[string]string{kit.AttrCache: "team/maven"}, objs: []client.Object{cacheObject("team", "maven")},
+			wantCode: codes.FailedPrecondition, wantReason: kit.ReasonCacheAccessDenied, want: []string{`does not grant namespace "ci"`, "spec.readers"}},
+		{name: "a fallback without a grant", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrFallback: "team/main"}, objs: []client.Object{cacheObject("team", "main")},
+			wantCode: codes.FailedPrecondition, wantReason: kit.ReasonCacheAccessDenied, want: []string{`volumeAttributes fallback names fallback team/main: Cache team/main does not grant namespace "ci"`}},
+		{name: "bad fallback list", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrFallback: "main,,dev"}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{`volumeAttributes fallback has value "main,,dev"`, "a cache of the pod's namespace", "fallback: main"}},
-		{name: "a cache that syncs through a registry", attrs: map[string]string{attrCache: "maven"}, objs: []client.Object{publishedCache("ci", "maven")},
-			wantCode: codes.FailedPrecondition, wantReason: reasonRegistryCache, want: []string{"syncs across nodes through registry", "use a claim of the cache's StorageClass"}},
+		{name: "a cache that syncs through a registry", attrs: map[string]string{kit.AttrCache: "maven"}, objs: []client.Object{publishedCache("ci", "maven")},
+			wantCode: codes.FailedPrecondition, wantReason: kit.ReasonRegistryCache, want: []string{"syncs across nodes through registry", "use a claim of the cache's StorageClass"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -440,7 +441,7 @@ func TestCSIPublishRefused(t *testing.T) {
 
 func TestCSIRequestsRefusedBeforeTheStore(t *testing.T) {
 	e := newCSIEnv(t)
-	ok := e.publishRequest("build", map[string]string{attrCache: "maven"})
+	ok := e.publishRequest("build", map[string]string{kit.AttrCache: "maven"})
 	tests := []struct {
 		name string
 		edit func(r *csi.NodePublishVolumeRequest)
@@ -449,10 +450,10 @@ func TestCSIRequestsRefusedBeforeTheStore(t *testing.T) {
 		{"target outside the kubelet's pods", func(r *csi.NodePublishVolumeRequest) { r.TargetPath = "/etc/cron.d" }, "is not a clean path below"},
 		{"target with ..", func(r *csi.NodePublishVolumeRequest) { r.TargetPath = e.kubeletDir + "/pods/../../etc" }, "is not a clean path below"},
 		{"no volume id", func(r *csi.NodePublishVolumeRequest) { r.VolumeId = "" }, "volume id is empty"},
-		{"a persistent volume", func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, attrEphemeral) }, "not a CSI inline (ephemeral) volume"},
-		{"no pod information", func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, attrPodNamespace) }, "podInfoOnMount: true"},
+		{"a persistent volume", func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, kit.AttrEphemeral) }, "not a CSI inline (ephemeral) volume"},
+		{"no pod information", func(r *csi.NodePublishVolumeRequest) { delete(r.VolumeContext, kit.AttrPodNamespace) }, "podInfoOnMount: true"},
 		// Issue 33, finding 9: the pod information must be the target's pod.
-		{"another pod's UID", func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[attrPodUID] = "uid-other" }, `directory of pod UID "uid-build"`},
+		{"another pod's UID", func(r *csi.NodePublishVolumeRequest) { r.VolumeContext[kit.AttrPodUID] = "uid-other" }, `directory of pod UID "uid-build"`},
 		{"a block volume", func(r *csi.NodePublishVolumeRequest) {
 			r.VolumeCapability = &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}}
 		}, "not block devices"},
@@ -544,7 +545,7 @@ func dialRegistration(t *testing.T, path string) *registerapi.PluginInfo {
 func TestCSISweepForgetsOutcomesOfEndedVolumes(t *testing.T) {
 	e := newCSIEnv(t)
 	e.setPod(t, csiPodObject("open", corev1.PodRunning))
-	e.publish(t, "open", map[string]string{attrCache: "maven"})
+	e.publish(t, "open", map[string]string{kit.AttrCache: "maven"})
 	e.ends.seen.set("uid-open", v1alpha1.OutcomeSucceeded)
 	e.ends.seen.set("uid-ended-long-ago", v1alpha1.OutcomeSucceeded)
 	if err := e.ends.sweep(context.Background()); err != nil {
@@ -563,7 +564,7 @@ func TestCSISweepForgetsOutcomesOfEndedVolumes(t *testing.T) {
 func TestCSIBusyTargetIsNeverDetachedLazily(t *testing.T) {
 	e := newCSIEnv(t)
 	e.setPod(t, csiPodObject("build", corev1.PodRunning))
-	target := e.publish(t, "build", map[string]string{attrCache: "maven"})
+	target := e.publish(t, "build", map[string]string{kit.AttrCache: "maven"})
 	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
 	holder, err := os.Create(filepath.Join(target, "late.txt"))
 	if err != nil {
@@ -599,11 +600,11 @@ func TestCSIVolumesAreOptInPerNamespace(t *testing.T) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ci"}}
 	e := newCSIEnv(t)
 	must(t, e.client.Update(context.Background(), ns)) // the label removed
-	_, err := e.driver.NodePublishVolume(context.Background(), e.publishRequest("build", map[string]string{attrCache: "maven"}))
+	_, err := e.driver.NodePublishVolume(context.Background(), e.publishRequest("build", map[string]string{kit.AttrCache: "maven"}))
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "has not opted in") {
 		t.Fatalf("publish in a namespace without %s: %v, want FailedPrecondition saying it has not opted in", v1alpha1.LabelCSI, err)
 	}
-	e.wantEvent(t, "Warning "+reasonCSINotEnabled, "kubectl label namespace ci "+v1alpha1.LabelCSI+"="+v1alpha1.CSIEnabled)
+	e.wantEvent(t, "Warning "+kit.ReasonCSINotEnabled, "kubectl label namespace ci "+v1alpha1.LabelCSI+"="+v1alpha1.CSIEnabled)
 	if e.volumeOpen(t, "build") {
 		t.Error("a volume of a namespace that has not opted in is in the store")
 	}
@@ -612,7 +613,7 @@ func TestCSIVolumesAreOptInPerNamespace(t *testing.T) {
 // A CSI volume without a size attribute gets the node's default limit.
 func TestCSIVolumeWithoutSizeIsLimited(t *testing.T) {
 	e := newCSIEnv(t)
-	e.publish(t, "build", map[string]string{attrCache: "maven"})
+	e.publish(t, "build", map[string]string{kit.AttrCache: "maven"})
 	vol, err := e.store.Volume(context.Background(), csiStoreID("csi-build"))
 	must(t, err)
 	if vol.LimitBytes != testCSILimits.Default {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/podfacts"
 )
 
@@ -31,7 +32,7 @@ type csiEnds struct {
 	driver *csiDriver
 	// pods is the informer's store of this node's pods.
 	pods  cache.Indexer
-	queue *keyQueue
+	queue *kit.KeyQueue
 	// seen keeps the outcome of pods that ended and went away before
 	// their volumes ended, by pod UID.
 	seen *outcomes
@@ -39,7 +40,7 @@ type csiEnds struct {
 
 func newCSIEnds(prov *Provisioner, driver *csiDriver, pods cache.Indexer) *csiEnds {
 	e := &csiEnds{prov: prov, driver: driver, pods: pods, seen: newOutcomes(),
-		queue: newKeyQueue("csi-end")}
+		queue: kit.NewKeyQueue("csi-end")}
 	driver.ends = e
 	return e
 }
@@ -89,7 +90,7 @@ func usesCSI(pod *corev1.Pod) bool {
 // run sweeps every CSI volume of the store now and then every interval,
 // and works the queue with workers goroutines, until ctx ends.
 func (e *csiEnds) run(ctx context.Context, workers int, interval time.Duration) {
-	go workKeys(ctx, e.queue, workers, "Ending the CSI volumes of a pod; retrying", "pod", e.endPod)
+	go kit.WorkKeys(ctx, e.queue, workers, "Ending the CSI volumes of a pod; retrying", "pod", e.endPod)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -178,7 +179,7 @@ func (e *csiEnds) endLocked(ctx context.Context, id, trigger string) error {
 // (a pod deleted with --force may still run on the node until then). The
 // caller holds the volume's lock.
 func (e *csiEnds) endIfDecided(ctx context.Context, vol *layerfs.Volume, trigger string) error {
-	pod := csiPod{Namespace: vol.Labels[labelPodNamespace], Name: vol.Labels[labelPodName], UID: types.UID(vol.Labels[labelPodUID])}
+	pod := kit.CSIPod{Namespace: vol.Labels[labelPodNamespace], Name: vol.Labels[labelPodName], UID: types.UID(vol.Labels[labelPodUID])}
 	target := vol.Labels[labelCSITarget]
 	outcome, state, err := e.outcome(ctx, pod, trigger == triggerUnpublish)
 	if err != nil || state == podRunning {
@@ -209,8 +210,8 @@ func (e *csiEnds) endIfDecided(ctx context.Context, vol *layerfs.Volume, trigger
 	if vol.ReadOnly {
 		rec.Mode = v1alpha1.ModeRead
 	}
-	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("volume", vol.ID, "pod", pod.key()))
-	if _, err := e.prov.endVolume(ctx, vol.ID, rec, endCause{Outcome: outcome, Trigger: trigger, Subject: pod.object()}); err != nil {
+	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("volume", vol.ID, "pod", pod.Key()))
+	if _, err := e.prov.endVolume(ctx, vol.ID, rec, endCause{Outcome: outcome, Trigger: trigger, Subject: pod.Object()}); err != nil {
 		return err
 	}
 	e.prov.holds.released(pod.Namespace, pod.Name)
@@ -229,11 +230,11 @@ const (
 
 // ended tells, from the informer, whether pod p's build has ended: its
 // containers stopped for good, or it went away after that.
-func (e *csiEnds) ended(p csiPod) bool {
+func (e *csiEnds) ended(p kit.CSIPod) bool {
 	if e == nil {
 		return false
 	}
-	if obj, ok, _ := e.pods.GetByKey(p.key()); ok {
+	if obj, ok, _ := e.pods.GetByKey(p.Key()); ok {
 		if pod := obj.(*corev1.Pod); pod.UID == p.UID && podfacts.Ended(pod) {
 			return true
 		}
@@ -246,9 +247,9 @@ func (e *csiEnds) ended(p csiPod) bool {
 // up in the API server before it counts as gone, and so is a running pod
 // when fresh asks for it (the kubelet unpublishes as soon as the
 // containers stop, and its status update may still be on the way).
-func (e *csiEnds) outcome(ctx context.Context, p csiPod, fresh bool) (string, podState, error) {
+func (e *csiEnds) outcome(ctx context.Context, p kit.CSIPod, fresh bool) (string, podState, error) {
 	var pod *corev1.Pod
-	if obj, ok, _ := e.pods.GetByKey(p.key()); ok {
+	if obj, ok, _ := e.pods.GetByKey(p.Key()); ok {
 		if cached := obj.(*corev1.Pod); cached.UID == p.UID {
 			pod = cached
 		}
@@ -259,7 +260,7 @@ func (e *csiEnds) outcome(ctx context.Context, p csiPod, fresh bool) (string, po
 		case apierrors.IsNotFound(err) || (err == nil && got.UID != p.UID):
 			return e.seen.get(string(p.UID)), podGone, nil
 		case err != nil:
-			return "", podRunning, fmt.Errorf("get pod %s: %w", p.key(), err)
+			return "", podRunning, fmt.Errorf("get pod %s: %w", p.Key(), err)
 		}
 		pod = got
 	}

@@ -1,7 +1,9 @@
 // Package nodeagent is `layercache node`, the agent of one node (a
-// DaemonSet, no leader election). Its files show its parts:
+// DaemonSet, no leader election). Its files show its parts; what they
+// share (requests and their parsers, the Cache client, queues, Events and
+// metrics) is the package kit below them:
 //
-//   - provisioning (provision.go, claim.go, cachename.go, pv.go): the
+//   - provisioning (provision.go, kit's claim.go and cachename.go, pv.go): the
 //     external provisioner of the sig-storage library. It provisions the
 //     layercache claims the scheduler placed on its node as hostPath PVs
 //     backed by layerfs volumes (copy-on-write views of a named cache); a
@@ -15,17 +17,18 @@
 //     the build's markers. podhold.go holds such pods with a finalizer
 //     until their volumes have ended, so a pod deleted as it ends keeps
 //     its outcome while the agent is away;
-//   - registry sync (registry.go, sync.go, pull.go, publish.go, chain.go,
+//   - registry sync (kit's registry.go, sync.go, pull.go, publish.go, chain.go,
 //     announce.go, trust.go): for classes that name a registry, it pulls
 //     the layers its node lacks before a mount (pull.go), pushes committed
 //     layers (publish.go) and appends them to the Cache's status.published,
 //     the cluster-wide chain (chain.go), which only the owner's writing
 //     claims place and which the agent checks against the classes it
 //     serves before a byte moves (trust.go);
-//   - maintenance (maintain.go, caches.go, queue.go): status reports on
+//   - maintenance (maintain.go, kit's caches.go and queue.go): status reports on
 //     the Cache resources, squashes, retention, GC and the cleanup of
 //     deleted caches, off the critical path;
-//   - Events (events.go): every reason and action the parts' Events use;
-//   - the process (agent.go, options.go, metrics.go): the agent makes and
-//     runs the work queues (queue.go) and hands each part those it feeds.
+//   - Events (kit's events.go): every reason and action the parts' Events use;
+//   - the process (agent.go, options.go, kit's metrics.go): the agent makes
+//     and runs the work queues (workqueues.go) and hands each part those it
+//     feeds.
 package nodeagent

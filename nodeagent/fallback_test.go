@@ -13,6 +13,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 func TestClaimFallbacks(t *testing.T) {
@@ -37,30 +38,30 @@ func TestClaimFallbacks(t *testing.T) {
 			want: []layerfs.CacheRef{ref("ci", "main")}},
 		{name: "empty annotation: none", fallback: new("")},
 		{name: "five", fallback: new("a,b,c,d,e"), want: []layerfs.CacheRef{ref("ci", "a"), ref("ci", "b"), ref("ci", "c"), ref("ci", "d"), ref("ci", "e")}},
-		{name: "six", fallback: new("a,b,c,d,e,f"), reason: reasonInvalidAnnotation,
+		{name: "six", fallback: new("a,b,c,d,e,f"), reason: kit.ReasonInvalidAnnotation,
 			wantErr: `annotation layercache.dev/fallback has value "a,b,c,d,e,f": it lists 6 caches; use a comma-separated list of at most 5 caches`},
-		{name: "upper case", fallback: new("main,Main"), reason: reasonInvalidAnnotation,
+		{name: "upper case", fallback: new("main,Main"), reason: kit.ReasonInvalidAnnotation,
 			wantErr: `annotation layercache.dev/fallback has value "Main": the cache name "Main" is not valid (it contains upper-case letters)`},
-		{name: "empty entry", fallback: new("main,,go"), reason: reasonInvalidAnnotation, wantErr: "it has an empty entry"},
-		{name: "two slashes", fallback: new("a/b/c"), reason: reasonInvalidAnnotation, wantErr: "more than one '/'"},
-		{name: "path traversal", fallback: new("../etc"), reason: reasonInvalidAnnotation, wantErr: `namespace name ".." is not valid`},
-		{name: "class template", params: map[string]string{paramFallback: "{{ .Namespace }}/main"}, want: []layerfs.CacheRef{ref("ci", "main")}},
-		{name: "class template from the pod", params: map[string]string{paramFallback: "{{ .Pod.Labels.base }},release"}, pod: pod,
+		{name: "empty entry", fallback: new("main,,go"), reason: kit.ReasonInvalidAnnotation, wantErr: "it has an empty entry"},
+		{name: "two slashes", fallback: new("a/b/c"), reason: kit.ReasonInvalidAnnotation, wantErr: "more than one '/'"},
+		{name: "path traversal", fallback: new("../etc"), reason: kit.ReasonInvalidAnnotation, wantErr: `namespace name ".." is not valid`},
+		{name: "class template", params: map[string]string{kit.ParamFallback: "{{ .Namespace }}/main"}, want: []layerfs.CacheRef{ref("ci", "main")}},
+		{name: "class template from the pod", params: map[string]string{kit.ParamFallback: "{{ .Pod.Labels.base }},release"}, pod: pod,
 			want: []layerfs.CacheRef{ref("ci", "main"), ref("ci", "release")}},
-		{name: "the annotation wins", fallback: new("go"), params: map[string]string{paramFallback: "main"}, want: []layerfs.CacheRef{ref("ci", "go")}},
-		{name: "class template fails", params: map[string]string{paramFallback: "{{ .Pod.Labels.base }}"}, reason: reasonCacheTemplate,
+		{name: "the annotation wins", fallback: new("go"), params: map[string]string{kit.ParamFallback: "main"}, want: []layerfs.CacheRef{ref("ci", "go")}},
+		{name: "class template fails", params: map[string]string{kit.ParamFallback: "{{ .Pod.Labels.base }}"}, reason: kit.ReasonCacheTemplate,
 			wantErr: `parameter fallback "{{ .Pod.Labels.base }}" cannot list the fallbacks of this claim (the claim)`},
-		{name: "class template lists an invalid cache", params: map[string]string{paramFallback: "Main"}, reason: reasonCacheTemplate,
+		{name: "class template lists an invalid cache", params: map[string]string{kit.ParamFallback: "Main"}, reason: kit.ReasonCacheTemplate,
 			wantErr: `parameter fallback "Main" listed the fallbacks "Main" for this claim, which are not valid`},
-		{name: "kept by a registry class", fallback: new("main"), params: map[string]string{paramRegistry: "reg.example/caches"}, want: []layerfs.CacheRef{ref("ci", "main")}},
-		{name: "registry class template", params: map[string]string{paramRegistry: "reg.example/caches", paramFallback: "main"}, want: []layerfs.CacheRef{ref("ci", "main")}},
-		{name: "ignored by a snapshot class", fallback: new("main"), params: map[string]string{paramLayout: "snapshot"}, wantIgnored: true},
-		{name: "still validated by a registry class", fallback: new("Main"), params: map[string]string{paramRegistry: "reg.example/caches"},
-			reason: reasonInvalidAnnotation, wantErr: "upper-case"},
+		{name: "kept by a registry class", fallback: new("main"), params: map[string]string{kit.ParamRegistry: "reg.example/caches"}, want: []layerfs.CacheRef{ref("ci", "main")}},
+		{name: "registry class template", params: map[string]string{kit.ParamRegistry: "reg.example/caches", kit.ParamFallback: "main"}, want: []layerfs.CacheRef{ref("ci", "main")}},
+		{name: "ignored by a snapshot class", fallback: new("main"), params: map[string]string{kit.ParamLayout: "snapshot"}, wantIgnored: true},
+		{name: "still validated by a registry class", fallback: new("Main"), params: map[string]string{kit.ParamRegistry: "reg.example/caches"},
+			reason: kit.ReasonInvalidAnnotation, wantErr: "upper-case"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			class, err := parseClass(testClass(tt.params))
+			class, err := kit.ParseClass(testClass(tt.params))
 			must(t, err)
 			ann := map[string]string{v1alpha1.AnnotationCache: "maven"}
 			if tt.fallback != nil {
@@ -70,10 +71,10 @@ func TestClaimFallbacks(t *testing.T) {
 			if tt.pod != nil {
 				claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: tt.pod.Name, UID: tt.pod.UID, Controller: new(true)}}
 			}
-			if wantPod := class.FallbackTemplate != nil && tt.fallback == nil; class.needsPod(claim) != wantPod {
-				t.Errorf("needsPod = %v, want %v", class.needsPod(claim), wantPod)
+			if wantPod := class.FallbackTemplate != nil && tt.fallback == nil; class.NeedsPod(claim) != wantPod {
+				t.Errorf("needsPod = %v, want %v", class.NeedsPod(claim), wantPod)
 			}
-			req, err := parseClaim(claim, class, tt.pod)
+			req, err := kit.ParseClaim(claim, class, tt.pod)
 			checkClaimError(t, err, tt.wantErr, tt.reason)
 			if tt.wantErr != "" {
 				return
@@ -81,7 +82,7 @@ func TestClaimFallbacks(t *testing.T) {
 			if !reflect.DeepEqual(req.Fallbacks, tt.want) || req.FallbackIgnored != tt.wantIgnored {
 				t.Errorf("fallbacks %v (ignored %v), want %v (ignored %v)", req.Fallbacks, req.FallbackIgnored, tt.want, tt.wantIgnored)
 			}
-			if got := req.mountOptions().Fallbacks; !reflect.DeepEqual(got, tt.want) {
+			if got := req.MountOptions().Fallbacks; !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("mountOptions().Fallbacks = %v, want %v", got, tt.want)
 			}
 		})
@@ -94,14 +95,14 @@ func TestFallbackRefusedByClass(t *testing.T) {
 		params  map[string]string
 		wantErr string
 	}{
-		{"with the snapshot layout", map[string]string{paramFallback: "main", paramLayout: "snapshot"},
+		{"with the snapshot layout", map[string]string{kit.ParamFallback: "main", kit.ParamLayout: "snapshot"},
 			`StorageClass "layercache": parameter fallback is set, but caches of the snapshot layout cannot start from a fallback yet; remove fallback`},
-		{"not a template", map[string]string{paramFallback: "{{ .Namespace "},
+		{"not a template", map[string]string{kit.ParamFallback: "{{ .Namespace "},
 			`parameter fallback has value "{{ .Namespace ", which is not a valid Go template`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parseClass(testClass(tt.params))
-			checkClaimError(t, err, tt.wantErr, reasonInvalidStorageClass)
+			_, err := kit.ParseClass(testClass(tt.params))
+			checkClaimError(t, err, tt.wantErr, kit.ReasonInvalidStorageClass)
 		})
 	}
 }
@@ -160,8 +161,8 @@ func TestProvisionSeeded(t *testing.T) {
 	}
 	env.wantEvent(t, "Normal SeededFromFallback", "starts from fallback trusted/main at generation 3", "never written")
 	// A seeded volume starts warm: a hit from a fallback, not a miss.
-	if hits, misses := metricValue(t, env.prov.metrics.hits.WithLabelValues("ci", "pr-1", hitFallback)),
-		metricValue(t, env.prov.metrics.misses.WithLabelValues("ci", "pr-1")); hits != 1 || misses != 0 {
+	if hits, misses := metricValue(t, env.prov.metrics.Hits.WithLabelValues("ci", "pr-1", kit.HitFallback)),
+		metricValue(t, env.prov.metrics.Misses.WithLabelValues("ci", "pr-1")); hits != 1 || misses != 0 {
 		t.Errorf("fallback hits = %v, misses = %v; want 1, 0", hits, misses)
 	}
 
@@ -178,7 +179,7 @@ func TestProvisionSeeded(t *testing.T) {
 func TestProvisionFallbackIgnored(t *testing.T) {
 	env := newTestEnv(t, nil)
 	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "pr-1", v1alpha1.AnnotationFallback: "main"},
-		map[string]string{paramLayout: "snapshot"})
+		map[string]string{kit.ParamLayout: "snapshot"})
 	pv, _, err := env.prov.Provision(context.Background(), opts)
 	if err != nil {
 		t.Fatalf("Provision: %v", err)

@@ -21,6 +21,7 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/internal/bootstrap"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 func testScheme(t testing.TB) *runtime.Scheme {
@@ -39,9 +40,9 @@ func newCacheClient(t testing.TB, objs ...client.Object) client.Client {
 		WithObjects(objs...).WithStatusSubresource(&v1alpha1.Cache{}).Build()
 }
 
-func testMetrics(t testing.TB) *metrics {
+func testMetrics(t testing.TB) *kit.Metrics {
 	t.Helper()
-	m, err := newMetrics(prometheus.NewRegistry())
+	m, err := kit.NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ type testEnv struct {
 	events *events.FakeRecorder
 }
 
-func newTestEnv(t testing.TB, st store, objs ...client.Object) *testEnv {
+func newTestEnv(t testing.TB, st kit.Store, objs ...client.Object) *testEnv {
 	t.Helper()
 	fs, _ := st.(*fakeStore)
 	if st == nil {
@@ -68,7 +69,7 @@ func newTestEnv(t testing.TB, st store, objs ...client.Object) *testEnv {
 	events := events.NewFakeRecorder(100)
 	opts := DefaultOptions()
 	opts.NodeName = "node-a"
-	a := newAgent(opts, st, &caches{client: c, reader: c, node: "node-a"}, events, testMetrics(t))
+	a := newAgent(opts, st, &kit.Caches{Client: c, Reader: c, Node: "node-a"}, events, testMetrics(t))
 	// The fake store's volumes are nowhere: no mount gate (gate_test.go
 	// tests it on a tmpfs of its own).
 	a.prov.gateRoot = ""

@@ -15,20 +15,21 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // maintainer keeps the node's caches in line with their Cache resources:
 // their CacheReplicas, deletion, retention, squash and GC.
 type maintainer struct {
 	node    string
-	store   store
-	caches  *caches
+	store   kit.Store
+	caches  *kit.Caches
 	events  events.EventRecorder
-	metrics *metrics
+	metrics *kit.Metrics
 	gc      layerfs.GCOptions
-	reports *cacheQueue
+	reports *kit.CacheQueue
 	// publishes pushes caches whose layers are not in their registry yet.
-	publishes *cacheQueue
+	publishes *kit.CacheQueue
 	// publishError is a cache's last publish failure on this node.
 	publishError func(layerfs.CacheRef) string
 	// unpublish deletes a deleted Cache's registry copy (unpublish.go).
@@ -39,29 +40,29 @@ type maintainer struct {
 func (m *maintainer) report(ctx context.Context, ref layerfs.CacheRef) error {
 	info, err := m.store.Inspect(ctx, ref)
 	if errors.Is(err, layerfs.ErrNotFound) {
-		m.metrics.forgetCache(ref)
-		return m.caches.removeStatus(ctx, ref)
+		m.metrics.ForgetCache(ref)
+		return m.caches.RemoveStatus(ctx, ref)
 	}
 	if err != nil {
-		m.metrics.fail(opReport, "store")
+		m.metrics.Fail(kit.OpReport, "store")
 		return err
 	}
-	m.metrics.setCache(info)
-	cache, err := m.caches.get(ctx, ref)
+	m.metrics.SetCache(info)
+	cache, err := m.caches.Get(ctx, ref)
 	if err != nil || cache == nil || cache.DeletionTimestamp != nil {
 		// No resource to report on, or one on its way out whose replica
 		// the deletion handler deletes.
 		return err
 	}
-	var synced *syncStatus
+	var synced *kit.SyncStatus
 	if cache.Status.Published != nil {
-		synced = &syncStatus{}
+		synced = &kit.SyncStatus{Unpublished: len(unpublished(info))}
 		if m.publishError != nil {
 			synced.PublishError = m.publishError(ref)
 		}
 	}
-	if err := m.caches.applyStatus(ctx, cache, info, synced); err != nil {
-		m.metrics.fail(opReport, "api")
+	if err := m.caches.ApplyStatus(ctx, cache, info, synced); err != nil {
+		m.metrics.Fail(kit.OpReport, "api")
 		return err
 	}
 	return nil
@@ -77,7 +78,7 @@ func (m *maintainer) squash(ctx context.Context, ref layerfs.CacheRef) error {
 		return nil
 	}
 	if err != nil {
-		m.metrics.fail(opSquash, "error")
+		m.metrics.Fail(kit.OpSquash, "error")
 		return fmt.Errorf("squash cache %s: %w", ref, err)
 	}
 	if res.Squashed {
@@ -94,11 +95,11 @@ func (m *maintainer) squash(ctx context.Context, ref layerfs.CacheRef) error {
 func (m *maintainer) remove(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
 	err := m.store.Remove(ctx, ref)
 	if err != nil && !errors.Is(err, layerfs.ErrNotFound) {
-		m.metrics.fail(opRemove, "error")
+		m.metrics.Fail(kit.OpRemove, "error")
 		return false, fmt.Errorf("remove cache %s from node %s: %w", ref, m.node, err)
 	}
-	m.metrics.forgetCache(ref)
-	return err == nil, m.caches.removeStatus(ctx, ref)
+	m.metrics.ForgetCache(ref)
+	return err == nil, m.caches.RemoveStatus(ctx, ref)
 }
 
 // Reconcile clears a Cache that is being deleted from this node (the
@@ -107,7 +108,7 @@ func (m *maintainer) remove(ctx context.Context, ref layerfs.CacheRef) (bool, er
 // controller's backoff.
 func (m *maintainer) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var cache v1alpha1.Cache
-	if err := m.caches.client.Get(ctx, req.NamespacedName, &cache); err != nil {
+	if err := m.caches.Client.Get(ctx, req.NamespacedName, &cache); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if cache.DeletionTimestamp == nil {
@@ -130,12 +131,12 @@ func (m *maintainer) pass(ctx context.Context) {
 	logger := log.FromContext(ctx)
 	res, err := m.store.GC(ctx, m.gc)
 	if err != nil {
-		m.metrics.fail(opGC, "error")
+		m.metrics.Fail(kit.OpGC, "error")
 		logger.Error(err, "GC")
 	}
 	for _, ref := range res.RemovedCaches {
-		m.metrics.forgetCache(ref)
-		if err := m.caches.removeStatus(ctx, ref); err != nil {
+		m.metrics.ForgetCache(ref)
+		if err := m.caches.RemoveStatus(ctx, ref); err != nil {
 			logger.Error(err, "Delete the CacheReplica of a collected cache", "cache", ref.String())
 		}
 	}
@@ -168,7 +169,7 @@ func (m *maintainer) pass(ctx context.Context) {
 // that status shows the truth and a Cache's deletion is not held up.
 func (m *maintainer) withdrawStale(ctx context.Context, local map[layerfs.CacheRef]bool) error {
 	var list v1alpha1.CacheReplicaList
-	if err := m.caches.client.List(ctx, &list); err != nil {
+	if err := m.caches.Client.List(ctx, &list); err != nil {
 		return fmt.Errorf("list this node's CacheReplicas: %w", err)
 	}
 	for _, r := range list.Items {
@@ -180,7 +181,7 @@ func (m *maintainer) withdrawStale(ctx context.Context, local map[layerfs.CacheR
 		if _, err := m.store.Inspect(ctx, ref); !errors.Is(err, layerfs.ErrNotFound) {
 			continue
 		}
-		if err := m.caches.removeStatus(ctx, ref); err != nil {
+		if err := m.caches.RemoveStatus(ctx, ref); err != nil {
 			return err
 		}
 		log.FromContext(ctx).Info("Deleted the CacheReplica of a cache that is not on this node", "cache", ref.String())
@@ -189,7 +190,7 @@ func (m *maintainer) withdrawStale(ctx context.Context, local map[layerfs.CacheR
 }
 
 func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, now time.Time) error {
-	cache, err := m.caches.get(ctx, info.Cache)
+	cache, err := m.caches.Get(ctx, info.Cache)
 	if err != nil {
 		return err
 	}
@@ -206,13 +207,13 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 			return err
 		}
 		if removed {
-			m.events.Eventf(cache, nil, corev1.EventTypeNormal, reasonRetention, actionRemove, "removed the cache from node %s: %s", m.node, why)
+			m.events.Eventf(cache, nil, corev1.EventTypeNormal, kit.ReasonRetention, kit.ActionRemove, "removed the cache from node %s: %s", m.node, why)
 			log.FromContext(ctx).Info("Removed cache by its retention", "cache", info.Cache.String(), "why", why)
 			return nil
 		}
 	}
 	// Caches published before agents held them for their registry copy.
-	if err := m.caches.holdForRegistry(ctx, cache); err != nil {
+	if err := m.caches.HoldForRegistry(ctx, cache); err != nil {
 		return err
 	}
 	m.reports.Add(info.Cache)
@@ -228,7 +229,7 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 // not seen yet. The API server has the last word before anything goes.
 func (m *maintainer) removeOrphan(ctx context.Context, ref layerfs.CacheRef) error {
 	var cache v1alpha1.Cache
-	err := m.caches.reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+	err := m.caches.Reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
 	if !apierrors.IsNotFound(err) {
 		return err // it exists after all, or the API server could not say
 	}
@@ -244,14 +245,14 @@ func (m *maintainer) removeOrphan(ctx context.Context, ref layerfs.CacheRef) err
 func (m *maintainer) removeIfUnused(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
 	removed, err := m.store.RemoveIfUnused(ctx, ref)
 	if err != nil {
-		m.metrics.fail(opRemove, "error")
+		m.metrics.Fail(kit.OpRemove, "error")
 		return false, fmt.Errorf("remove cache %s from node %s: %w", ref, m.node, err)
 	}
 	if !removed {
 		return false, nil
 	}
-	m.metrics.forgetCache(ref)
-	return true, m.caches.removeStatus(ctx, ref)
+	m.metrics.ForgetCache(ref)
+	return true, m.caches.RemoveStatus(ctx, ref)
 }
 
 // retentionExceeded tells why a cache's retention asks to remove it from the
@@ -275,7 +276,7 @@ func retentionExceeded(r *v1alpha1.Retention, info layerfs.CacheInfo, now time.T
 // and opens the mount gate of those whose PV goes through the gate of the
 // store at gateRoot. Released PVs are left for Delete, which commits
 // unmounted volumes as well.
-func remount(ctx context.Context, st store, events events.EventRecorder, m *metrics, node, gateRoot string, pvs []*corev1.PersistentVolume) (remounted int) {
+func remount(ctx context.Context, st kit.Store, events events.EventRecorder, m *kit.Metrics, node, gateRoot string, pvs []*corev1.PersistentVolume) (remounted int) {
 	logger := log.FromContext(ctx)
 	for _, pv := range pvs {
 		if pv.Annotations[v1alpha1.AnnotationNode] != node {
@@ -288,16 +289,16 @@ func remount(ctx context.Context, st store, events events.EventRecorder, m *metr
 		}
 		vol, err := st.Volume(ctx, pv.Name)
 		if err != nil {
-			m.fail(opRemount, "missing")
+			m.Fail(kit.OpRemount, "missing")
 			msg := fmt.Sprintf("volume %s of this PV is not in the store of node %s, so its pod cannot use it: %v", pv.Name, node, err)
-			events.Eventf(pv, nil, corev1.EventTypeWarning, reasonRemountFailed, actionRemount, "%s", msg)
+			events.Eventf(pv, nil, corev1.EventTypeWarning, kit.ReasonRemountFailed, kit.ActionRemount, "%s", msg)
 			logger.Error(err, "PV without volume", "pv", pv.Name)
 			continue
 		}
 		if !vol.Mounted {
 			if _, err := st.Mount(ctx, pv.Name, layerfs.MountOptions{Cache: vol.Cache, ReadOnly: vol.ReadOnly, Writer: vol.Writer}); err != nil {
-				m.fail(opRemount, "error")
-				events.Eventf(pv, nil, corev1.EventTypeWarning, reasonRemountFailed, actionRemount, "remounting volume %s on node %s failed: %v", pv.Name, node, err)
+				m.Fail(kit.OpRemount, "error")
+				events.Eventf(pv, nil, corev1.EventTypeWarning, kit.ReasonRemountFailed, kit.ActionRemount, "remounting volume %s on node %s failed: %v", pv.Name, node, err)
 				logger.Error(err, "Remount", "pv", pv.Name)
 				continue
 			}
@@ -308,8 +309,8 @@ func remount(ctx context.Context, st store, events events.EventRecorder, m *metr
 			continue // a PV of before the gate, or a test's
 		}
 		if err := openGate(gateRoot, pv.Name, vol.MergedPath); err != nil {
-			m.fail(opRemount, "error")
-			events.Eventf(pv, nil, corev1.EventTypeWarning, reasonRemountFailed, actionRemount, "volume %s on node %s: %v", pv.Name, node, err)
+			m.Fail(kit.OpRemount, "error")
+			events.Eventf(pv, nil, corev1.EventTypeWarning, kit.ReasonRemountFailed, kit.ActionRemount, "volume %s on node %s: %v", pv.Name, node, err)
 			logger.Error(err, "Remount", "pv", pv.Name)
 		}
 	}

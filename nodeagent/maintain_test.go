@@ -19,6 +19,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 var maven = layerfs.CacheRef{Namespace: "ci", Name: "maven"}
@@ -26,7 +27,7 @@ var maven = layerfs.CacheRef{Namespace: "ci", Name: "maven"}
 func TestReplicaApply(t *testing.T) {
 	used := time.Date(2026, 3, 1, 12, 30, 45, 999, time.UTC)
 	info := layerfs.CacheInfo{Cache: maven, Generation: 3, Layers: make([]layerfs.LayerInfo, 2), Bytes: 4096, LastUsed: used, LastWriter: "ci/build-1"}
-	got, err := json.Marshal(v1alpha1.CacheReplicaApply("ci", "maven", "uid-1", "node-a", replicaStatus(info, nil)))
+	got, err := json.Marshal(v1alpha1.CacheReplicaApply("ci", "maven", "uid-1", "node-a", kit.ReplicaStatus(info, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func TestReplicaApply(t *testing.T) {
 	// A copy created on a fallback's layers says which, at which
 	// generation; the manager derives status.seededFrom from it.
 	info.SeededFrom = &layerfs.Seed{Cache: layerfs.CacheRef{Namespace: "trusted", Name: "main"}, Generation: 7}
-	got, err = json.Marshal(replicaStatus(info, nil).SeededFrom)
+	got, err = json.Marshal(kit.ReplicaStatus(info, nil).SeededFrom)
 	if want := `{"namespace":"trusted","name":"main","generation":7}`; err != nil || string(got) != want {
 		t.Errorf("seededFrom = %s, %v; want %s", got, err, want)
 	}
@@ -101,7 +102,7 @@ func TestReportAppliesAndDeletesReplica(t *testing.T) {
 	if r == nil || r.Spec != (v1alpha1.CacheReplicaSpec{Cache: "maven", Node: "node-a"}) || r.Status.Generation != 2 || r.Status.SizeBytes != 512 || r.Status.LastWriter != "ci/build-2" {
 		t.Fatalf("replica %+v, want node-a's of maven at generation 2", r)
 	}
-	if got := metricValue(t, env.maint.metrics.generation.WithLabelValues("ci", "maven")); got != 2 {
+	if got := metricValue(t, env.maint.metrics.Generation.WithLabelValues("ci", "maven")); got != 2 {
 		t.Errorf("generation gauge %v, want 2", got)
 	}
 	// An unchanged cache is not applied again.
@@ -147,7 +148,7 @@ func TestReconcileDeletedCache(t *testing.T) {
 	env.store.cache(maven).Generation = 1
 	liveRef := layerfs.CacheRef{Namespace: "ci", Name: "live"}
 	env.store.cache(liveRef)
-	if err := env.maint.caches.applyStatus(ctx, getCache(t, env.client, maven), layerfs.CacheInfo{Cache: maven, Generation: 1}, nil); err != nil {
+	if err := env.maint.caches.ApplyStatus(ctx, getCache(t, env.client, maven), layerfs.CacheInfo{Cache: maven, Generation: 1}, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -230,7 +231,7 @@ func TestPass(t *testing.T) {
 		env.store.cache(ref(name)).LastUsed = time.Now().Add(-2 * time.Hour)
 	}
 	env.store.gcRemoves = []layerfs.CacheRef{ref("stale")}
-	if err := env.maint.caches.applyStatus(ctx, getCache(t, env.client, ref("stale")), layerfs.CacheInfo{Cache: ref("stale")}, nil); err != nil {
+	if err := env.maint.caches.ApplyStatus(ctx, getCache(t, env.client, ref("stale")), layerfs.CacheInfo{Cache: ref("stale")}, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -259,7 +260,7 @@ func TestPass(t *testing.T) {
 		t.Errorf("GC removed ci/stale but its replica stayed: %+v", r)
 	}
 	// Surviving caches with a Cache resource are queued for a status report.
-	if n := env.maint.reports.queue.Len(); n != 2 {
+	if n := env.maint.reports.Queue.Len(); n != 2 {
 		t.Errorf("report queue has %d items, want ci/maven and ci/busy", n)
 	}
 }
@@ -273,8 +274,8 @@ func TestSquashReports(t *testing.T) {
 	if err := env.maint.squash(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
-	if len(env.store.squashed) != 1 || env.maint.reports.queue.Len() != 1 {
-		t.Errorf("squashed %v, %d reports queued; want one squash and its report", env.store.squashed, env.maint.reports.queue.Len())
+	if len(env.store.squashed) != 1 || env.maint.reports.Queue.Len() != 1 {
+		t.Errorf("squashed %v, %d reports queued; want one squash and its report", env.store.squashed, env.maint.reports.Queue.Len())
 	}
 }
 
@@ -321,7 +322,7 @@ func TestPassDeletesStaleReplicas(t *testing.T) {
 	env := newTestEnv(t, nil, cacheObject("ci", "maven"), cacheObject("ci", "gone"))
 	env.store.cache(maven)
 	for _, ref := range []layerfs.CacheRef{maven, gone} {
-		if err := env.maint.caches.applyStatus(ctx, getCache(t, env.client, ref), layerfs.CacheInfo{Cache: ref, Generation: 1}, nil); err != nil {
+		if err := env.maint.caches.ApplyStatus(ctx, getCache(t, env.client, ref), layerfs.CacheInfo{Cache: ref, Generation: 1}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -357,7 +358,7 @@ func TestSameStatus(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := sameStatus(stored, tt.next); got != tt.want {
+			if got := kit.SameStatus(stored, tt.next); got != tt.want {
 				t.Errorf("sameStatus = %v, want %v", got, tt.want)
 			}
 		})

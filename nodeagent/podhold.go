@@ -19,6 +19,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/podfacts"
 )
 
@@ -42,17 +43,17 @@ import (
 // pods of its node, which its informer sees; the manager those that are
 // deleted before they were bound to a node, or whose Node is gone.
 type podHolds struct {
-	store  store
+	store  kit.Store
 	kube   kubernetes.Interface
 	pods   cache.Indexer // this node's pods
 	claims corelisters.PersistentVolumeClaimLister
 	pvs    corelisters.PersistentVolumeLister // this node's PVs
-	queue  *keyQueue
+	queue  *kit.KeyQueue
 }
 
-func newPodHolds(st store, kube kubernetes.Interface, pods cache.Indexer, claims corelisters.PersistentVolumeClaimLister, pvs corelisters.PersistentVolumeLister) *podHolds {
+func newPodHolds(st kit.Store, kube kubernetes.Interface, pods cache.Indexer, claims corelisters.PersistentVolumeClaimLister, pvs corelisters.PersistentVolumeLister) *podHolds {
 	return &podHolds{store: st, kube: kube, pods: pods, claims: claims, pvs: pvs,
-		queue: newKeyQueue("pod-hold")}
+		queue: kit.NewKeyQueue("pod-hold")}
 }
 
 // handlers queue every pod that may need a hold or a release; the check
@@ -97,7 +98,7 @@ func (h *podHolds) volumeHandlers() cache.ResourceEventHandler {
 
 // run works the queue with workers goroutines until ctx ends.
 func (h *podHolds) run(ctx context.Context, workers int) {
-	workKeys(ctx, h.queue, workers, "Holding or releasing a build pod; retrying", "pod", h.sync)
+	kit.WorkKeys(ctx, h.queue, workers, "Holding or releasing a build pod; retrying", "pod", h.sync)
 }
 
 // sync holds or releases one pod, as its state and its volumes say.

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/podfacts"
 )
 
@@ -42,7 +43,7 @@ type buildEnds struct {
 	pods   cache.Indexer // this node's pods
 	claims corelisters.PersistentVolumeClaimLister
 	pvs    corelisters.PersistentVolumeLister // this node's PVs
-	queue  *keyQueue
+	queue  *kit.KeyQueue
 	// seen keeps the outcome of pods that ended and went away, by claim,
 	// until the claim's PV is deleted: Delete then ends the volume as the
 	// pod did.
@@ -167,7 +168,7 @@ func (b *buildEnds) queueClaims(pod *corev1.Pod, gone bool) {
 
 // run works the queue with workers goroutines until ctx ends.
 func (b *buildEnds) run(ctx context.Context, workers int) {
-	workKeys(ctx, b.queue, workers, "Ending the volume of an ended pod; retrying", "claim", b.end)
+	kit.WorkKeys(ctx, b.queue, workers, "Ending the volume of an ended pod; retrying", "claim", b.end)
 }
 
 // end ends the volume of claim key if a pod owns the claim, and that pod

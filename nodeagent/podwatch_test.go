@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/podfacts"
 )
 
@@ -151,7 +152,7 @@ func newBuildEndEnv(t *testing.T, ann map[string]string, owned bool, pods ...*co
 	kube.ClearActions()
 	ends := &buildEnds{
 		prov: env.prov, kube: kube, pods: podIndex, claims: corelisters.NewPersistentVolumeClaimLister(claims),
-		pvs: corelisters.NewPersistentVolumeLister(pvs), queue: newKeyQueue("build-end"), seen: env.prov.seen,
+		pvs: corelisters.NewPersistentVolumeLister(pvs), queue: kit.NewKeyQueue("build-end"), seen: env.prov.seen,
 	}
 	t.Cleanup(ends.queue.ShutDown)
 	return &buildEndEnv{testEnv: env, ends: ends, kube: kube, pv: pv, claimIdx: claims, pvIdx: pvs, claim: opts.PVC}
@@ -237,7 +238,7 @@ func TestBuildEnd(t *testing.T) {
 				t.Errorf("PV committed generation %q, want 1", pv.Annotations[v1alpha1.AnnotationCommittedGeneration])
 			}
 			env.wantEvent(t, tt.event, env.pv.Name)
-			if got := metricValue(t, env.prov.metrics.ends.WithLabelValues(tt.want, triggerPod)); got != 1 {
+			if got := metricValue(t, env.prov.metrics.Ends.WithLabelValues(tt.want, triggerPod)); got != 1 {
 				t.Errorf("layercache_volume_ends_total{result=%q,trigger=pod} = %v, want 1", tt.want, got)
 			}
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,32 +14,12 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/podfacts"
 )
 
 // annSelectedNode is set by the scheduler on a late-binding claim.
 const annSelectedNode = "volume.kubernetes.io/selected-node"
-
-// store is the part of *layerfs.Store the agent uses.
-type store interface {
-	Mount(ctx context.Context, volumeID string, opts layerfs.MountOptions) (*layerfs.Volume, error)
-	Commit(ctx context.Context, volumeID string) (layerfs.CommitResult, error)
-	Discard(ctx context.Context, volumeID string) error
-	Volume(ctx context.Context, volumeID string) (*layerfs.Volume, error)
-	Volumes(ctx context.Context) ([]layerfs.Volume, error)
-	Squash(ctx context.Context, cache layerfs.CacheRef, maxLayers int) (layerfs.SquashResult, error)
-	GC(ctx context.Context, opts layerfs.GCOptions) (layerfs.GCResult, error)
-	Remove(ctx context.Context, cache layerfs.CacheRef) error
-	RemoveIfUnused(ctx context.Context, cache layerfs.CacheRef) (bool, error)
-	List(ctx context.Context) ([]layerfs.CacheInfo, error)
-	Inspect(ctx context.Context, cache layerfs.CacheRef) (layerfs.CacheInfo, error)
-	Recover(ctx context.Context) (layerfs.RecoverResult, error)
-	HasControlFile(ctx context.Context, volumeID, name string) (bool, error)
-	HasChanges(ctx context.Context, volumeID string) (bool, error)
-	ExportLayer(ctx context.Context, cache layerfs.CacheRef, layerID string, w io.Writer) error
-	SetLayerDigest(ctx context.Context, cache layerfs.CacheRef, layerID, digest string) error
-	Sync(ctx context.Context, cache layerfs.CacheRef, chain layerfs.Chain, fetch layerfs.Fetch, opts layerfs.SyncOptions) (layerfs.SyncResult, error)
-}
 
 // podGetter reads a pod from the API server. Provision needs the pod that
 // owns a claim before the scheduler binds it to this node, so the agent's
@@ -51,21 +30,21 @@ type podGetter func(ctx context.Context, namespace, name string) (*corev1.Pod, e
 type Provisioner struct {
 	node     string
 	hostname string
-	store    store
+	store    kit.Store
 	// gateRoot is the store's root, whose mount gate (gate.go) the PVs
 	// go through; "" (tests) points them at the mount points.
 	gateRoot string
-	caches   *caches
+	caches   *kit.Caches
 	events   events.EventRecorder
-	metrics  *metrics
+	metrics  *kit.Metrics
 	getPod   podGetter
 	// seen has the outcomes of pods that ended and went away before their
 	// volumes ended; nil when the agent does not watch pods.
 	seen *outcomes
 	// reports and squashes run off the critical path; nil in tests that
 	// don't look at them.
-	reports  *cacheQueue
-	squashes *cacheQueue
+	reports  *kit.CacheQueue
+	squashes *kit.CacheQueue
 	// sync keeps caches whose class names a registry in step across
 	// nodes.
 	sync *syncer
@@ -106,12 +85,12 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 	start := time.Now()
 	req, err := p.admit(ctx, claim, opts)
 	if err != nil {
-		var refused *claimError
+		var refused *kit.ClaimError
 		if errors.As(err, &refused) {
-			p.events.Eventf(claim, nil, corev1.EventTypeWarning, refused.Reason, actionProvision, "%s", refused.Message)
-			p.metrics.fail(opProvision, refused.Reason)
+			p.events.Eventf(claim, nil, corev1.EventTypeWarning, refused.Reason, kit.ActionProvision, "%s", refused.Message)
+			p.metrics.Fail(kit.OpProvision, refused.Reason)
 		} else {
-			p.metrics.fail(opProvision, "api")
+			p.metrics.Fail(kit.OpProvision, "api")
 		}
 		logger.Info("Claim refused", "reason", err.Error())
 		// Finished: nothing runs in the background. The library retries with
@@ -119,19 +98,19 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 		return nil, controller.ProvisioningFinished, err
 	}
 	if req.ForcedRead {
-		p.events.Eventf(claim, nil, corev1.EventTypeNormal, reasonModeForcedRead, actionProvision,
+		p.events.Eventf(claim, nil, corev1.EventTypeNormal, kit.ReasonModeForcedRead, kit.ActionProvision,
 			"StorageClass %q makes every volume read-only, so the volume of cache %s is a read view that is never committed, although the claim asks for %s: %s",
 			opts.StorageClass.Name, req.Cache, v1alpha1.AnnotationMode, v1alpha1.ModeWrite)
 	}
 
 	if req.FallbackIgnored {
-		p.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonFallbackIgnored, actionProvision,
+		p.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonFallbackIgnored, kit.ActionProvision,
 			"annotation %s is ignored: StorageClass %q uses the %s layout, whose caches cannot start from a fallback yet; the first build of cache %s starts from what the cache has. Use a class of the %s layout, or remove the annotation",
 			v1alpha1.AnnotationFallback, opts.StorageClass.Name, layerfs.LayoutSnapshot, req.Cache, layerfs.LayoutOverlay)
 	}
 	if owner, ok := podfacts.OwningPod(claim); ok {
 		if err := p.holds.hold(ctx, claim.Namespace, owner.Name, owner.UID); err != nil {
-			p.metrics.fail(opProvision, "api")
+			p.metrics.Fail(kit.OpProvision, "api")
 			return nil, controller.ProvisioningFinished, fmt.Errorf("hold pod %s/%s until its build's end: %w", claim.Namespace, owner.Name, err)
 		}
 	}
@@ -139,15 +118,15 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 		p.sync.pull(ctx, claim, req)
 		req.Fallbacks, req.FallbackRepositories = p.sync.seed(ctx, claim, req)
 	}
-	vol, err := p.store.Mount(ctx, opts.PVName, req.mountOptions())
+	vol, err := p.store.Mount(ctx, opts.PVName, req.MountOptions())
 	if err != nil {
-		p.metrics.fail(opProvision, reasonMountFailed)
+		p.metrics.Fail(kit.OpProvision, kit.ReasonMountFailed)
 		return nil, controller.ProvisioningFinished, fmt.Errorf("mount volume %s of cache %s on node %s: %w", opts.PVName, req.Cache, p.node, err)
 	}
 	path := vol.MergedPath
 	if p.gateRoot != "" {
 		if err := openGate(p.gateRoot, opts.PVName, vol.MergedPath); err != nil {
-			p.metrics.fail(opProvision, reasonMountFailed)
+			p.metrics.Fail(kit.OpProvision, kit.ReasonMountFailed)
 			return nil, controller.ProvisioningFinished, err
 		}
 		path = gatePath(p.gateRoot, opts.PVName)
@@ -156,15 +135,15 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 		Name: opts.PVName, Node: p.node, Hostname: p.hostname, Path: path,
 		Request: req, Volume: vol, Claim: claim, Class: opts.StorageClass,
 	})
-	p.metrics.provisionSeconds.WithLabelValues(string(req.Mode)).Observe(time.Since(start).Seconds())
-	p.metrics.provisioned(req.Cache, vol)
+	p.metrics.ProvisionSeconds.WithLabelValues(string(req.Mode)).Observe(time.Since(start).Seconds())
+	p.metrics.Provisioned(req.Cache, vol)
 	p.reports.Add(req.Cache)
 	if vol.SeededFrom != nil {
 		then := "a commit creates it on the fallback's layers"
 		if req.Mode == v1alpha1.ModeRead {
 			then = "the volume is a read view and creates nothing"
 		}
-		p.events.Eventf(claim, nil, corev1.EventTypeNormal, reasonSeeded, actionProvision,
+		p.events.Eventf(claim, nil, corev1.EventTypeNormal, kit.ReasonSeeded, kit.ActionProvision,
 			"volume %s of cache %s starts from fallback %s at generation %d: cache %s has no generation %s yet; %s, and the fallback is never written",
 			opts.PVName, req.Cache, vol.SeededFrom.Cache, vol.SeededFrom.Generation, req.Cache, noGenerationWhere(req, p.node), then)
 	}
@@ -174,24 +153,24 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 }
 
 // admit decides whether the claim may have a volume, and which.
-func (p *Provisioner) admit(ctx context.Context, claim *corev1.PersistentVolumeClaim, opts controller.ProvisionOptions) (volumeRequest, error) {
-	class, err := parseClass(opts.StorageClass)
+func (p *Provisioner) admit(ctx context.Context, claim *corev1.PersistentVolumeClaim, opts controller.ProvisionOptions) (kit.VolumeRequest, error) {
+	class, err := kit.ParseClass(opts.StorageClass)
 	if err != nil {
-		return volumeRequest{}, err
+		return kit.VolumeRequest{}, err
 	}
 	// parseClass refuses immediate binding, so a claim gets here with no
 	// selected node only if the class changed under it.
 	if opts.SelectedNodeName == "" {
-		return volumeRequest{}, &claimError{Reason: reasonInvalidStorageClass,
+		return kit.VolumeRequest{}, &kit.ClaimError{Reason: kit.ReasonInvalidStorageClass,
 			Message: fmt.Sprintf("claim has no selected node although StorageClass %q binds on first consumer; recreate the claim", opts.StorageClass.Name)}
 	}
 	var pod *corev1.Pod
-	if class.needsPod(claim) {
+	if class.NeedsPod(claim) {
 		if pod, err = p.owningPod(ctx, claim); err != nil {
-			return volumeRequest{}, err
+			return kit.VolumeRequest{}, err
 		}
 	}
-	return p.admitVolume(ctx, claimSettings(claim, pod), class)
+	return p.admitVolume(ctx, kit.ClaimSettings(claim, pod), class)
 }
 
 // Delete ends a released volume (see end) and lets the library delete its
@@ -231,9 +210,25 @@ func (p *Provisioner) owningPod(ctx context.Context, claim *corev1.PersistentVol
 // noGenerationWhere says where a seeded volume's cache has no generation:
 // on this node for a node-local class, anywhere for a registry class
 // (fallbacks count only while no node has published one).
-func noGenerationWhere(req volumeRequest, node string) string {
+func noGenerationWhere(req kit.VolumeRequest, node string) string {
 	if req.Registry != nil {
 		return "on any node (nothing published)"
 	}
 	return "on node " + node
+}
+
+// admitVolume validates a volume's settings and checks that its
+// namespace may use the caches they name: the one admission of claims and
+// CSI volumes. It creates the Cache of the volume's own namespace on first
+// use.
+func (p *Provisioner) admitVolume(ctx context.Context, s kit.Settings, class kit.ClassParams) (kit.VolumeRequest, error) {
+	req, err := kit.ParseSettings(s, class)
+	if err != nil {
+		return req, err
+	}
+	if err := p.caches.Authorize(ctx, s.Namespace, req); err != nil {
+		return req, err
+	}
+	req.Fallbacks, err = p.caches.AuthorizeFallbacks(ctx, s.Namespace, req.Fallbacks, s.FallbackSource)
+	return req, err
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 func TestShouldProvision(t *testing.T) {
@@ -230,10 +231,10 @@ func TestProvisionOwnCache(t *testing.T) {
 	if got := cache.Labels[v1alpha1.LabelStorageClass]; got != opts.StorageClass.Name {
 		t.Errorf("Cache label %s = %q, want the claim's class %q", v1alpha1.LabelStorageClass, got, opts.StorageClass.Name)
 	}
-	if got := metricValue(t, env.prov.metrics.misses.WithLabelValues("ci", "maven")); got != 1 {
+	if got := metricValue(t, env.prov.metrics.Misses.WithLabelValues("ci", "maven")); got != 1 {
 		t.Errorf("misses = %v, want 1 (nothing committed yet)", got)
 	}
-	if n := env.prov.reports.queue.Len(); n != 1 {
+	if n := env.prov.reports.Queue.Len(); n != 1 {
 		t.Errorf("report queue has %d items, want the provisioned cache", n)
 	}
 
@@ -259,7 +260,7 @@ func TestProvisionHit(t *testing.T) {
 	if got := pv.Annotations[v1alpha1.AnnotationBaseGeneration]; got != "4" {
 		t.Errorf("base generation %q, want 4", got)
 	}
-	if got := metricValue(t, env.prov.metrics.hits.WithLabelValues("ci", "maven", hitCache)); got != 1 {
+	if got := metricValue(t, env.prov.metrics.Hits.WithLabelValues("ci", "maven", kit.HitCache)); got != 1 {
 		t.Errorf("hits from the cache = %v, want 1", got)
 	}
 }
@@ -294,7 +295,7 @@ func TestProvisionCacheLookupFails(t *testing.T) {
 	// A Cache read that fails for a reason other than absence must not
 	// be taken as "no Cache": the claim is retried, nothing is mounted.
 	env := newTestEnv(t, nil)
-	env.prov.caches.client = failingGetClient{env.client}
+	env.prov.caches.Client = failingGetClient{env.client}
 	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven"}, nil)
 	_, state, err := env.prov.Provision(context.Background(), opts)
 	if err == nil || state != controller.ProvisioningFinished || env.store.mounts != 0 {

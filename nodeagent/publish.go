@@ -11,6 +11,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote"
 )
 
@@ -27,7 +28,7 @@ var errPublishBlocked = errors.New("the oldest unpublished layer cannot be publi
 // or a squash changes the node's pending layers: retrying the same
 // export cannot help.
 func (s *syncer) publish(ctx context.Context, ref layerfs.CacheRef) error {
-	cache, err := s.caches.live(ctx, ref)
+	cache, err := s.caches.Live(ctx, ref)
 	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil {
 		return err
 	}
@@ -37,12 +38,12 @@ func (s *syncer) publish(ctx context.Context, ref layerfs.CacheRef) error {
 	case errors.Is(err, errPublishBlocked):
 		return nil
 	case errors.As(err, &unpublishable):
-		s.metrics.fail(opPush, failureUnpublishable)
+		s.metrics.Fail(kit.OpPush, kit.FailureUnpublishable)
 		s.failed(cache, err)
 		// It holds back every later layer too, until a commit or a squash.
 		return s.withdraw(ctx, layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}, func(a v1alpha1.AnnouncedLayer) bool { return s.settled(ctx, a) }, unpublishable.Error())
 	case err != nil:
-		s.metrics.fail(opPush, failureReason(err))
+		s.metrics.Fail(kit.OpPush, failureReason(err))
 		s.failed(cache, err)
 		return err
 	}
@@ -129,7 +130,7 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 // one commit, appended together once all blobs are in the repository.
 // Part of them in the chain would be a generation that never existed,
 // and a node that pulled it would mount half a seed.
-func (s *syncer) pushPending(ctx context.Context, ref layerfs.CacheRef, reg *registryRef, target *remote.Target, pending []layerfs.LayerInfo, gone []string, pub *v1alpha1.PublishedChain, batch bool, sources map[string]seedSource) (*v1alpha1.PublishedChain, error) {
+func (s *syncer) pushPending(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, target *remote.Target, pending []layerfs.LayerInfo, gone []string, pub *v1alpha1.PublishedChain, batch bool, sources map[string]seedSource) (*v1alpha1.PublishedChain, error) {
 	var held []pushed
 	for i, layer := range pending {
 		p, err := s.putBlob(ctx, ref, target, layer, sources)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote"
 )
 
@@ -21,7 +22,7 @@ import (
 // when the registry fails, a layer is too large or the chain is not
 // trusted, the volume mounts what the node has, and an Event on the claim
 // says so.
-func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest) {
+func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) {
 	ref, reg := req.Cache, req.Registry
 	logger := log.FromContext(ctx).WithValues("cache", ref.String())
 	ctx, cancel := context.WithTimeout(ctx, reg.SyncTimeout)
@@ -41,9 +42,9 @@ func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 		return
 	}
 	if res.Fetched > 0 {
-		s.metrics.registryLayers.WithLabelValues("pull").Add(float64(res.Fetched))
-		s.metrics.registryBytes.WithLabelValues("pull").Add(float64(res.FetchedBytes))
-		s.metrics.registrySeconds.WithLabelValues("pull").Observe(time.Since(start).Seconds())
+		s.metrics.RegistryLayers.WithLabelValues("pull").Add(float64(res.Fetched))
+		s.metrics.RegistryBytes.WithLabelValues("pull").Add(float64(res.FetchedBytes))
+		s.metrics.RegistrySeconds.WithLabelValues("pull").Observe(time.Since(start).Seconds())
 		logger.Info("Pulled", "registry", cache.Status.Published.Repository, "layers", res.Fetched, "bytes", res.FetchedBytes,
 			"generation", res.Generation, "seconds", time.Since(start).Seconds())
 	}
@@ -53,14 +54,14 @@ func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 // and takes them in, leaving part of the sync timeout for the pull of
 // what arrives. An announced layer that does not arrive in time is a
 // SyncIncomplete Event that names it; the volume mounts without it.
-func (s *syncer) catchUp(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest, cache *v1alpha1.Cache, res layerfs.SyncResult) (layerfs.SyncResult, *v1alpha1.Cache, error) {
+func (s *syncer) catchUp(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, cache *v1alpha1.Cache, res layerfs.SyncResult) (layerfs.SyncResult, *v1alpha1.Cache, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, req.Registry.SyncTimeout*3/4)
 	latest, missing := s.awaitAnnounced(waitCtx, cache)
 	cancel()
 	if len(missing) > 0 {
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonSyncIncomplete, actionPull,
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonSyncIncomplete, kit.ActionPull,
 			"node %s mounts cache %s without the announced %s; later builds get it once it is published (%s: %s)",
-			s.node, req.Cache, missing, paramSyncTimeout, req.Registry.SyncTimeout)
+			s.node, req.Cache, missing, kit.ParamSyncTimeout, req.Registry.SyncTimeout)
 		log.FromContext(ctx).Info("Announced layers did not arrive; mounting without them", "cache", req.Cache.String(), "missing", missing.String())
 	}
 	if latest == cache || latest.Status.Published.Generation == cache.Status.Published.Generation {
@@ -75,7 +76,7 @@ func (s *syncer) catchUp(ctx context.Context, claim *corev1.PersistentVolumeClai
 
 // pullFailed reports a pull that failed; the volume mounts what the node
 // has. cache is the Cache as the pull read it, if it did.
-func (s *syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest, cache *v1alpha1.Cache, err error) {
+func (s *syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, cache *v1alpha1.Cache, err error) {
 	ref, reg := req.Cache, req.Registry
 	logger := log.FromContext(ctx).WithValues("cache", ref.String())
 	where := "the cache's registry"
@@ -85,31 +86,31 @@ func (s *syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeC
 	var untrusted *untrustedError
 	switch {
 	case errors.As(err, &untrusted):
-		s.metrics.fail(opPull, failureUntrusted)
+		s.metrics.Fail(kit.OpPull, kit.FailureUntrusted)
 		msg := fmt.Sprintf("node %s fetched nothing for cache %s and the volume mounts what the node has: %v", s.node, ref, err)
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonUntrustedChain, actionPull, "%s", msg)
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, kit.ActionPull, "%s", msg)
 		if cache != nil {
-			s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonUntrustedChain, actionPull,
+			s.events.Eventf(cache, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, kit.ActionPull,
 				"node %s refused to pull for claim %s/%s: %v; fix status.published or the StorageClasses", s.node, claim.Namespace, claim.Name, err)
 		}
 		logger.Info("Published chain refused; mounting what the node has", "err", err.Error())
 	case errors.Is(err, layerfs.ErrInvalidImage):
-		s.metrics.fail(opPull, failureInvalidImage)
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonUntrustedChain, actionPull, "%s", invalidImageMessage(s.node, ref, err))
+		s.metrics.Fail(kit.OpPull, kit.FailureInvalidImage)
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, kit.ActionPull, "%s", invalidImageMessage(s.node, ref, err))
 		logger.Info("Layer image refused; mounting what the node has", "err", err.Error())
 	case errors.Is(err, layerfs.ErrTooLarge):
-		s.metrics.fail(opPull, failureTooLarge)
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonLayerTooLarge, actionPull, "%s", tooLargeMessage(ref, s.node, reg, cache, err))
+		s.metrics.Fail(kit.OpPull, kit.FailureTooLarge)
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonLayerTooLarge, kit.ActionPull, "%s", tooLargeMessage(ref, s.node, reg, cache, err))
 		logger.Info("Layer too large; mounting what the node has", "err", err.Error())
 	case ctx.Err() != nil:
-		s.metrics.fail(opPull, "timeout")
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonSyncIncomplete, actionPull,
+		s.metrics.Fail(kit.OpPull, "timeout")
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonSyncIncomplete, kit.ActionPull,
 			"the layers of cache %s that node %s lacks did not arrive from %s within the StorageClass's %s of %s, so the volume mounts what the node has (a colder cache); raise %s if builds wait for it gladly: %v",
-			ref, s.node, where, paramSyncTimeout, reg.SyncTimeout, paramSyncTimeout, err)
+			ref, s.node, where, kit.ParamSyncTimeout, reg.SyncTimeout, kit.ParamSyncTimeout, err)
 		logger.Info("Pull incomplete; mounting what the node has", "err", err.Error())
 	default:
-		s.metrics.fail(opPull, failureReason(err))
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, reasonRegistryFailed, actionPull,
+		s.metrics.Fail(kit.OpPull, failureReason(err))
+		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonRegistryFailed, kit.ActionPull,
 			"could not bring cache %s up to date from %s, so the volume mounts what node %s has: %v", ref, where, s.node, err)
 		logger.Error(err, "Pull failed; mounting what the node has")
 	}
@@ -117,7 +118,7 @@ func (s *syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeC
 
 // tooLargeMessage tells which layer passed which bound, and how to lift
 // it.
-func tooLargeMessage(ref layerfs.CacheRef, node string, bounds *registryRef, cache *v1alpha1.Cache, err error) string {
+func tooLargeMessage(ref layerfs.CacheRef, node string, bounds *kit.RegistryRef, cache *v1alpha1.Cache, err error) string {
 	what := "a layer"
 	if cache != nil && cache.Status.Published != nil {
 		for _, l := range cache.Status.Published.Layers {
@@ -127,9 +128,9 @@ func tooLargeMessage(ref layerfs.CacheRef, node string, bounds *registryRef, cac
 			}
 		}
 	}
-	fix := fmt.Sprintf("raise parameter %s of StorageClass %q", paramMaxLayerSize, bounds.Class)
-	if bounds.BoundFrom == boundFromClaim {
-		fix = fmt.Sprintf("raise the claim's storage request, or set parameter %s on StorageClass %q", paramMaxLayerSize, bounds.Class)
+	fix := fmt.Sprintf("raise parameter %s of StorageClass %q", kit.ParamMaxLayerSize, bounds.Class)
+	if bounds.BoundFrom == kit.BoundFromClaim {
+		fix = fmt.Sprintf("raise the claim's storage request, or set parameter %s on StorageClass %q", kit.ParamMaxLayerSize, bounds.Class)
 	}
 	return fmt.Sprintf("%s of cache %s is larger than the bound of %s (%s), so node %s did not keep it and the volume mounts what the node has; %s: %v",
 		what, ref, v1alpha1.FormatSize(bounds.MaxLayerBytes), bounds.BoundFrom, node, fix, err)
@@ -141,13 +142,13 @@ func tooLargeMessage(ref layerfs.CacheRef, node string, bounds *registryRef, cac
 // meanwhile, and a Sync to it would drop that layer from the head. It is
 // checked there too, so the chain checked is the chain used. It returns
 // the Cache it read; nothing is synced when it has no chain with layers.
-func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *registryRef) (layerfs.SyncResult, *v1alpha1.Cache, error) {
+func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *kit.RegistryRef) (layerfs.SyncResult, *v1alpha1.Cache, error) {
 	unlock, err := s.locks.lock(ctx, ref)
 	if err != nil {
 		return layerfs.SyncResult{}, nil, err
 	}
 	defer unlock()
-	cache, err := s.caches.live(ctx, ref)
+	cache, err := s.caches.Live(ctx, ref)
 	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil || len(cache.Status.Published.Layers) == 0 {
 		return layerfs.SyncResult{}, cache, err
 	}
@@ -168,7 +169,7 @@ func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *regis
 
 // checkChain checks the Cache's chain (see trust) and returns the
 // registry it may be used with.
-func (s *syncer) checkChain(ctx context.Context, cache *v1alpha1.Cache) (*registryRef, error) {
+func (s *syncer) checkChain(ctx context.Context, cache *v1alpha1.Cache) (*kit.RegistryRef, error) {
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	var applied int64
 	info, err := s.store.Inspect(ctx, ref)

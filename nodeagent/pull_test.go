@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 func TestSyncPullFailureMountsWhatTheNodeHas(t *testing.T) {
@@ -19,7 +20,7 @@ func TestSyncPullFailureMountsWhatTheNodeHas(t *testing.T) {
 	b := c.nodes["node-b"]
 	cold := c.provision(t, "node-b", "cold")
 	wantNoFile(t, cold, "x.txt")
-	wantEvents(t, b, "Warning "+reasonRegistryFailed, 1, "mounts what node node-b has")
+	wantEvents(t, b, "Warning "+kit.ReasonRegistryFailed, 1, "mounts what node node-b has")
 }
 
 func TestSyncPullPastTheTimeoutMountsWhatTheNodeHas(t *testing.T) {
@@ -32,7 +33,7 @@ func TestSyncPullPastTheTimeoutMountsWhatTheNodeHas(t *testing.T) {
 	c.reg.SetDelay(3 * time.Second)
 	b := c.nodes["node-b"]
 	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven"},
-		map[string]string{paramRegistry: c.reg.Host + "/caches", paramRegistrySecret: registrySecret, paramSyncTimeout: "300ms"})
+		map[string]string{kit.ParamRegistry: c.reg.Host + "/caches", kit.ParamRegistrySecret: registrySecret, kit.ParamSyncTimeout: "300ms"})
 	opts.SelectedNodeName, opts.PVC.Annotations[annSelectedNode] = "node-b", "node-b"
 	start := time.Now()
 	cold, _, err := b.prov.Provision(context.Background(), opts)
@@ -43,5 +44,5 @@ func TestSyncPullPastTheTimeoutMountsWhatTheNodeHas(t *testing.T) {
 		t.Errorf("Provision waited %s, past the class's syncTimeout of 300ms", waited)
 	}
 	wantNoFile(t, cold, "x.txt")
-	wantEvents(t, b, "Warning "+reasonSyncIncomplete, 1, "syncTimeout of 300ms", "mounts what the node has")
+	wantEvents(t, b, "Warning "+kit.ReasonSyncIncomplete, 1, "syncTimeout of 300ms", "mounts what the node has")
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // labelNode selects the PVs of one node server-side (the annotation of the
@@ -25,7 +26,7 @@ type pvSpec struct {
 	Node     string // node name: identity of the agent that owns the volume
 	Hostname string // value of the node's kubernetes.io/hostname label
 	Path     string // the hostPath: the volume's mount point, or its gate
-	Request  volumeRequest
+	Request  kit.VolumeRequest
 	Volume   *layerfs.Volume
 	Claim    *corev1.PersistentVolumeClaim
 	Class    *storagev1.StorageClass

@@ -11,6 +11,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 func TestBuildPV(t *testing.T) {
@@ -22,7 +23,7 @@ func TestBuildPV(t *testing.T) {
 	claim.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("10Gi")}
 	class := testClass(nil)
 	class.ReclaimPolicy = &retain
-	req := volumeRequest{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Mode: "write", Commit: "always"}
+	req := kit.VolumeRequest{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Mode: "write", Commit: "always"}
 	vol := &layerfs.Volume{ID: "pvc-1", BaseGeneration: 7, MergedPath: "/var/lib/layercache/volumes/pvc-1/merged"}
 
 	got := buildPV(pvSpec{Name: "pvc-1", Node: "node-a", Hostname: "host-a", Path: vol.MergedPath, Request: req, Volume: vol, Claim: claim, Class: class})

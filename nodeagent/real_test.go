@@ -273,11 +273,11 @@ func TestRealSquashAfterDeepCommits(t *testing.T) {
 		pv := provisionReal(t, env, "ci", name, ann, nil)
 		writeFile(t, pv, name+".txt", name)
 		release(t, env, pv, v1alpha1.OutcomeSucceeded)
-		if i < 2 && env.prov.squashes.queue.Len() != 0 {
+		if i < 2 && env.prov.squashes.Queue.Len() != 0 {
 			t.Fatalf("squash queued at %d layers, below the limit", i+1)
 		}
 	}
-	if env.prov.squashes.queue.Len() != 1 {
+	if env.prov.squashes.Queue.Len() != 1 {
 		t.Fatal("no squash queued after the head passed the limit")
 	}
 	if err := env.maint.squash(context.Background(), maven); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote"
 )
 
@@ -28,7 +29,7 @@ import (
 // claim's own pull has run: a cache with a generation anywhere, or whose
 // state cannot be read, ignores its fallbacks (a cache that exists on
 // another node must sync, never restart from a fallback).
-func (s *syncer) seed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest) ([]layerfs.CacheRef, map[layerfs.CacheRef]string) {
+func (s *syncer) seed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) ([]layerfs.CacheRef, map[layerfs.CacheRef]string) {
 	if len(req.Fallbacks) == 0 {
 		return nil, nil
 	}
@@ -59,7 +60,7 @@ func (s *syncer) hasGeneration(ctx context.Context, ref layerfs.CacheRef) (bool,
 	if err != nil || local {
 		return local, err
 	}
-	cache, err := s.caches.live(ctx, ref)
+	cache, err := s.caches.Live(ctx, ref)
 	if err != nil {
 		return false, err
 	}
@@ -79,10 +80,10 @@ func (s *syncer) localGeneration(ctx context.Context, ref layerfs.CacheRef) (boo
 // with the repository its layers' digests live in ("" when it has no
 // trusted chain: its head's digests then name nothing the seeded cache
 // may mount).
-func (s *syncer) pullFallback(ctx context.Context, claim *corev1.PersistentVolumeClaim, req volumeRequest, f layerfs.CacheRef) (string, bool) {
+func (s *syncer) pullFallback(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, f layerfs.CacheRef) (string, bool) {
 	logger := log.FromContext(ctx).WithValues("cache", req.Cache.String(), "fallback", f.String())
 	repo := ""
-	cache, err := s.caches.live(ctx, f)
+	cache, err := s.caches.Live(ctx, f)
 	if err != nil {
 		logger.Error(err, "Read the fallback's Cache; trying what the node has")
 	}
@@ -91,7 +92,7 @@ func (s *syncer) pullFallback(ctx context.Context, claim *corev1.PersistentVolum
 			repo = reg.Repository
 			// As a read claim of f pulls it: within the claim's class's
 			// timeout and bounds, reporting failures on the claim.
-			s.pull(ctx, claim, volumeRequest{Cache: f, Mode: v1alpha1.ModeRead, Registry: req.Registry})
+			s.pull(ctx, claim, kit.VolumeRequest{Cache: f, Mode: v1alpha1.ModeRead, Registry: req.Registry})
 		} else {
 			logger.Info("Fallback's published chain not trusted; not pulled", "err", err.Error())
 		}
@@ -126,9 +127,9 @@ func (s *syncer) seedSources(ctx context.Context, ref layerfs.CacheRef, info lay
 	var cache *v1alpha1.Cache
 	var err error
 	if f.Namespace != ref.Namespace {
-		cache, err = s.caches.authorizeRead(ctx, ref.Namespace, f)
+		cache, err = s.caches.AuthorizeRead(ctx, ref.Namespace, f)
 	} else {
-		cache, err = s.caches.live(ctx, f)
+		cache, err = s.caches.Live(ctx, f)
 	}
 	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil {
 		logger.Info("Fallback not readable now; its layers are pushed, not mounted", "err", errString(err))

@@ -106,7 +106,7 @@ func TestSeedAcrossNodes(t *testing.T) {
 			writeFile(t, pr, "pr.txt", "pr")
 			before := len(c.reg.Log())
 			rec := &chainRecorder{Client: c.client, ref: ciPR1}
-			c.nodes["node-b"].prov.sync.caches.client = rec
+			c.nodes["node-b"].prov.sync.caches.Client = rec
 			c.end(t, "node-b", pr)
 			if err := c.nodes["node-b"].prov.sync.publish(context.Background(), ciPR1); err != nil {
 				t.Fatalf("publish pr-1: %v", err)
@@ -133,10 +133,10 @@ func TestSeedAcrossNodes(t *testing.T) {
 				}
 			}
 			m := c.nodes["node-b"].prov.metrics
-			if got := metricValue(t, m.registryLayers.WithLabelValues(tc.wantDirection)); got != 2 {
+			if got := metricValue(t, m.RegistryLayers.WithLabelValues(tc.wantDirection)); got != 2 {
 				t.Errorf("registry layers %s = %v, want 2 (main's)", tc.wantDirection, got)
 			}
-			if got := metricValue(t, m.registryLayers.WithLabelValues("push")); got != 1 {
+			if got := metricValue(t, m.RegistryLayers.WithLabelValues("push")); got != 1 {
 				t.Errorf("registry layers push = %v, want 1 (pr-1's own)", got)
 			}
 			// node-b's pr-1 is all published now: nothing left to push.
@@ -229,7 +229,7 @@ func TestSeededPublishChecksTheFallbacksChain(t *testing.T) {
 			c.end(t, "node-b", pr)
 
 			// main's chain is tampered with before pr-1 publishes.
-			if _, err := c.nodes["node-a"].prov.caches.updatePublished(context.Background(), ciMain, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+			if _, err := c.nodes["node-a"].prov.caches.UpdatePublished(context.Background(), ciMain, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 				tc.change(c, pub)
 				return pub, true
 			}); err != nil {
@@ -243,7 +243,7 @@ func TestSeededPublishChecksTheFallbacksChain(t *testing.T) {
 				t.Errorf("pr-1 mounted from a chain that fails the trust rules:\n%s", strings.Join(log, "\n"))
 			}
 			m := c.nodes["node-b"].prov.metrics
-			if got := metricValue(t, m.registryLayers.WithLabelValues("push")); got != 2 {
+			if got := metricValue(t, m.RegistryLayers.WithLabelValues("push")); got != 2 {
 				t.Errorf("registry layers push = %v, want 2 (main's, exported, and pr-1's)", got)
 			}
 			// Exports are deterministic: the digest is main's all the same.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote"
 )
 
@@ -33,21 +34,21 @@ type secretGetter func(ctx context.Context, name string) (*corev1.Secret, error)
 // fetches the layers of the chain it lacks (pull.go).
 type syncer struct {
 	node    string
-	store   store
-	caches  *caches
+	store   kit.Store
+	caches  *kit.Caches
 	secrets secretGetter
 	events  events.EventRecorder
-	metrics *metrics
+	metrics *kit.Metrics
 	// trust checks every chain read against the classes the agent
 	// serves.
 	trust       *trust
 	tmpDir      string
 	compression remote.Compression
-	reports     *cacheQueue
-	squashes    *cacheQueue
+	reports     *kit.CacheQueue
+	squashes    *kit.CacheQueue
 	// publishes runs publish off the critical path; nil in tests that
 	// call publish themselves.
-	publishes *cacheQueue
+	publishes *kit.CacheQueue
 	// locks serialize a cache's head changes (a pull's Sync, a publish's
 	// chain append and digest record), so neither sees the other half done.
 	locks keyedLocks
@@ -84,12 +85,12 @@ func (s *syncer) queuePublish(ref layerfs.CacheRef) {
 // repository; a chain without layers that names another is replaced, as
 // nothing lives there (a reader's class named it before readers were
 // kept from writing it).
-func (s *syncer) prepare(ctx context.Context, claimNamespace string, req volumeRequest) error {
+func (s *syncer) prepare(ctx context.Context, claimNamespace string, req kit.VolumeRequest) error {
 	if claimNamespace != req.Cache.Namespace || req.Mode != v1alpha1.ModeWrite {
 		return nil
 	}
 	reg := req.Registry
-	cache, err := s.caches.updatePublished(ctx, req.Cache, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
+	cache, err := s.caches.UpdatePublished(ctx, req.Cache, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		if pub != nil && (len(pub.Layers) > 0 || pub.Repository == reg.Repository && pub.Secret == reg.Secret) {
 			return pub, false
 		}
@@ -101,7 +102,7 @@ func (s *syncer) prepare(ctx context.Context, claimNamespace string, req volumeR
 	// Before any layer is pushed: deleting the Cache then deletes its
 	// registry copy (unpublish.go). A failure must not make the build
 	// cold; the periodic pass adds it later.
-	if err := s.caches.holdForRegistry(ctx, cache); err != nil {
+	if err := s.caches.HoldForRegistry(ctx, cache); err != nil {
 		log.FromContext(ctx).Error(err, "Hold the Cache for its registry copy; the periodic pass retries", "cache", req.Cache.String())
 	}
 	return nil
@@ -109,7 +110,7 @@ func (s *syncer) prepare(ctx context.Context, claimNamespace string, req volumeR
 
 // target resolves a checked registry's repository and the credentials of
 // its Secret.
-func (s *syncer) target(ctx context.Context, reg *registryRef) (*remote.Target, error) {
+func (s *syncer) target(ctx context.Context, reg *kit.RegistryRef) (*remote.Target, error) {
 	var creds remote.Credentials
 	if reg.Secret != "" {
 		secret, err := s.secrets(ctx, reg.Secret)
@@ -142,15 +143,15 @@ func failureReason(err error) string {
 	var untrusted *untrustedError
 	switch {
 	case errors.As(err, &untrusted):
-		return failureUntrusted
+		return kit.FailureUntrusted
 	case errors.Is(err, layerfs.ErrTooLarge):
-		return failureTooLarge
+		return kit.FailureTooLarge
 	case errors.Is(err, layerfs.ErrInvalidImage):
-		return failureInvalidImage
+		return kit.FailureInvalidImage
 	case errors.Is(err, layerfs.ErrNoSpace):
-		return failureNoSpace
+		return kit.FailureNoSpace
 	case errors.Is(err, layerfs.ErrUnpublishable):
-		return failureUnpublishable
+		return kit.FailureUnpublishable
 	case remote.IsUnauthorized(err):
 		return "unauthorized"
 	case errors.As(err, &secretErr) && apierrors.IsNotFound(err):
@@ -173,7 +174,7 @@ func (s *syncer) failed(cache *v1alpha1.Cache, err error) {
 	s.failing[ref] = msg
 	s.mu.Unlock()
 	if !same {
-		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reason, actionPush, "%s", msg)
+		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reason, kit.ActionPush, "%s", msg)
 		s.reports.Add(ref)
 	}
 }
@@ -190,16 +191,16 @@ func (s *syncer) failureEvent(cache *v1alpha1.Cache, err error) (reason, msg str
 		if unpublishable.held > 0 {
 			held = fmt.Sprintf(", with the %d layers committed after it (layers are published in order)", unpublishable.held)
 		}
-		return reasonLayerUnpublishable, fmt.Sprintf("layer %s of cache %s cannot be published because %v; it stays on node %s%s. Retrying will not help: a later commit or a squash of the cache makes a new attempt",
+		return kit.ReasonLayerUnpublishable, fmt.Sprintf("layer %s of cache %s cannot be published because %v; it stays on node %s%s. Retrying will not help: a later commit or a squash of the cache makes a new attempt",
 			unpublishable.layer, ref, unpublishable.err, s.node, held)
 	case errors.As(err, &untrusted):
-		return reasonUntrustedChain, fmt.Sprintf("node %s pushed nothing for cache %s: %v; its layers stay on the node until status.published names a repository and Secret that a StorageClass of this agent pairs", s.node, ref, err)
+		return kit.ReasonUntrustedChain, fmt.Sprintf("node %s pushed nothing for cache %s: %v; its layers stay on the node until status.published names a repository and Secret that a StorageClass of this agent pairs", s.node, ref, err)
 	case errors.Is(err, layerfs.ErrTooLarge):
-		return reasonLayerTooLarge, fmt.Sprintf("node %s could not take in a layer that other nodes published for cache %s: %v; its own layers are pushed first, and the node keeps what it has; raise parameter %s of the cache's StorageClass", s.node, ref, err, paramMaxLayerSize)
+		return kit.ReasonLayerTooLarge, fmt.Sprintf("node %s could not take in a layer that other nodes published for cache %s: %v; its own layers are pushed first, and the node keeps what it has; raise parameter %s of the cache's StorageClass", s.node, ref, err, kit.ParamMaxLayerSize)
 	case errors.Is(err, layerfs.ErrInvalidImage):
-		return reasonUntrustedChain, invalidImageMessage(s.node, ref, err)
+		return kit.ReasonUntrustedChain, invalidImageMessage(s.node, ref, err)
 	}
-	return reasonRegistryFailed, s.failureMessage(cache, err)
+	return kit.ReasonRegistryFailed, s.failureMessage(cache, err)
 }
 
 func (s *syncer) failureMessage(cache *v1alpha1.Cache, err error) string {
@@ -225,7 +226,7 @@ func (s *syncer) recovered(cache *v1alpha1.Cache) {
 	s.mu.Unlock()
 	if was {
 		s.reports.Add(ref)
-		s.events.Eventf(cache, nil, corev1.EventTypeNormal, reasonPublished, actionPush,
+		s.events.Eventf(cache, nil, corev1.EventTypeNormal, kit.ReasonPublished, kit.ActionPush,
 			"node %s pushed cache %s/%s to %s again; its layers are in the registry", s.node, cache.Namespace, cache.Name, cache.Status.Published.Repository)
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote/registrytest"
 )
 
@@ -95,7 +96,7 @@ func (c *syncCluster) startAgent(t testing.TB, name string, st *layerfs.Store) *
 	opts := DefaultOptions()
 	opts.NodeName, opts.Root = name, st.Root()
 	events := events.NewFakeRecorder(100)
-	a := newAgent(opts, st, &caches{client: c.client, reader: c.client, node: name}, events, testMetrics(t))
+	a := newAgent(opts, st, &kit.Caches{Client: c.client, Reader: c.client, Node: name}, events, testMetrics(t))
 	a.prov.sync.secrets = c.getSecret
 	a.prov.sync.trust.classes = storagelisters.NewStorageClassLister(c.classes)
 	n := &syncNode{name: name, prov: a.prov, maint: a.maint, store: st, events: events}
@@ -119,7 +120,7 @@ func (c *syncCluster) getSecret(_ context.Context, name string) (*corev1.Secret,
 }
 
 func (c *syncCluster) params() map[string]string {
-	return map[string]string{paramRegistry: c.reg.Host + "/caches", paramRegistrySecret: registrySecret}
+	return map[string]string{kit.ParamRegistry: c.reg.Host + "/caches", kit.ParamRegistrySecret: registrySecret}
 }
 
 // provision provisions claim name for cache maven on node.
@@ -253,7 +254,7 @@ func TestSyncRegistryOutageLosesNothing(t *testing.T) {
 			t.Fatal("publish succeeded while the registry was down")
 		}
 	}
-	wantEvents(t, a, "Warning "+reasonRegistryFailed, 1, "caches/ci/maven", "stay on node node-a")
+	wantEvents(t, a, "Warning "+kit.ReasonRegistryFailed, 1, "caches/ci/maven", "stay on node node-a")
 	info, err := a.store.Inspect(context.Background(), maven)
 	if err != nil || info.Generation != 1 || len(unpublished(info)) != 1 {
 		t.Fatalf("node-a's cache %+v (%v): want the committed layer kept, unpublished", info, err)
@@ -272,13 +273,13 @@ func TestSyncRegistryOutageLosesNothing(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("node-b waited %v for a layer node-a cannot publish", took)
 	}
-	wantEvents(t, c.nodes["node-b"], "Warning "+reasonSyncIncomplete, 1, "generation 1 from node node-a", "cannot publish now")
+	wantEvents(t, c.nodes["node-b"], "Warning "+kit.ReasonSyncIncomplete, 1, "generation 1 from node node-a", "cannot publish now")
 
 	c.reg.SetDown(false)
 	if err := a.prov.sync.publish(context.Background(), maven); err != nil {
 		t.Fatalf("publish after the outage: %v", err)
 	}
-	wantEvents(t, a, "Normal "+reasonPublished, 1)
+	wantEvents(t, a, "Normal "+kit.ReasonPublished, 1)
 	warm := c.provision(t, "node-b", "after-outage")
 	wantFile(t, warm, "kept.txt", "through the outage")
 }
@@ -292,7 +293,7 @@ func TestSyncBadCredentialsNameTheSecretAndRegistry(t *testing.T) {
 	if err == nil {
 		t.Fatal("publish with a wrong password succeeded")
 	}
-	wantEvents(t, c.nodes["node-a"], "Warning "+reasonRegistryFailed, 1,
+	wantEvents(t, c.nodes["node-a"], "Warning "+kit.ReasonRegistryFailed, 1,
 		`Secret "`+registrySecret+`"`, c.reg.Host+"/caches/ci/maven", "refused the credentials")
 	if got := failureReason(err); got != "unauthorized" {
 		t.Errorf("failure reason %q, want unauthorized", got)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote"
 )
 
@@ -67,7 +68,7 @@ type chainCheck struct {
 
 // check returns the registry the chain may be used with, or an
 // *untrustedError that names what is wrong.
-func (t *trust) check(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain, c chainCheck) (*registryRef, error) {
+func (t *trust) check(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain, c chainCheck) (*kit.RegistryRef, error) {
 	reg, err := t.registry(ref, pub)
 	if err != nil {
 		return nil, err
@@ -86,21 +87,21 @@ func (t *trust) check(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain, c chai
 // repository of another namespace's cache, or one of another prefix, is
 // no class's; a Secret that no class pairs with the prefix would lend
 // one registry's credentials to another.
-func (t *trust) registry(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain) (*registryRef, error) {
+func (t *trust) registry(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain) (*kit.RegistryRef, error) {
 	classes, err := t.registryClasses()
 	if err != nil {
 		return nil, err
 	}
 	var repos, secrets []string
 	for _, p := range classes {
-		if p.repository(ref) != pub.Repository {
-			repos = append(repos, p.repository(ref))
+		if p.Repository(ref) != pub.Repository {
+			repos = append(repos, p.Repository(ref))
 			continue
 		}
 		if p.Secret == pub.Secret {
-			reg := &registryRef{Repository: pub.Repository, Secret: pub.Secret, Class: p.Class}
+			reg := &kit.RegistryRef{Repository: pub.Repository, Secret: pub.Secret, Class: p.Class}
 			if p.MaxLayerSet {
-				reg.MaxLayerBytes, reg.BoundFrom = p.MaxLayerBytes, p.boundFrom()
+				reg.MaxLayerBytes, reg.BoundFrom = p.MaxLayerBytes, p.BoundFrom()
 			}
 			return reg, nil
 		}
@@ -120,7 +121,7 @@ func (t *trust) registry(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain) (*r
 
 // registryClasses are the registry parameters of the valid classes the
 // agent serves; a class with invalid parameters vouches for nothing.
-func (t *trust) registryClasses() ([]*registryParams, error) {
+func (t *trust) registryClasses() ([]*kit.RegistryParams, error) {
 	if t == nil || t.classes == nil {
 		return nil, nil
 	}
@@ -129,12 +130,12 @@ func (t *trust) registryClasses() ([]*registryParams, error) {
 		return nil, fmt.Errorf("list StorageClasses: %w", err)
 	}
 	slices.SortFunc(classes, func(a, b *storagev1.StorageClass) int { return strings.Compare(a.Name, b.Name) })
-	var out []*registryParams
+	var out []*kit.RegistryParams
 	for _, c := range classes {
 		if c.Provisioner != v1alpha1.ProvisionerName {
 			continue
 		}
-		if p, err := parseRegistry(c); err == nil && p != nil {
+		if p, err := kit.ParseRegistry(c); err == nil && p != nil {
 			out = append(out, p)
 		}
 	}

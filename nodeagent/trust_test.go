@@ -21,6 +21,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote"
 )
 
@@ -92,13 +93,13 @@ func (c *syncCluster) publishOnce(t *testing.T, file string) *v1alpha1.Published
 
 func failures(t *testing.T, n *syncNode, op, reason string) float64 {
 	t.Helper()
-	return metricValue(t, n.prov.metrics.failures.WithLabelValues(op, reason))
+	return metricValue(t, n.prov.metrics.Failures.WithLabelValues(op, reason))
 }
 
 func TestTrustAReaderCannotRedirectTheOwnersPublishing(t *testing.T) {
 	c := newSyncCluster(t)
 	ownerRepo := c.reg.Host + "/caches/ci/maven"
-	readerClass := namedClass("reader-registry", map[string]string{paramRegistry: c.reg.Host + "/other", paramRegistrySecret: registrySecret})
+	readerClass := namedClass("reader-registry", map[string]string{kit.ParamRegistry: c.reg.Host + "/other", kit.ParamRegistrySecret: registrySecret})
 	c.addClass(t, readerClass)
 	if err := c.client.Create(context.Background(), cacheObject("ci", "maven", "pr")); err != nil {
 		t.Fatal(err)
@@ -181,9 +182,9 @@ func TestTrustAChainOfAnotherRepositoryOrSecretIsRefused(t *testing.T) {
 			b := c.nodes["node-b"]
 			cold := c.provision(t, "node-b", "reader")
 			wantNoFile(t, cold, "x.txt")
-			wantEvents(t, b, "Warning "+reasonUntrustedChain, 2, tc.want...) // on the claim and on the Cache
-			if got := failures(t, b, opPull, failureUntrusted); got != 1 {
-				t.Errorf("pull failures{reason=%s} = %v, want 1", failureUntrusted, got)
+			wantEvents(t, b, "Warning "+kit.ReasonUntrustedChain, 2, tc.want...) // on the claim and on the Cache
+			if got := failures(t, b, kit.OpPull, kit.FailureUntrusted); got != 1 {
+				t.Errorf("pull failures{reason=%s} = %v, want 1", kit.FailureUntrusted, got)
 			}
 
 			a := c.nodes["node-a"]
@@ -193,9 +194,9 @@ func TestTrustAChainOfAnotherRepositoryOrSecretIsRefused(t *testing.T) {
 				t.Fatal("node-a published to a chain it does not trust")
 			}
 			// Its own claim's pull, on the claim and the Cache, and the push.
-			wantEvents(t, a, "Warning "+reasonUntrustedChain, 3, tc.want...)
-			if got := failures(t, a, opPush, failureUntrusted); got != 1 {
-				t.Errorf("push failures{reason=%s} = %v, want 1", failureUntrusted, got)
+			wantEvents(t, a, "Warning "+kit.ReasonUntrustedChain, 3, tc.want...)
+			if got := failures(t, a, kit.OpPush, kit.FailureUntrusted); got != 1 {
+				t.Errorf("push failures{reason=%s} = %v, want 1", kit.FailureUntrusted, got)
 			}
 			if n := c.reg.Requests.Load() - before; n != 0 {
 				t.Errorf("the registry got %d requests for an untrusted chain, want 0", n)
@@ -233,7 +234,7 @@ func TestTrustAGenerationJumpIsRefused(t *testing.T) {
 			b := c.nodes["node-b"]
 			cold := c.provision(t, "node-b", "reader")
 			wantNoFile(t, cold, "x.txt")
-			wantEvents(t, b, "Warning "+reasonUntrustedChain, 2, tc.want...)
+			wantEvents(t, b, "Warning "+kit.ReasonUntrustedChain, 2, tc.want...)
 			if n := c.reg.Requests.Load() - before; n != 0 {
 				t.Errorf("the registry got %d requests for a refused chain, want 0", n)
 			}
@@ -335,20 +336,20 @@ func TestCheckJump(t *testing.T) {
 }
 
 func TestMaxLayerBound(t *testing.T) {
-	withBound := func(v string) *registryParams {
-		p, err := parseRegistry(namedClass("big", map[string]string{paramRegistry: "reg.example/c", paramMaxLayerSize: v}))
+	withBound := func(v string) *kit.RegistryParams {
+		p, err := kit.ParseRegistry(namedClass("big", map[string]string{kit.ParamRegistry: "reg.example/c", kit.ParamMaxLayerSize: v}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
-	plain, err := parseRegistry(testClass(map[string]string{paramRegistry: "reg.example/c"}))
+	plain, err := kit.ParseRegistry(testClass(map[string]string{kit.ParamRegistry: "reg.example/c"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		name     string
-		params   *registryParams
+		params   *kit.RegistryParams
 		request  int64
 		want     int64
 		wantFrom string
@@ -359,7 +360,7 @@ func TestMaxLayerBound(t *testing.T) {
 		{"no request, no bound", plain, 0, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := tc.params.forCache(maven, tc.request)
+			got := tc.params.ForCache(maven, tc.request)
 			if got.MaxLayerBytes != tc.want || got.BoundFrom != tc.wantFrom {
 				t.Errorf("bound %d from %q, want %d from %q", got.MaxLayerBytes, got.BoundFrom, tc.want, tc.wantFrom)
 			}
@@ -374,7 +375,7 @@ func TestPullOfATooLargeLayerMountsWhatTheNodeHas(t *testing.T) {
 		storage string
 		want    []string
 	}{
-		{"the class's bound", map[string]string{paramMaxLayerSize: "4Ki"}, "1Gi",
+		{"the class's bound", map[string]string{kit.ParamMaxLayerSize: "4Ki"}, "1Gi",
 			[]string{"cache ci/maven", "4.0KiB", `raise parameter maxLayerSize of StorageClass "small"`}},
 		{"the claim's request", nil, "4Ki",
 			[]string{"cache ci/maven", "4.0KiB", "the claim's storage request", "raise the claim's storage request"}},
@@ -403,9 +404,9 @@ func TestPullOfATooLargeLayerMountsWhatTheNodeHas(t *testing.T) {
 			}
 			wantNoFile(t, cold, "big")
 			want := append([]string{c.published(t).Layers[0].Digest}, tc.want...)
-			wantEvents(t, b, "Warning "+reasonLayerTooLarge, 1, want...)
-			if got := failures(t, b, opPull, failureTooLarge); got != 1 {
-				t.Errorf("pull failures{reason=%s} = %v, want 1", failureTooLarge, got)
+			wantEvents(t, b, "Warning "+kit.ReasonLayerTooLarge, 1, want...)
+			if got := failures(t, b, kit.OpPull, kit.FailureTooLarge); got != 1 {
+				t.Errorf("pull failures{reason=%s} = %v, want 1", kit.FailureTooLarge, got)
 			}
 		})
 	}
@@ -455,13 +456,13 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	if err := a.prov.sync.publish(ctx, maven); err != nil {
 		t.Fatalf("publish of an unpublishable layer returned %v; want nil, as retrying cannot help", err)
 	}
-	wantEvents(t, a, "Warning "+reasonLayerUnpublishable, 1,
+	wantEvents(t, a, "Warning "+kit.ReasonLayerUnpublishable, 1,
 		"layer "+stuck+" of cache ci/maven cannot be published because", "S.gpg-agent is a socket", "stays on node node-a", "Retrying will not help")
 	if n := c.reg.Requests.Load() - before; n != 0 {
 		t.Errorf("the registry got %d requests, want 0", n)
 	}
-	if got := failures(t, a, opPush, failureUnpublishable); got != 1 {
-		t.Errorf("push failures{reason=%s} = %v, want 1", failureUnpublishable, got)
+	if got := failures(t, a, kit.OpPush, kit.FailureUnpublishable); got != 1 {
+		t.Errorf("push failures{reason=%s} = %v, want 1", kit.FailureUnpublishable, got)
 	}
 	entry := reportedEntry(t, c, a)
 	if entry.Unpublished != 1 || !strings.Contains(entry.PublishError, "S.gpg-agent is a socket") {
@@ -476,7 +477,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	if st.exports.Load() != exports {
 		t.Errorf("a publish with nothing changed exported again")
 	}
-	wantEvents(t, a, "Warning "+reasonLayerUnpublishable, 0)
+	wantEvents(t, a, "Warning "+kit.ReasonLayerUnpublishable, 0)
 
 	// A later commit makes a new attempt, which the old layer still
 	// holds back, in order.
@@ -487,7 +488,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	if st.exports.Load() == exports {
 		t.Errorf("a publish after a commit did not try again")
 	}
-	wantEvents(t, a, "Warning "+reasonLayerUnpublishable, 1, "with the 1 layers committed after it")
+	wantEvents(t, a, "Warning "+kit.ReasonLayerUnpublishable, 1, "with the 1 layers committed after it")
 	if pub := c.published(t); len(pub.Layers) != 0 {
 		t.Errorf("chain %+v: want nothing published past the held-back layer", pub)
 	}
@@ -499,7 +500,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	if err := a.prov.sync.publish(ctx, maven); err != nil {
 		t.Fatalf("publish after the squash: %v", err)
 	}
-	wantEvents(t, a, "Normal "+reasonPublished, 1)
+	wantEvents(t, a, "Normal "+kit.ReasonPublished, 1)
 	if entry := reportedEntry(t, c, a); entry.Unpublished != 0 || entry.PublishError != "" {
 		t.Errorf("replica status %+v after the publish: want nothing unpublished and no error", entry)
 	}

@@ -7,13 +7,12 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote"
 )
 
@@ -43,54 +42,6 @@ const (
 	actionDelete          = "Delete"
 )
 
-// holdForRegistry adds FinalizerRegistry to a Cache that has a published
-// chain, unless it has it or is being deleted (the API server allows no
-// new finalizer then). A conflict re-reads the Cache; a Cache that is
-// gone needs nothing.
-func (c *caches) holdForRegistry(ctx context.Context, cache *v1alpha1.Cache) error {
-	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
-	for range casAttempts {
-		if cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil ||
-			controllerutil.ContainsFinalizer(cache, v1alpha1.FinalizerRegistry) {
-			return nil
-		}
-		patch := client.MergeFromWithOptions(cache.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		controllerutil.AddFinalizer(cache, v1alpha1.FinalizerRegistry)
-		err := c.client.Patch(ctx, cache, patch, client.FieldOwner(c.fieldManager()))
-		switch {
-		case err == nil || apierrors.IsNotFound(err):
-			return nil
-		case !apierrors.IsConflict(err):
-			return fmt.Errorf("add finalizer %s to Cache %s: %w", v1alpha1.FinalizerRegistry, ref, err)
-		}
-		if cache, err = c.live(ctx, ref); err != nil {
-			return err
-		}
-	}
-	return fmt.Errorf("add finalizer %s to Cache %s: still conflicting after %d attempts; retried later", v1alpha1.FinalizerRegistry, ref, casAttempts)
-}
-
-// releaseRegistry lifts FinalizerRegistry; another agent that lifted it
-// first, or a Cache that is gone, counts as done.
-func (c *caches) releaseRegistry(ctx context.Context, ref layerfs.CacheRef) error {
-	for range casAttempts {
-		cache, err := c.live(ctx, ref)
-		if err != nil || cache == nil || !controllerutil.ContainsFinalizer(cache, v1alpha1.FinalizerRegistry) {
-			return err
-		}
-		patch := client.MergeFromWithOptions(cache.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		controllerutil.RemoveFinalizer(cache, v1alpha1.FinalizerRegistry)
-		err = c.client.Patch(ctx, cache, patch, client.FieldOwner(c.fieldManager()))
-		switch {
-		case err == nil || apierrors.IsNotFound(err):
-			return nil
-		case !apierrors.IsConflict(err):
-			return fmt.Errorf("remove finalizer %s from Cache %s: %w", v1alpha1.FinalizerRegistry, ref, err)
-		}
-	}
-	return fmt.Errorf("remove finalizer %s from Cache %s: still conflicting after %d attempts; retried later", v1alpha1.FinalizerRegistry, ref, casAttempts)
-}
-
 // unpublish deletes the registry copy of a Cache being deleted and lifts
 // FinalizerRegistry. It returns an error, to be retried with backoff,
 // only while the registry may still answer: a refusal (deletes disabled,
@@ -104,7 +55,7 @@ func (s *syncer) unpublish(ctx context.Context, cache *v1alpha1.Cache) error {
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	// The chain as the API server has it: the informer's copy may be
 	// older than the chain's first layer.
-	live, err := s.caches.live(ctx, ref)
+	live, err := s.caches.Live(ctx, ref)
 	if err != nil || live == nil || !controllerutil.ContainsFinalizer(live, v1alpha1.FinalizerRegistry) {
 		return err
 	}
@@ -112,7 +63,7 @@ func (s *syncer) unpublish(ctx context.Context, cache *v1alpha1.Cache) error {
 		return err
 	}
 	s.forgetDeleteFailure(ref)
-	return s.caches.releaseRegistry(ctx, ref)
+	return s.caches.ReleaseRegistry(ctx, ref)
 }
 
 // deleteManifest deletes the chain's manifest; nil when the finalizer
@@ -126,8 +77,8 @@ func (s *syncer) deleteManifest(ctx context.Context, cache *v1alpha1.Cache) erro
 	}
 	reg, err := s.trust.registry(ref, pub)
 	if err != nil {
-		s.metrics.fail(opUnpublish, failureUntrusted)
-		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonUntrustedChain, actionDelete,
+		s.metrics.Fail(opUnpublish, kit.FailureUntrusted)
+		s.events.Eventf(cache, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, actionDelete,
 			"node %s deleted nothing from any registry for cache %s: %v; if a registry holds a copy of the cache, delete it there by hand", s.node, ref, err)
 		logger.Info("Deleted nothing from the registry: the chain is not trusted", "err", err.Error())
 		return nil
@@ -147,25 +98,25 @@ func (s *syncer) deleteManifest(ctx context.Context, cache *v1alpha1.Cache) erro
 		logger.Info("The cache's manifest is not in its registry (never pushed, or deleted already)", "repository", reg.Repository)
 		return nil
 	case remote.IsDeleteUnsupported(err) || remote.IsUnauthorized(err):
-		s.metrics.fail(opUnpublish, failureReason(err))
+		s.metrics.Fail(opUnpublish, failureReason(err))
 		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonDeleteRefused, actionDelete, "%s", refusedMessage(s.node, reg, res.Digest, err))
 		logger.Info("The registry refused to delete the cache's manifest; the Cache goes, its registry copy stays", "err", err.Error())
 		return nil
 	case time.Since(cache.DeletionTimestamp.Time) >= s.unpublishGiveUp():
-		s.metrics.fail(opUnpublish, "gave-up")
+		s.metrics.Fail(opUnpublish, "gave-up")
 		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonDeleteFailed, actionDelete,
 			"node %s gave up deleting the manifest of cache %s from %s after %s: %v; the Cache goes, its registry copy stays: delete it by hand with crane delete %s",
 			s.node, ref, reg.Repository, s.unpublishGiveUp(), err, craneTarget(reg.Repository, res.Digest))
 		logger.Info("Gave up deleting the cache's manifest; the Cache goes, its registry copy stays", "err", err.Error())
 		return nil
 	}
-	s.metrics.fail(opUnpublish, failureReason(err))
+	s.metrics.Fail(opUnpublish, failureReason(err))
 	s.deleteFailed(cache, reg, err)
 	return fmt.Errorf("delete the manifest of cache %s from %s: %w", ref, reg.Repository, err)
 }
 
 // refusedMessage says why the registry refused and what to set.
-func refusedMessage(node string, reg *registryRef, digest v1.Hash, err error) string {
+func refusedMessage(node string, reg *kit.RegistryRef, digest v1.Hash, err error) string {
 	why := "the registry does not allow deletes"
 	if remote.IsUnauthorized(err) {
 		why = "the registry refused the credentials"
@@ -190,7 +141,7 @@ func craneTarget(repository string, digest v1.Hash) string {
 
 // deleteFailed reports a failing manifest delete once per distinct
 // failure: the retries of an outage make one Event, not one each.
-func (s *syncer) deleteFailed(cache *v1alpha1.Cache, reg *registryRef, err error) {
+func (s *syncer) deleteFailed(cache *v1alpha1.Cache, reg *kit.RegistryRef, err error) {
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	msg := err.Error()
 	s.mu.Lock()
@@ -224,7 +175,7 @@ func (s *syncer) unpublishGiveUp() time.Duration {
 // The Cache may be gone, so a failure is logged, not an Event.
 func (s *syncer) unpushIfDeleting(ctx context.Context, ref layerfs.CacheRef, target *remote.Target, digest v1.Hash) {
 	logger := log.FromContext(ctx).WithValues("cache", ref.String(), "digest", digest.String())
-	cache, err := s.caches.live(ctx, ref)
+	cache, err := s.caches.Live(ctx, ref)
 	if err == nil && cache != nil && cache.DeletionTimestamp == nil {
 		return
 	}
@@ -234,7 +185,7 @@ func (s *syncer) unpushIfDeleting(ctx context.Context, ref layerfs.CacheRef, tar
 	}
 	switch {
 	case err != nil:
-		s.metrics.fail(opUnpublish, failureReason(err))
+		s.metrics.Fail(opUnpublish, failureReason(err))
 		logger.Error(err, "The cache may have been deleted while this node pushed its manifest, and deleting the manifest failed; delete it by hand",
 			"command", "crane delete "+craneTarget(target.Repository.String(), digest))
 	case deleted:

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/remote"
 	"github.com/layercache/layercache/remote/registrytest"
 )
@@ -275,7 +276,7 @@ func TestUnpublishAForgedChainDeletesNothing(t *testing.T) {
 	if err := c.reconcileDeletion("node-a"); err != nil {
 		t.Fatal(err)
 	}
-	wantEvents(t, c.nodes["node-a"], "Warning "+reasonUntrustedChain, 1, "deleted nothing", victim)
+	wantEvents(t, c.nodes["node-a"], "Warning "+kit.ReasonUntrustedChain, 1, "deleted nothing", victim)
 	if got := c.latestStatus(t, victim); got != 200 {
 		t.Errorf("the victim's latest: %d, want 200", got)
 	}
@@ -307,7 +308,7 @@ func TestUnpublishAManifestPushedDuringTheDeletionIsDeleted(t *testing.T) {
 	// The other agent deleted the copy and lifted the finalizer before
 	// this push landed.
 	c.deleteCache(t)
-	if err := s.caches.releaseRegistry(context.Background(), maven); err != nil {
+	if err := s.caches.ReleaseRegistry(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
 	digest, err = tg.PushManifest(context.Background(), blobsBaseFirst(pub))

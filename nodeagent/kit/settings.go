@@ -1,7 +1,6 @@
-package nodeagent
+package kit
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -30,21 +29,21 @@ type terms struct {
 	// noun names one setting in "remove the ...".
 	noun string
 	// fallbackSource names where a volume's fallbacks come from.
-	fallbackSource string
+	FallbackSource string
 }
 
 var (
 	claimTerms = terms{
-		reason: reasonInvalidAnnotation, kind: "annotation", holder: "claim", noun: "annotation",
-		fallbackSource: fmt.Sprintf("annotation %s or parameter %s", v1alpha1.AnnotationFallback, paramFallback),
+		reason: ReasonInvalidAnnotation, kind: "annotation", holder: "claim", noun: "annotation",
+		FallbackSource: fmt.Sprintf("annotation %s or parameter %s", v1alpha1.AnnotationFallback, ParamFallback),
 	}
 	csiTerms = terms{
-		reason: reasonInvalidAttribute, kind: "volumeAttributes", holder: "pod", noun: "attribute",
+		reason: ReasonInvalidAttribute, kind: "volumeAttributes", holder: "pod", noun: "attribute",
 		keys: map[string]string{
-			v1alpha1.AnnotationCache: attrCache, v1alpha1.AnnotationMode: attrMode,
-			v1alpha1.AnnotationCommit: attrCommit, v1alpha1.AnnotationFallback: attrFallback,
+			v1alpha1.AnnotationCache: AttrCache, v1alpha1.AnnotationMode: AttrMode,
+			v1alpha1.AnnotationCommit: AttrCommit, v1alpha1.AnnotationFallback: AttrFallback,
 		},
-		fallbackSource: "volumeAttributes " + attrFallback,
+		FallbackSource: "volumeAttributes " + AttrFallback,
 	}
 )
 
@@ -61,7 +60,7 @@ func (t terms) field(annotation string) string { return t.kind + " " + t.key(ann
 
 // invalid refuses a setting's value; fix says what is wrong and the fix.
 func (t terms) invalid(annotation, value, fix string) error {
-	return &claimError{Reason: t.reason, Message: fmt.Sprintf("%s has value %q: %s", t.field(annotation), value, fix)}
+	return &ClaimError{Reason: t.reason, Message: fmt.Sprintf("%s has value %q: %s", t.field(annotation), value, fix)}
 }
 
 // refused refuses a value v1alpha1 did not parse; orDefault says what the
@@ -69,13 +68,13 @@ func (t terms) invalid(annotation, value, fix string) error {
 func (t terms) refused(err error, orDefault string) error {
 	var invalid *v1alpha1.InvalidValueError
 	if !errors.As(err, &invalid) {
-		return &claimError{Reason: t.reason, Message: err.Error()}
+		return &ClaimError{Reason: t.reason, Message: err.Error()}
 	}
 	return t.invalid(invalid.Annotation, invalid.Value, "use "+invalid.Valid+", or remove the "+t.noun+orDefault)
 }
 
-// settings are what a volume's user asked for, not yet validated.
-type settings struct {
+// Settings are what a volume's user asked for, not yet validated.
+type Settings struct {
 	terms
 	// Namespace is the volume's: its claim's, or its CSI volume's pod's.
 	Namespace string
@@ -92,35 +91,35 @@ type settings struct {
 	template cacheTemplateData
 }
 
-func (s settings) get(annotation string) (string, bool) {
+func (s Settings) get(annotation string) (string, bool) {
 	v, ok := s.values[annotation]
 	return v, ok
 }
 
-// claimSettings are a claim's annotations and storage request. pod is the
+// ClaimSettings are a claim's annotations and storage request. pod is the
 // pod that owns the claim, if any, for the class's templates.
-func claimSettings(claim *corev1.PersistentVolumeClaim, pod *corev1.Pod) settings {
-	s := settings{terms: claimTerms, Namespace: claim.Namespace, values: claim.Annotations,
-		Writer: writerOf(claim), template: templateData(claim, pod)}
+func ClaimSettings(claim *corev1.PersistentVolumeClaim, pod *corev1.Pod) Settings {
+	s := Settings{terms: claimTerms, Namespace: claim.Namespace, values: claim.Annotations,
+		Writer: WriterOf(claim), template: templateData(claim, pod)}
 	if q, ok := claim.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
 		s.LimitBytes = q.Value()
 	}
 	return s
 }
 
-// parseClaim validates a claim's annotations against its class and returns
+// ParseClaim validates a claim's annotations against its class and returns
 // what to mount. pod is the pod that owns the claim, if any; it matters only
 // when the class's templates name the cache or its fallbacks. It does not
 // check access to another namespace's cache.
-func parseClaim(claim *corev1.PersistentVolumeClaim, class classParams, pod *corev1.Pod) (volumeRequest, error) {
-	return parseSettings(claimSettings(claim, pod), class)
+func ParseClaim(claim *corev1.PersistentVolumeClaim, class ClassParams, pod *corev1.Pod) (VolumeRequest, error) {
+	return ParseSettings(ClaimSettings(claim, pod), class)
 }
 
-// parseSettings validates a volume's settings against its class and
+// ParseSettings validates a volume's settings against its class and
 // returns what to mount. It does not check access to another namespace's
 // cache.
-func parseSettings(s settings, class classParams) (volumeRequest, error) {
-	req := volumeRequest{
+func ParseSettings(s Settings, class ClassParams) (VolumeRequest, error) {
+	req := VolumeRequest{
 		UID: class.UID, GID: class.GID, Perm: class.Perm, Writer: s.Writer, LimitBytes: s.LimitBytes,
 		AllowSetuid: class.AllowSetuid, AllowDevices: class.AllowDevices, Layout: class.Layout,
 		Class: class.Name,
@@ -133,7 +132,7 @@ func parseSettings(s settings, class classParams) (volumeRequest, error) {
 	if req.Fallbacks, req.FallbackIgnored, err = s.fallbacks(class, ref); err != nil {
 		return req, err
 	}
-	req.Registry = class.Registry.forCache(ref, req.LimitBytes)
+	req.Registry = class.Registry.ForCache(ref, req.LimitBytes)
 	if req.Mode, req.ForcedRead, err = s.mode(ref, class); err != nil {
 		return req, err
 	}
@@ -141,21 +140,5 @@ func parseSettings(s settings, class classParams) (volumeRequest, error) {
 		req.Mode = v1alpha1.ModeRead
 	}
 	req.Commit, err = s.commit()
-	return req, err
-}
-
-// admitVolume validates a volume's settings and checks that its
-// namespace may use the caches they name: the one admission of claims and
-// CSI volumes. It creates the Cache of the volume's own namespace on first
-// use.
-func (p *Provisioner) admitVolume(ctx context.Context, s settings, class classParams) (volumeRequest, error) {
-	req, err := parseSettings(s, class)
-	if err != nil {
-		return req, err
-	}
-	if err := p.caches.authorize(ctx, s.Namespace, req); err != nil {
-		return req, err
-	}
-	req.Fallbacks, err = p.caches.authorizeFallbacks(ctx, s.Namespace, req.Fallbacks, s.fallbackSource)
 	return req, err
 }

@@ -1,4 +1,4 @@
-package nodeagent
+package kit
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 // queued: a second Add while it waits does not move it, a failed attempt's
 // retry keeps it, and once done the key's next Add starts a new wait.
 func TestKeyQueueTimesFromFirstAdd(t *testing.T) {
-	q := newKeyQueue("test")
+	q := NewKeyQueue("test")
 	before := time.Now()
 	q.Add("ns/a")
 	after := time.Now()
@@ -26,10 +26,10 @@ func TestKeyQueueTimesFromFirstAdd(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		workKeys(ctx, q, 1, "test", "key", func(ctx context.Context, key string) error {
+		WorkKeys(ctx, q, 1, "test", "key", func(ctx context.Context, key string) error {
 			mu.Lock()
 			defer mu.Unlock()
-			at, ok := queuedAt(ctx)
+			at, ok := QueuedAt(ctx)
 			if !ok {
 				t.Errorf("attempt %d of %s: no queued time in the context", attempts+1, key)
 			}

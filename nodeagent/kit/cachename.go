@@ -1,4 +1,4 @@
-package nodeagent
+package kit
 
 import (
 	"errors"
@@ -14,21 +14,21 @@ import (
 	"github.com/layercache/layercache/podfacts"
 )
 
-// paramCache is the StorageClass parameter that names the cache of claims
+// ParamCache is the StorageClass parameter that names the cache of claims
 // without the cache annotation, as a Go template: for CI systems whose
 // charts cannot annotate the claims they make (ARC, Jenkins, Concourse).
-const paramCache = "cache"
+const ParamCache = "cache"
 
 // cache is the cache the volume names, or else the one its class's
 // template names for it. The volume's own setting wins.
-func (s settings) cache(class classParams) (layerfs.CacheRef, error) {
+func (s Settings) cache(class ClassParams) (layerfs.CacheRef, error) {
 	if raw, ok := s.get(v1alpha1.AnnotationCache); ok {
 		return s.parseCacheValue(v1alpha1.AnnotationCache, raw)
 	}
 	if class.CacheTemplate == nil {
-		return layerfs.CacheRef{}, &claimError{Reason: s.reason,
+		return layerfs.CacheRef{}, &ClaimError{Reason: s.reason,
 			Message: fmt.Sprintf("%s is missing and StorageClass %q has no %s parameter: set the %s to the name of the cache to use, for example %s: maven, or use a class whose %s parameter names it",
-				s.field(v1alpha1.AnnotationCache), class.Name, paramCache, s.noun, s.key(v1alpha1.AnnotationCache), paramCache)}
+				s.field(v1alpha1.AnnotationCache), class.Name, ParamCache, s.noun, s.key(v1alpha1.AnnotationCache), ParamCache)}
 	}
 	raw, err := cacheFromTemplate(class.Name, class.CacheTemplate, s.template)
 	if err != nil {
@@ -36,16 +36,16 @@ func (s settings) cache(class classParams) (layerfs.CacheRef, error) {
 	}
 	ref, err := s.parseCacheValue(v1alpha1.AnnotationCache, raw)
 	if err != nil {
-		return ref, &claimError{Reason: reasonCacheTemplate,
+		return ref, &ClaimError{Reason: ReasonCacheTemplate,
 			Message: fmt.Sprintf("StorageClass %q: parameter %s %q named the cache %q for this claim, which is not valid: %v",
-				class.Name, paramCache, class.CacheTemplate.text, raw, err)}
+				class.Name, ParamCache, class.CacheTemplate.text, raw, err)}
 	}
 	return ref, nil
 }
 
 // parseCacheValue reads NAME (a cache of the volume's namespace) or
 // NAMESPACE/NAME, given as setting key.
-func (s settings) parseCacheValue(key, value string) (layerfs.CacheRef, error) {
+func (s Settings) parseCacheValue(key, value string) (layerfs.CacheRef, error) {
 	fix := "use NAME for a cache of the " + s.holder + "'s namespace or NAMESPACE/NAME for another namespace's cache, where both are DNS-1123 labels (lower-case letters, digits and '-', at most 63 characters)"
 	ref := layerfs.CacheRef{Namespace: s.Namespace, Name: value}
 	if ns, name, ok := strings.Cut(value, "/"); ok {
@@ -97,7 +97,7 @@ type cacheTemplate struct {
 // label or annotation the object lacks fails at evaluation instead of
 // naming an accidental cache ("-cache").
 func parseCacheTemplate(class, text string) (*cacheTemplate, error) {
-	return parseTemplate(class, paramCache, text, `"{{ .Pod.Labels.app }}-{{ .Volume }}"`)
+	return parseTemplate(class, ParamCache, text, `"{{ .Pod.Labels.app }}-{{ .Volume }}"`)
 }
 
 // parseTemplate parses a class's template parameter param (cache or
@@ -136,9 +136,9 @@ func cacheFromTemplate(class string, t *cacheTemplate, data cacheTemplateData) (
 		if data.Pod.Name != "" {
 			who = "pod " + data.Pod.Name
 		}
-		return "", &claimError{Reason: reasonCacheTemplate,
+		return "", &ClaimError{Reason: ReasonCacheTemplate,
 			Message: fmt.Sprintf("StorageClass %q: parameter %s %q cannot name the cache of this claim (%s): %v; give %s the label or annotation the template uses, or annotate the claim with %s",
-				class, paramCache, t.text, who, err, who, v1alpha1.AnnotationCache)}
+				class, ParamCache, t.text, who, err, who, v1alpha1.AnnotationCache)}
 	}
 	return b.String(), nil
 }

@@ -1,4 +1,4 @@
-package nodeagent
+package kit
 
 import (
 	"context"
@@ -35,10 +35,10 @@ import (
 // build is correct without it (a cold start, as before fallbacks
 // existed), and refusing would stop builds over a hint.
 
-// paramFallback is the StorageClass parameter that lists the fallbacks of
+// ParamFallback is the StorageClass parameter that lists the fallbacks of
 // claims without the fallback annotation, as a Go template that sees what
 // the cache template sees, for example "main" or "{{ .Namespace }}/main".
-const paramFallback = "fallback"
+const ParamFallback = "fallback"
 
 // fallbackFix is how a fallback list is written, for messages.
 func (t terms) fallbackFix() string {
@@ -48,15 +48,15 @@ func (t terms) fallbackFix() string {
 
 // parseFallbackClass validates the class's fallback parameter.
 func parseFallbackClass(class string, params map[string]string, layout layerfs.Layout) (*cacheTemplate, error) {
-	text, ok := params[paramFallback]
+	text, ok := params[ParamFallback]
 	if !ok {
 		return nil, nil
 	}
 	if layout == layerfs.LayoutSnapshot {
 		return nil, classError(class, "parameter %s is set, but caches of the %s layout cannot start from a fallback yet; remove %s, or use a class of the %s layout",
-			paramFallback, layerfs.LayoutSnapshot, paramFallback, layerfs.LayoutOverlay)
+			ParamFallback, layerfs.LayoutSnapshot, ParamFallback, layerfs.LayoutOverlay)
 	}
-	return parseTemplate(class, paramFallback, text, `"main" or "{{ .Namespace }}/main"`)
+	return parseTemplate(class, ParamFallback, text, `"main" or "{{ .Namespace }}/main"`)
 }
 
 // fallbacks are the fallbacks the volume lists, or else those its
@@ -64,7 +64,7 @@ func parseFallbackClass(class string, params map[string]string, layout layerfs.L
 // may fall back to "main" for every cache, main's included) and without
 // repeats. ignored tells that the volume's list was valid but its class
 // cannot seed (see the top of this file).
-func (s settings) fallbacks(class classParams, cache layerfs.CacheRef) (refs []layerfs.CacheRef, ignored bool, err error) {
+func (s Settings) fallbacks(class ClassParams, cache layerfs.CacheRef) (refs []layerfs.CacheRef, ignored bool, err error) {
 	raw, listed := s.get(v1alpha1.AnnotationFallback)
 	switch {
 	case listed:
@@ -79,9 +79,9 @@ func (s settings) fallbacks(class classParams, cache layerfs.CacheRef) (refs []l
 			return nil, false, err
 		}
 		if refs, err = s.parseFallbacks(raw); err != nil {
-			return nil, false, &claimError{Reason: reasonCacheTemplate,
+			return nil, false, &ClaimError{Reason: ReasonCacheTemplate,
 				Message: fmt.Sprintf("StorageClass %q: parameter %s %q listed the fallbacks %q for this claim, which are not valid: %v",
-					class.Name, paramFallback, class.FallbackTemplate.text, raw, err)}
+					class.Name, ParamFallback, class.FallbackTemplate.text, raw, err)}
 		}
 	}
 	var out []layerfs.CacheRef
@@ -94,7 +94,7 @@ func (s settings) fallbacks(class classParams, cache layerfs.CacheRef) (refs []l
 }
 
 // parseFallbacks reads a comma-separated list of caches.
-func (s settings) parseFallbacks(value string) ([]layerfs.CacheRef, error) {
+func (s Settings) parseFallbacks(value string) ([]layerfs.CacheRef, error) {
 	key := v1alpha1.AnnotationFallback
 	if strings.TrimSpace(value) == "" {
 		return nil, nil // an empty list: no fallbacks
@@ -119,34 +119,34 @@ func (s settings) parseFallbacks(value string) ([]layerfs.CacheRef, error) {
 }
 
 // fallbackFromTemplate evaluates the class's fallback template.
-func fallbackFromTemplate(class classParams, data cacheTemplateData) (string, error) {
+func fallbackFromTemplate(class ClassParams, data cacheTemplateData) (string, error) {
 	var b strings.Builder
 	if err := class.FallbackTemplate.tmpl.Execute(&b, data); err != nil {
 		who := "the claim"
 		if data.Pod.Name != "" {
 			who = "pod " + data.Pod.Name
 		}
-		return "", &claimError{Reason: reasonCacheTemplate,
+		return "", &ClaimError{Reason: ReasonCacheTemplate,
 			Message: fmt.Sprintf("StorageClass %q: parameter %s %q cannot list the fallbacks of this claim (%s): %v; give %s the label or annotation the template uses, or annotate the claim with %s",
-				class.Name, paramFallback, class.FallbackTemplate.text, who, err, who, v1alpha1.AnnotationFallback)}
+				class.Name, ParamFallback, class.FallbackTemplate.text, who, err, who, v1alpha1.AnnotationFallback)}
 	}
 	return b.String(), nil
 }
 
-// authorizeFallbacks checks that the volume's namespace may read each
+// AuthorizeFallbacks checks that the volume's namespace may read each
 // fallback of another namespace, as a read claim of it is checked
 // (authorizeRead): seeding reads the fallback, and never writes it (the
 // commit creates the claim's own cache). It returns the fallbacks to use:
 // those whose Cache is being deleted go, since seeding from one would
 // carry its layers into a new cache after its owner asked them gone.
-func (c *caches) authorizeFallbacks(ctx context.Context, namespace string, refs []layerfs.CacheRef, source string) ([]layerfs.CacheRef, error) {
+func (c *Caches) AuthorizeFallbacks(ctx context.Context, namespace string, refs []layerfs.CacheRef, source string) ([]layerfs.CacheRef, error) {
 	var out []layerfs.CacheRef
 	for _, ref := range refs {
 		if ref.Namespace != namespace {
-			cache, err := c.authorizeRead(ctx, namespace, ref)
-			var refused *claimError
+			cache, err := c.AuthorizeRead(ctx, namespace, ref)
+			var refused *ClaimError
 			if errors.As(err, &refused) {
-				return nil, &claimError{Reason: refused.Reason, Message: fmt.Sprintf("%s names fallback %s: %s", source, ref, refused.Message)}
+				return nil, &ClaimError{Reason: refused.Reason, Message: fmt.Sprintf("%s names fallback %s: %s", source, ref, refused.Message)}
 			}
 			if err != nil {
 				return nil, fmt.Errorf("fallback %s: %w", ref, err)
@@ -156,7 +156,7 @@ func (c *caches) authorizeFallbacks(ctx context.Context, namespace string, refs 
 			}
 			continue
 		}
-		cache, err := c.get(ctx, ref)
+		cache, err := c.Get(ctx, ref)
 		if err != nil {
 			return nil, fmt.Errorf("fallback %s: %w", ref, err)
 		}
@@ -167,12 +167,12 @@ func (c *caches) authorizeFallbacks(ctx context.Context, namespace string, refs 
 	return out, nil
 }
 
-// authorizeRead checks, on the API server past the informer, that the
+// AuthorizeRead checks, on the API server past the informer, that the
 // Cache of ref exists and grants namespace read access: what a read claim
 // of another namespace's cache needs.
-func (c *caches) authorizeRead(ctx context.Context, namespace string, ref layerfs.CacheRef) (*v1alpha1.Cache, error) {
+func (c *Caches) AuthorizeRead(ctx context.Context, namespace string, ref layerfs.CacheRef) (*v1alpha1.Cache, error) {
 	var cache v1alpha1.Cache
-	err := c.reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
+	err := c.Reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, missingCacheDenied(ref, namespace)

@@ -1,4 +1,4 @@
-package nodeagent
+package kit
 
 import (
 	"fmt"
@@ -26,14 +26,14 @@ const (
 	// cluster admin's, so builds cannot ask for it themselves.
 	paramAllowSetuid  = "allowSetuid"
 	paramAllowDevices = "allowDevices"
-	// paramLayout chooses how the class's volumes are made: "overlay" (the
+	// ParamLayout chooses how the class's volumes are made: "overlay" (the
 	// default) or "snapshot" (btrfs subvolumes, for image builders' stores
 	// and a size limit that holds during the build).
-	paramLayout = "layout"
+	ParamLayout = "layout"
 )
 
-// volumeRequest is what a claim and its class ask for, validated.
-type volumeRequest struct {
+// VolumeRequest is what a claim and its class ask for, validated.
+type VolumeRequest struct {
 	Cache  layerfs.CacheRef
 	Mode   v1alpha1.Mode
 	Commit v1alpha1.CommitPolicy
@@ -49,7 +49,7 @@ type volumeRequest struct {
 	LimitBytes int64
 	// Registry is where the cache syncs across nodes; nil for a
 	// node-local cache.
-	Registry *registryRef
+	Registry *RegistryRef
 	// Layout is the class's volume layout.
 	Layout layerfs.Layout
 	// Class names the claim's StorageClass, which a Cache created for the
@@ -61,11 +61,11 @@ type volumeRequest struct {
 	Fallbacks       []layerfs.CacheRef
 	FallbackIgnored bool
 	// FallbackRepositories are the registry repositories of fallbacks
-	// whose layers' digests are blobs there (seed.go).
+	// whose layers' digests are blobs there (the registry sync seeds from them).
 	FallbackRepositories map[layerfs.CacheRef]string
 }
 
-func (r volumeRequest) mountOptions() layerfs.MountOptions {
+func (r VolumeRequest) MountOptions() layerfs.MountOptions {
 	return layerfs.MountOptions{
 		Cache: r.Cache, ReadOnly: r.Mode == v1alpha1.ModeRead,
 		UID: r.UID, GID: r.GID, Mode: r.Perm, Writer: r.Writer,
@@ -74,8 +74,8 @@ func (r volumeRequest) mountOptions() layerfs.MountOptions {
 	}
 }
 
-// classParams are a StorageClass's parameters, validated.
-type classParams struct {
+// ClassParams are a StorageClass's parameters, validated.
+type ClassParams struct {
 	Name      string
 	UID, GID  int
 	Perm      os.FileMode
@@ -90,21 +90,21 @@ type classParams struct {
 	FallbackTemplate *cacheTemplate
 	// Registry syncs the class's caches across nodes; nil for node-local
 	// caches.
-	Registry *registryParams
+	Registry *RegistryParams
 	Layout   layerfs.Layout
 }
 
-// needsPod tells whether parseClaim needs the claim's owning pod.
-func (c classParams) needsPod(claim *corev1.PersistentVolumeClaim) bool {
+// NeedsPod tells whether parseClaim needs the claim's owning pod.
+func (c ClassParams) NeedsPod(claim *corev1.PersistentVolumeClaim) bool {
 	_, annotated := claim.Annotations[v1alpha1.AnnotationCache]
 	_, fallbacks := claim.Annotations[v1alpha1.AnnotationFallback]
 	return (c.CacheTemplate != nil && !annotated) || (c.FallbackTemplate != nil && !fallbacks)
 }
 
-// parseClass validates the class: late binding, no mount options, and known
+// ParseClass validates the class: late binding, no mount options, and known
 // parameters with valid values.
-func parseClass(class *storagev1.StorageClass) (classParams, error) {
-	p := classParams{Name: class.Name}
+func ParseClass(class *storagev1.StorageClass) (ClassParams, error) {
+	p := ClassParams{Name: class.Name}
 	if class.VolumeBindingMode == nil || *class.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
 		mode := storagev1.VolumeBindingImmediate
 		if class.VolumeBindingMode != nil {
@@ -117,7 +117,7 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 	}
 	var unknown []string
 	for k := range class.Parameters {
-		if !slices.Contains([]string{paramUID, paramGID, paramMode, paramCache, paramAllowSetuid, paramAllowDevices, paramRegistry, paramRegistrySecret, paramSyncTimeout, paramMaxLayerSize, paramLayout, paramFallback, v1alpha1.ParamClusterMaxAge}, k) {
+		if !slices.Contains([]string{paramUID, paramGID, paramMode, ParamCache, paramAllowSetuid, paramAllowDevices, ParamRegistry, ParamRegistrySecret, ParamSyncTimeout, ParamMaxLayerSize, ParamLayout, ParamFallback, v1alpha1.ParamClusterMaxAge}, k) {
 			unknown = append(unknown, k)
 		}
 	}
@@ -133,16 +133,16 @@ func parseClass(class *storagev1.StorageClass) (classParams, error) {
 		}
 	}
 	var err error
-	if p.Registry, err = parseRegistry(class); err != nil {
+	if p.Registry, err = ParseRegistry(class); err != nil {
 		return p, err
 	}
-	if p.Layout, err = parseLayout(class.Name, class.Parameters[paramLayout], p.Registry != nil); err != nil {
+	if p.Layout, err = parseLayout(class.Name, class.Parameters[ParamLayout], p.Registry != nil); err != nil {
 		return p, err
 	}
 	if p.FallbackTemplate, err = parseFallbackClass(class.Name, class.Parameters, p.Layout); err != nil {
 		return p, err
 	}
-	if text, ok := class.Parameters[paramCache]; ok {
+	if text, ok := class.Parameters[ParamCache]; ok {
 		if p.CacheTemplate, err = parseCacheTemplate(class.Name, text); err != nil {
 			return p, err
 		}
@@ -190,11 +190,11 @@ func parseLayout(class, value string, registry bool) (layerfs.Layout, error) {
 	}
 	layout, err := layerfs.ParseLayout(value)
 	if err != nil {
-		return "", classError(class, "parameter %s has value %q: use %q (the default) or %q", paramLayout, value, layerfs.LayoutOverlay, layerfs.LayoutSnapshot)
+		return "", classError(class, "parameter %s has value %q: use %q (the default) or %q", ParamLayout, value, layerfs.LayoutOverlay, layerfs.LayoutSnapshot)
 	}
 	if layout == layerfs.LayoutSnapshot && registry {
 		return "", classError(class, "parameter %s is %q and %s is set, but snapshot caches do not sync through a registry yet; remove %s and %s, or use %s: %s",
-			paramLayout, layout, paramRegistry, paramRegistry, paramRegistrySecret, paramLayout, layerfs.LayoutOverlay)
+			ParamLayout, layout, ParamRegistry, ParamRegistry, ParamRegistrySecret, ParamLayout, layerfs.LayoutOverlay)
 	}
 	return layout, nil
 }
@@ -224,7 +224,7 @@ func parseID(class, key, value string) (int, error) {
 // its own namespace and read of another's. A class that forces reads turns
 // a write into a read; forced tells whether the volume asked for that
 // write.
-func (s settings) mode(ref layerfs.CacheRef, class classParams) (mode v1alpha1.Mode, forced bool, err error) {
+func (s Settings) mode(ref layerfs.CacheRef, class ClassParams) (mode v1alpha1.Mode, forced bool, err error) {
 	own := ref.Namespace == s.Namespace
 	asked, _ := s.get(v1alpha1.AnnotationMode)
 	switch {
@@ -237,7 +237,7 @@ func (s settings) mode(ref layerfs.CacheRef, class classParams) (mode v1alpha1.M
 			return "", false, s.refused(err, " (the default is write in the cache's own namespace and read for another namespace's cache)")
 		}
 		if mode == v1alpha1.ModeWrite && !own {
-			return "", false, &claimError{Reason: s.reason,
+			return "", false, &ClaimError{Reason: s.reason,
 				Message: fmt.Sprintf("%s is %q, but cache %s belongs to namespace %q and a %s may only read another namespace's cache; set %s: %s, or use a cache of namespace %q",
 					s.field(v1alpha1.AnnotationMode), asked, ref, ref.Namespace, s.holder, s.key(v1alpha1.AnnotationMode), v1alpha1.ModeRead, s.Namespace)}
 		}
@@ -250,7 +250,7 @@ func (s settings) mode(ref layerfs.CacheRef, class classParams) (mode v1alpha1.M
 
 // commit is the commit policy the volume asks for, by default
 // CommitOnSuccess.
-func (s settings) commit() (v1alpha1.CommitPolicy, error) {
+func (s Settings) commit() (v1alpha1.CommitPolicy, error) {
 	asked, _ := s.get(v1alpha1.AnnotationCommit)
 	if asked == "" {
 		return v1alpha1.CommitOnSuccess, nil
@@ -262,9 +262,9 @@ func (s settings) commit() (v1alpha1.CommitPolicy, error) {
 	return policy, nil
 }
 
-// writerOf names who will write through the volume: the pod that owns a
+// WriterOf names who will write through the volume: the pod that owns a
 // generic ephemeral volume's claim, else the claim itself.
-func writerOf(claim *corev1.PersistentVolumeClaim) string {
+func WriterOf(claim *corev1.PersistentVolumeClaim) string {
 	if pod, ok := podfacts.OwningPod(claim); ok {
 		return claim.Namespace + "/" + pod.Name
 	}

@@ -1,4 +1,4 @@
-package nodeagent
+package kit
 
 import (
 	"strings"
@@ -8,73 +8,73 @@ import (
 	"github.com/layercache/layercache/layerfs"
 )
 
-// metrics are the node agent's Prometheus metrics. Per-cache series carry
+// Metrics are the node agent's Prometheus metrics. Per-cache series carry
 // namespace and cache labels and are dropped when the cache leaves the node.
-type metrics struct {
-	provisionSeconds *prometheus.HistogramVec
-	commitSeconds    prometheus.Histogram
-	hits, misses     *prometheus.CounterVec
+type Metrics struct {
+	ProvisionSeconds *prometheus.HistogramVec
+	CommitSeconds    prometheus.Histogram
+	Hits, Misses     *prometheus.CounterVec
 	bytes, layers    *prometheus.GaugeVec
-	generation       *prometheus.GaugeVec
-	failures         *prometheus.CounterVec
-	ends             *prometheus.CounterVec
-	endDelay         prometheus.Histogram
+	Generation       *prometheus.GaugeVec
+	Failures         *prometheus.CounterVec
+	Ends             *prometheus.CounterVec
+	EndDelay         prometheus.Histogram
 
-	registryBytes, registryLayers *prometheus.CounterVec
-	registrySeconds               *prometheus.HistogramVec
-	publishLag                    prometheus.Histogram
-	announceWait                  *prometheus.HistogramVec
+	RegistryBytes, RegistryLayers *prometheus.CounterVec
+	RegistrySeconds               *prometheus.HistogramVec
+	PublishLag                    prometheus.Histogram
+	AnnounceWait                  *prometheus.HistogramVec
 }
 
 // Sources of the hits metric.
 const (
-	hitCache    = "cache"
-	hitFallback = "fallback"
+	HitCache    = "cache"
+	HitFallback = "fallback"
 )
 
 // Operations of the failures metric.
 const (
-	opProvision = "provision"
-	opCommit    = "commit"
-	opDiscard   = "discard"
-	opRemount   = "remount"
-	opSquash    = "squash"
-	opGC        = "gc"
-	opReport    = "report"
-	opRemove    = "remove"
-	opRecover   = "recover"
-	opPush      = "push"
-	opPull      = "pull"
+	OpProvision = "provision"
+	OpCommit    = "commit"
+	OpDiscard   = "discard"
+	OpRemount   = "remount"
+	OpSquash    = "squash"
+	OpGC        = "gc"
+	OpReport    = "report"
+	OpRemove    = "remove"
+	OpRecover   = "recover"
+	OpPush      = "push"
+	OpPull      = "pull"
 )
 
 // Reasons of the failures metric that are not an Event reason.
 const (
-	failureTooLarge      = "too-large"
-	failureNoSpace       = "no-space"
-	failureUnpublishable = "unpublishable"
-	failureUntrusted     = "untrusted-chain"
-	failureInvalidImage  = "invalid-image"
+	FailureTooLarge      = "too-large"
+	FailureNoSpace       = "no-space"
+	FailureUnpublishable = "unpublishable"
+	FailureUntrusted     = "untrusted-chain"
+	FailureInvalidImage  = "invalid-image"
 )
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	cacheLabels := []string{"namespace", "cache"}
 	// Mounts and commits are renames and mounts: milliseconds, unless the
 	// disk or the kernel is in trouble, which the upper buckets show.
 	buckets := prometheus.ExponentialBuckets(0.001, 2, 16) // 1ms .. 33s
-	m := &metrics{
-		provisionSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	m := &Metrics{
+		ProvisionSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "layercache_provision_duration_seconds", Buckets: buckets,
 			Help: "Time to provision a volume: validate the claim, mount the cache view, build the PV.",
 		}, []string{"mode"}),
-		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+		CommitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "layercache_commit_duration_seconds", Buckets: buckets,
 			Help: "Time to commit a released volume's changes as the cache's newest layer.",
 		}),
-		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Hits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_cache_hits_total",
 			Help: "Volumes provisioned warm, by source: the cache's own committed generation on this node (cache), or, for a cache with none yet, a fallback's layers (fallback).",
 		}, append(cacheLabels, "source")),
-		misses: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Misses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_cache_misses_total",
 			Help: "Volumes provisioned empty: the cache had nothing committed on this node yet and no fallback had either.",
 		}, cacheLabels),
@@ -86,44 +86,44 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "layercache_cache_layers",
 			Help: "Committed layers of a cache on this node.",
 		}, cacheLabels),
-		generation: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Generation: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "layercache_cache_generation",
 			Help: "Generation of a cache on this node.",
 		}, cacheLabels),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_failures_total",
 			Help: "Failed operations by operation and reason.",
 		}, []string{"operation", "reason"}),
-		ends: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Ends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_volume_ends_total",
 			Help: "Volumes whose build ended, by result (committed, discarded, dropped) and by what ended it: the pod's end (pod) or the claim's release (release).",
 		}, []string{"result", "trigger"}),
-		endDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+		EndDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "layercache_volume_end_delay_seconds", Buckets: prometheus.ExponentialBucketsRange(0.01, 60, 24), // factor 1.46
 			Help: "Time from the node agent's pod watch seeing a build's pod end (or go) to the end of its volume (committed or discarded): the agent's share of a build's end to its commit. The kubelet's report of the end, before it, is not in it.",
 		}),
-		registryBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+		RegistryBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_registry_bytes_total",
 			Help: "Bytes of layers moved between this node and registries, by direction (push: compressed blobs; pull: layers unpacked on disk; copy: a seeded layer's blob copied from its fallback's repository; a mount moves none).",
 		}, []string{"direction"}),
-		registryLayers: prometheus.NewCounterVec(prometheus.CounterOpts{
+		RegistryLayers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "layercache_registry_layers_total",
 			Help: "Layers moved between this node and registries, by direction (push, pull; mount and copy: a seeded layer's blob mounted or copied from its fallback's repository instead of pushed).",
 		}, []string{"direction"}),
-		registrySeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		RegistrySeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "layercache_registry_duration_seconds", Buckets: buckets,
 			Help: "Time to push one layer (export, compress, upload, append to the Cache's chain) or to pull a cache's missing layers.",
 		}, []string{"direction"}),
-		publishLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+		PublishLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "layercache_publish_lag_seconds", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16), // 10ms .. 5.5min
 			Help: "Time from a layer's commit to its append to the Cache's published chain: how long other nodes wait for it.",
 		}),
-		announceWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		AnnounceWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "layercache_announced_wait_seconds", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
 			Help: "Time a provisioning waited for layers other nodes had announced, by outcome (arrived, timeout).",
 		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.provisionSeconds, m.commitSeconds, m.hits, m.misses, m.bytes, m.layers, m.generation, m.failures, m.ends, m.endDelay, m.registryBytes, m.registryLayers, m.registrySeconds, m.publishLag, m.announceWait} {
+	for _, c := range []prometheus.Collector{m.ProvisionSeconds, m.CommitSeconds, m.Hits, m.Misses, m.bytes, m.layers, m.Generation, m.Failures, m.Ends, m.EndDelay, m.RegistryBytes, m.RegistryLayers, m.RegistrySeconds, m.PublishLag, m.AnnounceWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -131,34 +131,34 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) fail(op, reason string) {
-	m.failures.WithLabelValues(op, strings.ToLower(reason)).Inc()
+func (m *Metrics) Fail(op, reason string) {
+	m.Failures.WithLabelValues(op, strings.ToLower(reason)).Inc()
 }
 
-func (m *metrics) setCache(info layerfs.CacheInfo) {
+func (m *Metrics) SetCache(info layerfs.CacheInfo) {
 	ns, name := info.Cache.Namespace, info.Cache.Name
 	m.bytes.WithLabelValues(ns, name).Set(float64(info.Bytes))
 	m.layers.WithLabelValues(ns, name).Set(float64(len(info.Layers)))
-	m.generation.WithLabelValues(ns, name).Set(float64(info.Generation))
+	m.Generation.WithLabelValues(ns, name).Set(float64(info.Generation))
 }
 
-func (m *metrics) forgetCache(c layerfs.CacheRef) {
-	for _, v := range []*prometheus.GaugeVec{m.bytes, m.layers, m.generation} {
+func (m *Metrics) ForgetCache(c layerfs.CacheRef) {
+	for _, v := range []*prometheus.GaugeVec{m.bytes, m.layers, m.Generation} {
 		v.DeleteLabelValues(c.Namespace, c.Name)
 	}
-	m.hits.DeletePartialMatch(prometheus.Labels{"namespace": c.Namespace, "cache": c.Name})
-	m.misses.DeleteLabelValues(c.Namespace, c.Name)
+	m.Hits.DeletePartialMatch(prometheus.Labels{"namespace": c.Namespace, "cache": c.Name})
+	m.Misses.DeleteLabelValues(c.Namespace, c.Name)
 }
 
-// provisioned counts a new volume of cache as a hit, by the source it
+// Provisioned counts a new volume of cache as a hit, by the source it
 // starts from, or a miss.
-func (m *metrics) provisioned(cache layerfs.CacheRef, v *layerfs.Volume) {
+func (m *Metrics) Provisioned(cache layerfs.CacheRef, v *layerfs.Volume) {
 	switch {
 	case v.BaseGeneration > 0:
-		m.hits.WithLabelValues(cache.Namespace, cache.Name, hitCache).Inc()
+		m.Hits.WithLabelValues(cache.Namespace, cache.Name, HitCache).Inc()
 	case v.SeededFrom != nil:
-		m.hits.WithLabelValues(cache.Namespace, cache.Name, hitFallback).Inc()
+		m.Hits.WithLabelValues(cache.Namespace, cache.Name, HitFallback).Inc()
 	default:
-		m.misses.WithLabelValues(cache.Namespace, cache.Name).Inc()
+		m.Misses.WithLabelValues(cache.Namespace, cache.Name).Inc()
 	}
 }

@@ -1,0 +1,72 @@
+package kit
+
+import "fmt"
+
+// Event reasons; they double as the reason label of the failures metric
+// (lower-cased), so keep the set small and fixed.
+const (
+	ReasonInvalidAnnotation   = "InvalidAnnotation"
+	ReasonInvalidAttribute    = "InvalidVolumeAttributes"
+	ReasonRegistryCache       = "RegistryCacheNotInline"
+	ReasonCSINotEnabled       = "CSINotEnabled"
+	ReasonInvalidStorageClass = "InvalidStorageClass"
+	ReasonCacheTemplate       = "CacheTemplateFailed"
+	ReasonCacheAccessDenied   = "CacheAccessDenied"
+	ReasonCacheDeleting       = "CacheDeleting"
+	ReasonModeForcedRead      = "ModeForcedRead"
+	ReasonMountFailed         = "MountFailed"
+	ReasonCommitted           = "Committed"
+	ReasonCommitDropped       = "CommitDropped"
+	ReasonCommitTorn          = "CommitTorn"
+	ReasonCommitOverLimit     = "CommitOverLimit"
+	ReasonDiscarded           = "Discarded"
+	ReasonCommitFailed        = "CommitFailed"
+	ReasonDiscardFailed       = "DiscardFailed"
+	ReasonInvalidVolume       = "InvalidVolumeAnnotations"
+	ReasonRemountFailed       = "RemountFailed"
+	ReasonRetention           = "RetentionExceeded"
+	ReasonSeeded              = "SeededFromFallback"
+	ReasonFallbackIgnored     = "FallbackIgnored"
+)
+
+// Event reasons of registry sync.
+const (
+	ReasonSyncIncomplete     = "SyncIncomplete"
+	ReasonRegistryFailed     = "RegistryFailed"
+	ReasonPublished          = "Published"
+	ReasonLayerTooLarge      = "LayerTooLarge"
+	ReasonLayerUnpublishable = "LayerUnpublishable"
+	// ReasonUntrustedChain is the Event reason and, lower-cased, the
+	// failure metric's reason of a refused chain.
+	ReasonUntrustedChain = "UntrustedChain"
+	// ReasonAnnouncementWithdrawn is the Event of a commit a node
+	// announced and will not publish.
+	ReasonAnnouncementWithdrawn = "AnnouncementWithdrawn"
+)
+
+// Actions of the agent's Events (events.k8s.io says what the reporter did
+// or failed to do).
+const (
+	ActionProvision = "Provision"
+	ActionCommit    = "Commit"
+	ActionDiscard   = "Discard"
+	ActionEnd       = "End"
+	ActionRemount   = "Remount"
+	ActionRemove    = "Remove"
+	ActionPush      = "Push"
+	ActionPull      = "Pull"
+)
+
+// ClaimError is a claim that cannot be provisioned as it stands. Reason is
+// the Event reason; the message names the input, its value and the fix.
+type ClaimError struct {
+	Reason  string
+	Message string
+}
+
+func (e *ClaimError) Error() string { return e.Message }
+
+func classError(class, format string, args ...any) error {
+	return &ClaimError{Reason: ReasonInvalidStorageClass,
+		Message: fmt.Sprintf("StorageClass %q: ", class) + fmt.Sprintf(format, args...)}
+}

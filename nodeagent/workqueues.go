@@ -1,0 +1,45 @@
+package nodeagent
+
+import (
+	"context"
+
+	"github.com/layercache/layercache/nodeagent/kit"
+)
+
+// workQueues are the agent's three queues of work off the critical path.
+// The agent makes and runs them, and hands each part the queues it feeds;
+// the queues call the maintainer and the syncer, which do the work. One
+// owner keeps the wiring in one place: no part makes a queue another
+// part runs.
+type workQueues struct {
+	// reports applies a cache's CacheReplica (maintainer.report); fed by
+	// provisioning, build ends, sync and maintenance.
+	reports *kit.CacheQueue
+	// squashes merges a deep cache's layers (maintainer.squash); fed by
+	// commits and syncs that leave a cache deep.
+	squashes *kit.CacheQueue
+	// publishes pushes a cache's new layers (syncer.publish); fed by
+	// commits and maintenance.
+	publishes *kit.CacheQueue
+}
+
+// publishWorkers bounds the caches published at once. A layer's publish
+// waits mostly on the registry and the API server, so a backlog over
+// several caches (after a registry outage) goes out that many times
+// faster; a cache's own layers go in order, by one worker.
+const publishWorkers = 4
+
+func newWorkQueues(maint *maintainer, sync *syncer) workQueues {
+	return workQueues{
+		reports:   kit.NewCacheQueue("report", 1, maint.report),
+		squashes:  kit.NewCacheQueue("squash", 1, maint.squash),
+		publishes: kit.NewCacheQueue("publish", publishWorkers, sync.publish),
+	}
+}
+
+// run works every queue, each on its own goroutine, until ctx ends.
+func (q workQueues) run(ctx context.Context) {
+	go q.reports.Run(ctx)
+	go q.squashes.Run(ctx)
+	go q.publishes.Run(ctx)
+}
