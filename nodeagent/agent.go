@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -41,6 +42,7 @@ import (
 	"github.com/layercache/layercache/internal/bootstrap"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/registrysync"
 	"github.com/layercache/layercache/remote"
 )
 
@@ -101,9 +103,22 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("register metrics: %w", err)
 	}
 
-	a := newAgent(opts, st, &kit.Caches{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Node: opts.NodeName}, mgr.GetEventRecorder(Component), m)
-	a.prov.hostname = nodeHostname(ctx, clientset, opts.NodeName)
-	if err := a.wire(ctx, clientset, crmetrics.Registry); err != nil {
+	// The provision controller's informers, shared: chains are checked
+	// against the classes without a request per pull.
+	claimInformers := newClaimInformers(clientset, opts.NodeName, controller.DefaultResyncPeriod)
+	a := newAgent(opts, agentParts{
+		store: st, caches: &kit.Caches{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Node: opts.NodeName},
+		events: mgr.GetEventRecorder(Component), metrics: m,
+		hostname: nodeHostname(ctx, clientset, opts.NodeName),
+		getPod: func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+			return clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		},
+		classes: claimInformers.Storage().V1().StorageClasses().Lister(),
+		secrets: func(ctx context.Context, name string) (*corev1.Secret, error) {
+			return clientset.CoreV1().Secrets(opts.Namespace).Get(ctx, name, metav1.GetOptions{})
+		},
+	})
+	if err := a.wire(ctx, clientset, claimInformers, crmetrics.Registry); err != nil {
 		return err
 	}
 
@@ -155,6 +170,7 @@ type agent struct {
 	store kit.Store
 	prov  *Provisioner
 	maint *maintainer
+	sync  *registrysync.Syncer
 	// queues is the work off the critical path; the agent runs it, the
 	// parts feed it.
 	queues workQueues
@@ -172,41 +188,57 @@ type agent struct {
 	ready atomic.Bool
 }
 
-func newAgent(opts Options, st kit.Store, c *kit.Caches, events events.EventRecorder, m *kit.Metrics) *agent {
+// agentParts are what an agent is made over: its store, the API as it
+// reads and writes it, and what it reports through.
+type agentParts struct {
+	store   kit.Store
+	caches  *kit.Caches
+	events  events.EventRecorder
+	metrics *kit.Metrics
+	// hostname is the node's kubernetes.io/hostname, which PVs' node
+	// affinity names (nodeHostname).
+	hostname string
+	// getPod reads a claim's owning pod (Provisioner.getPod).
+	getPod podGetter
+	// classes and secrets are the registry sync's (registrysync.Config).
+	classes storagelisters.StorageClassLister
+	secrets registrysync.SecretGetter
+	// unpublishGiveUp is registrysync.Config's; 0 in production.
+	unpublishGiveUp time.Duration
+}
+
+func newAgent(opts Options, p agentParts) *agent {
+	queues := newWorkQueues()
+	sync := registrysync.New(registrysync.Config{
+		Node: opts.NodeName, Store: p.store, Caches: p.caches, Events: p.events, Metrics: p.metrics,
+		Classes: p.classes, Secrets: p.secrets,
+		TmpDir: filepath.Join(opts.Root, "tmp"), Compression: remote.Compression(opts.RegistryCompression),
+		Reports: queues.reports, Squashes: queues.squashes, Publishes: queues.publishes,
+		UnpublishGiveUp: p.unpublishGiveUp,
+	})
 	maint := &maintainer{
-		node: opts.NodeName, store: st, caches: c, events: events, metrics: m,
-		gc: layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
+		node: opts.NodeName, store: p.store, caches: p.caches, events: p.events, metrics: p.metrics,
+		gc:      layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
+		reports: queues.reports, publishes: queues.publishes, sync: sync,
 	}
-	sync := &syncer{
-		node: opts.NodeName, store: st, caches: c, events: events, metrics: m,
-		tmpDir: filepath.Join(opts.Root, "tmp"), compression: remote.Compression(opts.RegistryCompression),
-		failing: map[layerfs.CacheRef]string{}, stuck: map[layerfs.CacheRef]string{}, inFlight: map[string]bool{},
-		deleteFailing: map[layerfs.CacheRef]string{},
-		trust:         &trust{},
-	}
-	queues := newWorkQueues(maint, sync)
-	maint.reports, maint.publishes = queues.reports, queues.publishes
-	maint.publishError = sync.publishError
-	maint.unpublish = sync.unpublish
-	sync.reports, sync.squashes, sync.publishes = queues.reports, queues.squashes, queues.publishes
 	prov := &Provisioner{
-		node: opts.NodeName, hostname: opts.NodeName, store: st, gateRoot: opts.Root, caches: c, events: events, metrics: m,
-		reports: queues.reports, squashes: queues.squashes, seen: newOutcomes(), sync: sync,
+		node: opts.NodeName, hostname: p.hostname, store: p.store, gateRoot: opts.Root, caches: p.caches, events: p.events, metrics: p.metrics,
+		getPod: p.getPod, reports: queues.reports, squashes: queues.squashes, seen: newOutcomes(), sync: sync,
 	}
-	return &agent{opts: opts, store: st, prov: prov, maint: maint, queues: queues}
+	return &agent{opts: opts, store: p.store, prov: prov, maint: maint, sync: sync, queues: queues}
 }
 
 // wire builds the provision controller and the build-end watcher on
 // informers the agent shares: the PV and pod informers see only this node's
 // objects (by label and field), which keeps the agent's memory independent
 // of the cluster's size.
-func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg prometheus.Registerer) error {
+func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, claimInformers informers.SharedInformerFactory, reg prometheus.Registerer) error {
 	resync := controller.DefaultResyncPeriod
 	// No cached object keeps its managed fields, which are often its
 	// largest part; claims are the cluster's, so those of other nodes are
 	// left out (nodeClaimInformer).
 	strip := informers.WithTransform(crcache.TransformStripManagedFields())
-	a.claimInformers = newClaimInformers(clientset, a.opts.NodeName, resync)
+	a.claimInformers = claimInformers
 	a.pvInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync, strip,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.Set{labelNode: a.opts.NodeName}.String()
@@ -220,15 +252,6 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, reg pr
 	claimInformer := a.claimInformers.Core().V1().PersistentVolumeClaims()
 	if err := a.wireBuildEnds(clientset, pvInformer.Informer(), claimInformer.Lister()); err != nil {
 		return err
-	}
-	a.prov.getPod = func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
-		return clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-	}
-	// The provision controller's class informer, shared: chains are
-	// checked against the classes without a request per pull.
-	a.prov.sync.trust.classes = a.claimInformers.Storage().V1().StorageClasses().Lister()
-	a.prov.sync.secrets = func(ctx context.Context, name string) (*corev1.Secret, error) {
-		return clientset.CoreV1().Secrets(a.opts.Namespace).Get(ctx, name, metav1.GetOptions{})
 	}
 
 	lib := libmetrics.New("controller")
@@ -355,7 +378,7 @@ func (a *agent) run(ctx context.Context) error {
 	// restarts), rather than leave their pods waiting for a driver.
 	ctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	a.queues.run(ctx)
+	a.queues.run(ctx, a.maint, a.sync)
 	go a.periodic(ctx)
 	go a.ends.run(ctx, buildEndWorkers)
 	go a.holds.run(ctx, buildEndWorkers)

@@ -12,10 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/layercache/layercache/api/v1alpha1"
-	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
 )
 
@@ -55,7 +53,7 @@ func TestAReaderWaitsForTheCommitAnnouncedOnAnotherNode(t *testing.T) {
 	published := make(chan error, 1)
 	go func() {
 		time.Sleep(time.Second)
-		published <- c.nodes["node-a"].prov.sync.publish(context.Background(), maven)
+		published <- c.nodes["node-a"].sync.Publish(context.Background(), maven)
 	}()
 	reader := c.provision(t, "node-b", "reader")
 	if err := <-published; err != nil {
@@ -66,7 +64,7 @@ func TestAReaderWaitsForTheCommitAnnouncedOnAnotherNode(t *testing.T) {
 		t.Errorf("chain after the publish %+v: want generation 2 and no announcement left", pub)
 	}
 	wantEvents(t, c.nodes["node-b"], "Warning "+kit.ReasonSyncIncomplete, 0)
-	if n := histogramCount(t, c.nodes["node-b"].prov.sync.metrics.AnnounceWait.WithLabelValues("arrived")); n != 1 {
+	if n := histogramCount(t, c.nodes["node-b"].parts.metrics.AnnounceWait.WithLabelValues("arrived")); n != 1 {
 		t.Errorf("node-b observed %d waits that arrived, want 1", n)
 	}
 }
@@ -86,7 +84,7 @@ func TestAnAnnouncementThatDoesNotArriveIsAnEventNamingIt(t *testing.T) {
 	wantEvents(t, c.nodes["node-b"], "Warning "+kit.ReasonSyncIncomplete, 1, "generation 1 from node node-a", "syncTimeout")
 
 	// It arrives for later builds.
-	if err := c.nodes["node-a"].prov.sync.publish(context.Background(), maven); err != nil {
+	if err := c.nodes["node-a"].sync.Publish(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
 	wantFile(t, c.provision(t, "node-b", "later"), "late.txt", "late")
@@ -161,7 +159,7 @@ func TestAnnouncementsAreResolved(t *testing.T) {
 		// The agent's queue dies with it; the new agent's periodic pass
 		// queues a publish of the unpublished layer.
 		restarted := c.restart(t, "node-a")
-		if err := restarted.prov.sync.publish(context.Background(), maven); err != nil {
+		if err := restarted.sync.Publish(context.Background(), maven); err != nil {
 			t.Fatal(err)
 		}
 		if pub := c.published(t); pub.Generation != 1 || len(pub.Announced) != 0 {
@@ -174,9 +172,9 @@ func TestAnnouncementsAreResolved(t *testing.T) {
 		pv := c.provision(t, "node-a", "build")
 		writeFile(t, pv, "a.txt", "a")
 		// Killed after the announcement, before the commit.
-		c.nodes["node-a"].prov.sync.announce(context.Background(), maven, pv.Name)
+		c.nodes["node-a"].prov.sync.Announce(context.Background(), maven, pv.Name)
 		restarted := c.restart(t, "node-a")
-		if err := restarted.prov.sync.publish(context.Background(), maven); err != nil {
+		if err := restarted.sync.Publish(context.Background(), maven); err != nil {
 			t.Fatal(err)
 		}
 		if pub := c.published(t); len(pub.Announced) != 1 {
@@ -193,7 +191,7 @@ func TestAnnouncementsAreResolved(t *testing.T) {
 		c := newSyncCluster(t)
 		a := c.nodes["node-a"]
 		st := &unpublishableStore{Store: a.store, sockets: map[string]bool{}}
-		a.prov.sync.store = st
+		a = c.startAgentWith(t, "node-a", a.store, func(p *agentParts) { p.store = st })
 		pv := c.provision(t, "node-a", "build")
 		writeFile(t, pv, "a.txt", "a")
 		c.end(t, "node-a", pv)
@@ -202,7 +200,7 @@ func TestAnnouncementsAreResolved(t *testing.T) {
 			t.Fatal(err)
 		}
 		st.sockets[info.Layers[0].ID] = true
-		if err := a.prov.sync.publish(context.Background(), maven); err != nil {
+		if err := a.sync.Publish(context.Background(), maven); err != nil {
 			t.Fatal(err)
 		}
 		if pub := c.published(t); len(pub.Announced) != 0 {
@@ -219,7 +217,7 @@ func TestAnnouncingCostsOneWritePerCommit(t *testing.T) {
 	c.provision(t, "node-b", "prepare") // records the registry: one write
 	counted := &countingClient{Client: c.client}
 	for _, n := range c.nodes {
-		n.prov.sync.caches.Client = counted
+		n.caches.Client = counted
 	}
 	pv := c.provision(t, "node-a", "build")
 	writeFile(t, pv, "a.txt", "a")
@@ -256,47 +254,6 @@ func TestAnAnnouncedCommitThatMakesNoLayerIsWithdrawn(t *testing.T) {
 		t.Errorf("chain %+v: want no layer and no announcement", pub)
 	}
 	wantEvents(t, c.nodes["node-a"], "Warning "+kit.ReasonAnnouncementWithdrawn, 1, "made no layer")
-}
-
-// A commit into a cache without a published chain (no registry) costs no
-// read of the API server on its path: announce looks at the informer's
-// copy first, and only a chain there is worth a live read.
-func TestAnnounceWithoutAChainReadsNothingLive(t *testing.T) {
-	tests := []struct {
-		name     string
-		cache    *v1alpha1.Cache
-		wantLive bool
-	}{
-		{name: "no chain", cache: &v1alpha1.Cache{ObjectMeta: metav1.ObjectMeta{Namespace: "ci", Name: "go"}}},
-		{name: "no Cache"},
-		{name: "a chain", wantLive: true, cache: &v1alpha1.Cache{ObjectMeta: metav1.ObjectMeta{Namespace: "ci", Name: "go"},
-			Status: v1alpha1.CacheStatus{Published: &v1alpha1.PublishedChain{Repository: "registry.example:5000/go"}}}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var objs []client.Object
-			if tt.cache != nil {
-				objs = append(objs, tt.cache)
-			}
-			cached := newCacheClient(t, objs...)
-			var live atomic.Int64
-			reader := interceptor.NewClient(cached.(client.WithWatch), interceptor.Funcs{
-				Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-					live.Add(1)
-					return c.Get(ctx, key, obj, opts...)
-				},
-			})
-			s := &syncer{node: "node-a", caches: &kit.Caches{Client: cached, Reader: reader, Node: "node-a"},
-				inFlight: map[string]bool{}, trust: &trust{}}
-			s.announce(t.Context(), layerfs.CacheRef{Namespace: "ci", Name: "go"}, "pvc-1")
-			if got := live.Load() > 0; got != tt.wantLive {
-				t.Errorf("%d live reads of the Cache, want any: %v", live.Load(), tt.wantLive)
-			}
-			if !s.inFlight["pvc-1"] {
-				t.Error("the volume is not in flight after announce")
-			}
-		})
-	}
 }
 
 // drain returns the events node recorded since the last drain.

@@ -50,7 +50,7 @@ func BenchmarkHandoffAcrossNodes(b *testing.B) {
 		c.end(b, "node-a", pv)
 		published := make(chan time.Duration, 1)
 		go func() {
-			if err := c.nodes["node-a"].prov.sync.publish(context.Background(), maven); err != nil {
+			if err := c.nodes["node-a"].sync.Publish(context.Background(), maven); err != nil {
 				b.Error(err)
 			}
 			published <- time.Since(start)

@@ -112,11 +112,11 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 	changed, err := p.store.HasChanges(ctx, volume)
 	announced := err == nil && changed
 	if announced {
-		p.sync.announce(ctx, rec.Cache, volume)
+		p.sync.Announce(ctx, rec.Cache, volume)
 	}
 	res, err := p.store.Commit(ctx, volume)
 	if announced && (err == nil || errors.Is(err, layerfs.ErrNotFound)) {
-		p.sync.committed(ctx, rec.Cache, volume, res.Layer != "")
+		p.sync.Committed(ctx, rec.Cache, volume, res.Layer != "")
 	}
 	if errors.Is(err, layerfs.ErrNotFound) {
 		logger.Info("Volume already gone; nothing to commit")
@@ -164,7 +164,7 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 	}
 	if res.Layer != "" {
 		// A cache without a registry costs the publisher one read.
-		p.sync.queuePublish(rec.Cache)
+		p.sync.QueuePublish(rec.Cache)
 	}
 	return out, nil
 }

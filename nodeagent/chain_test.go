@@ -27,7 +27,7 @@ func (s *interruptedStore) SetLayerDigest(ctx context.Context, ref layerfs.Cache
 func TestSyncPublishInterruptedAfterTheChainUpdateIsNotDuplicated(t *testing.T) {
 	c := newSyncCluster(t)
 	a := c.nodes["node-a"]
-	a.prov.sync.store = &interruptedStore{Store: a.store}
+	a = c.startAgentWith(t, "node-a", a.store, func(p *agentParts) { p.store = &interruptedStore{Store: a.store} })
 	pv := c.provision(t, "node-a", "build")
 	writeFile(t, pv, "x.txt", "once")
 	if err := c.commit(t, "node-a", pv); err == nil {
@@ -38,14 +38,14 @@ func TestSyncPublishInterruptedAfterTheChainUpdateIsNotDuplicated(t *testing.T) 
 	}
 	// The restarted agent finds the layer unpublished, pushes the same
 	// blob again and finds it in the chain.
-	if err := a.prov.sync.publish(context.Background(), maven); err != nil {
+	if err := a.sync.Publish(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
 	if pub := c.published(t); pub.Generation != 1 || len(pub.Layers) != 1 {
 		t.Errorf("chain %+v: want the layer once", pub)
 	}
 	info, err := a.store.Inspect(context.Background(), maven)
-	if err != nil || len(unpublished(info)) != 0 || info.Layers[0].Digest != c.published(t).Layers[0].Digest {
+	if err != nil || a.sync.Status(maven, info).Unpublished != 0 || info.Layers[0].Digest != c.published(t).Layers[0].Digest {
 		t.Errorf("node-a's layers %+v (%v): want the layer recorded as published", info.Layers, err)
 	}
 }
@@ -65,7 +65,7 @@ func TestSyncSquashReplacesTheRunItCovers(t *testing.T) {
 	if res, err := a.store.Squash(ctx, maven, 1); err != nil || !res.Squashed {
 		t.Fatalf("squash: %+v, %v", res, err)
 	}
-	if err := a.prov.sync.publish(ctx, maven); err != nil {
+	if err := a.sync.Publish(ctx, maven); err != nil {
 		t.Fatal(err)
 	}
 	pub := c.published(t)

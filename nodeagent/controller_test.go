@@ -16,9 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
+	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 
 	"github.com/layercache/layercache/api/v1alpha1"
-	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // TestControllerTwoNodes runs the provisioner library's controller for two
@@ -42,8 +42,11 @@ func TestControllerTwoNodes(t *testing.T) {
 		// below the root.
 		opts.Root = t.TempDir()
 		t.Cleanup(func() { _ = unix.Unmount(filepath.Join(opts.Root, gateDir), unix.MNT_DETACH) })
-		a := newAgent(opts, st, &kit.Caches{Client: cacheClient, Reader: cacheClient, Node: node}, env.events, testMetrics(t))
-		if err := a.wire(ctx, clientset, prometheus.NewRegistry()); err != nil {
+		claimInformers := newClaimInformers(clientset, node, controller.DefaultResyncPeriod)
+		parts := testParts(t, node, st, cacheClient, env.events)
+		parts.classes = claimInformers.Storage().V1().StorageClasses().Lister()
+		a := newAgent(opts, parts)
+		if err := a.wire(ctx, clientset, claimInformers, prometheus.NewRegistry()); err != nil {
 			t.Fatal(err)
 		}
 		env.prov, env.maint, env.client = a.prov, a.maint, cacheClient

@@ -17,13 +17,12 @@
 //     the build's markers. podhold.go holds such pods with a finalizer
 //     until their volumes have ended, so a pod deleted as it ends keeps
 //     its outcome while the agent is away;
-//   - registry sync (kit's registry.go, sync.go, pull.go, publish.go, chain.go,
-//     announce.go, trust.go): for classes that name a registry, it pulls
-//     the layers its node lacks before a mount (pull.go), pushes committed
-//     layers (publish.go) and appends them to the Cache's status.published,
-//     the cluster-wide chain (chain.go), which only the owner's writing
-//     claims place and which the agent checks against the classes it
-//     serves before a byte moves (trust.go);
+//   - registry sync (the package registrysync, which the parts hold as the
+//     interface registrySync): for classes that name a registry, it pulls
+//     the layers its node lacks before a mount, pushes committed layers and
+//     appends them to the Cache's status.published, the cluster-wide chain,
+//     which it checks against the classes the agent serves before a byte
+//     moves;
 //   - maintenance (maintain.go, kit's caches.go and queue.go): status reports on
 //     the Cache resources, squashes, retention, GC and the cleanup of
 //     deleted caches, off the critical path;

@@ -22,6 +22,7 @@ import (
 	"github.com/layercache/layercache/internal/bootstrap"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/registrysync"
 )
 
 func testScheme(t testing.TB) *runtime.Scheme {
@@ -53,6 +54,7 @@ func testMetrics(t testing.TB) *kit.Metrics {
 type testEnv struct {
 	prov   *Provisioner
 	maint  *maintainer
+	sync   *registrysync.Syncer
 	store  *fakeStore
 	client client.Client
 	events *events.FakeRecorder
@@ -69,11 +71,21 @@ func newTestEnv(t testing.TB, st kit.Store, objs ...client.Object) *testEnv {
 	events := events.NewFakeRecorder(100)
 	opts := DefaultOptions()
 	opts.NodeName = "node-a"
-	a := newAgent(opts, st, &kit.Caches{Client: c, Reader: c, Node: "node-a"}, events, testMetrics(t))
+	a := newAgent(opts, testParts(t, "node-a", st, c, events))
 	// The fake store's volumes are nowhere: no mount gate (gate_test.go
 	// tests it on a tmpfs of its own).
 	a.prov.gateRoot = ""
-	return &testEnv{prov: a.prov, maint: a.maint, store: fs, client: c, events: events}
+	return &testEnv{prov: a.prov, maint: a.maint, sync: a.sync, store: fs, client: c, events: events}
+}
+
+// testParts are the parts of node's agent over st and the API c, whose
+// hostname is its name; its registry sync trusts no class until a test
+// gives it some.
+func testParts(t testing.TB, node string, st kit.Store, c client.Client, events events.EventRecorder) agentParts {
+	return agentParts{
+		store: st, caches: &kit.Caches{Client: c, Reader: c, Node: node}, events: events, metrics: testMetrics(t),
+		hostname: node,
+	}
 }
 
 // drainEvents returns the events recorded so far as "Type Reason Message".

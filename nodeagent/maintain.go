@@ -30,10 +30,9 @@ type maintainer struct {
 	reports *kit.CacheQueue
 	// publishes pushes caches whose layers are not in their registry yet.
 	publishes *kit.CacheQueue
-	// publishError is a cache's last publish failure on this node.
-	publishError func(layerfs.CacheRef) string
-	// unpublish deletes a deleted Cache's registry copy (unpublish.go).
-	unpublish func(context.Context, *v1alpha1.Cache) error
+	// sync reports a cache's sync state, publishes and deletes a deleted
+	// Cache's registry copy.
+	sync registrySync
 }
 
 // report states this node's view of a cache on its Cache resource.
@@ -56,10 +55,8 @@ func (m *maintainer) report(ctx context.Context, ref layerfs.CacheRef) error {
 	}
 	var synced *kit.SyncStatus
 	if cache.Status.Published != nil {
-		synced = &kit.SyncStatus{Unpublished: len(unpublished(info))}
-		if m.publishError != nil {
-			synced.PublishError = m.publishError(ref)
-		}
+		status := m.sync.Status(ref, info)
+		synced = &status
 	}
 	if err := m.caches.ApplyStatus(ctx, cache, info, synced); err != nil {
 		m.metrics.Fail(kit.OpReport, "api")
@@ -119,10 +116,7 @@ func (m *maintainer) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if removed {
 		log.FromContext(ctx).Info("Removed cache from node, as its Cache is being deleted", "cache", ref.String())
 	}
-	if m.unpublish != nil {
-		err = errors.Join(err, m.unpublish(ctx, &cache))
-	}
-	return reconcile.Result{}, err
+	return reconcile.Result{}, errors.Join(err, m.sync.Unpublish(ctx, &cache))
 }
 
 // pass is the periodic maintenance: the node-wide GC, then per cache
@@ -217,7 +211,7 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 		return err
 	}
 	m.reports.Add(info.Cache)
-	if cache.Status.Published != nil && (needsPublish(info, cache.Status.Published) || len(announcedBy(cache.Status.Published, m.node)) > 0) {
+	if cache.Status.Published != nil && m.sync.Owes(info, cache.Status.Published) {
 		m.publishes.Add(info.Cache)
 	}
 	return nil

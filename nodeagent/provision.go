@@ -15,6 +15,7 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/registrysync"
 	"github.com/layercache/layercache/podfacts"
 )
 
@@ -25,6 +26,23 @@ const annSelectedNode = "volume.kubernetes.io/selected-node"
 // owns a claim before the scheduler binds it to this node, so the agent's
 // informer of this node's pods does not have it yet.
 type podGetter func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+
+// registrySync is the registry sync (package registrysync) as the
+// provisioner, the build ends and the maintenance call it: pull and seed
+// before a mount, announce and committed around a commit, publish after
+// it, and the cleanup of a deleted Cache's registry copy.
+type registrySync interface {
+	Pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest)
+	Seed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) ([]layerfs.CacheRef, map[layerfs.CacheRef]string)
+	Announce(ctx context.Context, ref layerfs.CacheRef, volume string)
+	Committed(ctx context.Context, ref layerfs.CacheRef, volume string, layer bool)
+	QueuePublish(ref layerfs.CacheRef)
+	Owes(info layerfs.CacheInfo, pub *v1alpha1.PublishedChain) bool
+	Status(ref layerfs.CacheRef, info layerfs.CacheInfo) kit.SyncStatus
+	Unpublish(ctx context.Context, cache *v1alpha1.Cache) error
+}
+
+var _ registrySync = (*registrysync.Syncer)(nil)
 
 // Provisioner provisions and deletes the layercache volumes of one node.
 type Provisioner struct {
@@ -47,7 +65,7 @@ type Provisioner struct {
 	squashes *kit.CacheQueue
 	// sync keeps caches whose class names a registry in step across
 	// nodes.
-	sync *syncer
+	sync registrySync
 	// holds holds a build pod before its volume is handed out and
 	// releases it once the volume ended; nil in tests that don't look at
 	// them.
@@ -115,8 +133,8 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 		}
 	}
 	if req.Registry != nil {
-		p.sync.pull(ctx, claim, req)
-		req.Fallbacks, req.FallbackRepositories = p.sync.seed(ctx, claim, req)
+		p.sync.Pull(ctx, claim, req)
+		req.Fallbacks, req.FallbackRepositories = p.sync.Seed(ctx, claim, req)
 	}
 	vol, err := p.store.Mount(ctx, opts.PVName, req.MountOptions())
 	if err != nil {

@@ -52,7 +52,7 @@ func (c *syncCluster) build(t testing.TB, node, name string, ref layerfs.CacheRe
 		writeFile(t, pv, f, f+" from "+name)
 	}
 	c.end(t, node, pv)
-	if err := c.nodes[node].prov.sync.publish(context.Background(), ref); err != nil {
+	if err := c.nodes[node].sync.Publish(context.Background(), ref); err != nil {
 		t.Fatalf("publish %s from %s: %v", ref, node, err)
 	}
 	return pv
@@ -106,9 +106,9 @@ func TestSeedAcrossNodes(t *testing.T) {
 			writeFile(t, pr, "pr.txt", "pr")
 			before := len(c.reg.Log())
 			rec := &chainRecorder{Client: c.client, ref: ciPR1}
-			c.nodes["node-b"].prov.sync.caches.Client = rec
+			c.nodes["node-b"].caches.Client = rec
 			c.end(t, "node-b", pr)
-			if err := c.nodes["node-b"].prov.sync.publish(context.Background(), ciPR1); err != nil {
+			if err := c.nodes["node-b"].sync.Publish(context.Background(), ciPR1); err != nil {
 				t.Fatalf("publish pr-1: %v", err)
 			}
 
@@ -141,7 +141,7 @@ func TestSeedAcrossNodes(t *testing.T) {
 			}
 			// node-b's pr-1 is all published now: nothing left to push.
 			info, err := c.nodes["node-b"].store.Inspect(context.Background(), ciPR1)
-			if err != nil || len(unpublished(info)) != 0 {
+			if err != nil || c.nodes["node-b"].sync.Status(ciPR1, info).Unpublished != 0 {
 				t.Errorf("pr-1 on node-b: %+v, %v; want every layer published", info, err)
 			}
 
@@ -152,7 +152,7 @@ func TestSeedAcrossNodes(t *testing.T) {
 			}
 			wantFile(t, next, "main.txt", "main.txt from main-1")
 			wantFile(t, next, "pr.txt", "pr")
-			if err := c.nodes["node-b"].prov.sync.publish(context.Background(), ciMain); err != nil {
+			if err := c.nodes["node-b"].sync.Publish(context.Background(), ciMain); err != nil {
 				t.Fatal(err)
 			}
 			if got := digests(c.chainOf(t, ciMain)); !slices.Equal(got, mainChain) {
@@ -236,7 +236,7 @@ func TestSeededPublishChecksTheFallbacksChain(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := len(c.reg.Log())
-			if err := c.nodes["node-b"].prov.sync.publish(context.Background(), ciPR1); err != nil {
+			if err := c.nodes["node-b"].sync.Publish(context.Background(), ciPR1); err != nil {
 				t.Fatalf("publish pr-1: %v", err)
 			}
 			if log := c.reg.Log()[before:]; slices.ContainsFunc(log, func(l string) bool { return strings.Contains(l, "mount=") }) {

@@ -22,6 +22,7 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/registrysync"
 	"github.com/layercache/layercache/remote/registrytest"
 )
 
@@ -49,7 +50,10 @@ type syncNode struct {
 	name   string
 	prov   *Provisioner
 	maint  *maintainer
+	sync   *registrysync.Syncer
 	store  *layerfs.Store
+	caches *kit.Caches
+	parts  agentParts
 	events *events.FakeRecorder
 }
 
@@ -64,7 +68,7 @@ func newSyncCluster(t testing.TB) *syncCluster {
 		Type:       corev1.SecretTypeDockerConfigJson,
 		Data: map[string][]byte{
 			corev1.DockerConfigJsonKey: reg.DockerConfig(registrytest.User, registrytest.Password),
-			secretKeyCA:                reg.CA,
+			registrysync.SecretKeyCA:   reg.CA,
 		},
 	}
 	c.addNode(t, "node-a")
@@ -93,13 +97,22 @@ func (c *syncCluster) restart(t testing.TB, name string) *syncNode {
 
 func (c *syncCluster) startAgent(t testing.TB, name string, st *layerfs.Store) *syncNode {
 	t.Helper()
+	return c.startAgentWith(t, name, st, func(*agentParts) {})
+}
+
+// startAgentWith starts node's agent over st with parts that change
+// changed: a store that fails where a test wants it to, say.
+func (c *syncCluster) startAgentWith(t testing.TB, name string, st *layerfs.Store, change func(*agentParts)) *syncNode {
+	t.Helper()
 	opts := DefaultOptions()
 	opts.NodeName, opts.Root = name, st.Root()
 	events := events.NewFakeRecorder(100)
-	a := newAgent(opts, st, &kit.Caches{Client: c.client, Reader: c.client, Node: name}, events, testMetrics(t))
-	a.prov.sync.secrets = c.getSecret
-	a.prov.sync.trust.classes = storagelisters.NewStorageClassLister(c.classes)
-	n := &syncNode{name: name, prov: a.prov, maint: a.maint, store: st, events: events}
+	parts := testParts(t, name, st, c.client, events)
+	parts.secrets = c.getSecret
+	parts.classes = storagelisters.NewStorageClassLister(c.classes)
+	change(&parts)
+	a := newAgent(opts, parts)
+	n := &syncNode{name: name, prov: a.prov, maint: a.maint, sync: a.sync, store: st, caches: parts.caches, parts: parts, events: events}
 	c.nodes[name] = n
 	return n
 }
@@ -155,7 +168,7 @@ func (c *syncCluster) provisionWith(t testing.TB, node, name string, extra map[s
 func (c *syncCluster) commit(t testing.TB, node string, pv *corev1.PersistentVolume) error {
 	t.Helper()
 	c.end(t, node, pv)
-	return c.nodes[node].prov.sync.publish(context.Background(), maven)
+	return c.nodes[node].sync.Publish(context.Background(), maven)
 }
 
 func (c *syncCluster) published(t testing.TB) *v1alpha1.PublishedChain {
@@ -256,7 +269,7 @@ func TestSyncRegistryOutageLosesNothing(t *testing.T) {
 	}
 	wantEvents(t, a, "Warning "+kit.ReasonRegistryFailed, 1, "caches/ci/maven", "stay on node node-a")
 	info, err := a.store.Inspect(context.Background(), maven)
-	if err != nil || info.Generation != 1 || len(unpublished(info)) != 1 {
+	if err != nil || info.Generation != 1 || a.sync.Status(maven, info).Unpublished != 1 {
 		t.Fatalf("node-a's cache %+v (%v): want the committed layer kept, unpublished", info, err)
 	}
 	if err := a.maint.report(context.Background(), maven); err != nil {
@@ -276,7 +289,7 @@ func TestSyncRegistryOutageLosesNothing(t *testing.T) {
 	wantEvents(t, c.nodes["node-b"], "Warning "+kit.ReasonSyncIncomplete, 1, "generation 1 from node node-a", "cannot publish now")
 
 	c.reg.SetDown(false)
-	if err := a.prov.sync.publish(context.Background(), maven); err != nil {
+	if err := a.sync.Publish(context.Background(), maven); err != nil {
 		t.Fatalf("publish after the outage: %v", err)
 	}
 	wantEvents(t, a, "Normal "+kit.ReasonPublished, 1)
@@ -295,7 +308,7 @@ func TestSyncBadCredentialsNameTheSecretAndRegistry(t *testing.T) {
 	}
 	wantEvents(t, c.nodes["node-a"], "Warning "+kit.ReasonRegistryFailed, 1,
 		`Secret "`+registrySecret+`"`, c.reg.Host+"/caches/ci/maven", "refused the credentials")
-	if got := failureReason(err); got != "unauthorized" {
+	if got := registrysync.FailureReason(err); got != "unauthorized" {
 		t.Errorf("failure reason %q, want unauthorized", got)
 	}
 }

@@ -10,9 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/opencontainers/go-digest"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -22,7 +20,6 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
-	"github.com/layercache/layercache/remote"
 )
 
 // The tests in this file pin the trust model of the published chain: the
@@ -246,95 +243,6 @@ func TestTrustAGenerationJumpIsRefused(t *testing.T) {
 	}
 }
 
-func TestCheckShape(t *testing.T) {
-	d := func(c byte) string { return "sha256:" + strings.Repeat(string(c), 64) }
-	layer := func(gen int64, digest string, covers ...string) v1alpha1.PublishedLayer {
-		return v1alpha1.PublishedLayer{Digest: digest, Size: 10, Generation: gen, Covers: covers, MediaType: string(remote.MediaTypeImageZstd)}
-	}
-	for _, tc := range []struct {
-		name string
-		pub  v1alpha1.PublishedChain
-		want string // "" for a chain the agents could have written
-	}{
-		{"empty", v1alpha1.PublishedChain{}, ""},
-		{"empty with a generation", v1alpha1.PublishedChain{Generation: 3}, "a chain without layers has generation 0"},
-		{"appends", v1alpha1.PublishedChain{Generation: 3, Layers: []v1alpha1.PublishedLayer{layer(3, d('c')), layer(2, d('b')), layer(1, d('a'))}}, ""},
-		{"squash below an append", v1alpha1.PublishedChain{Generation: 6, Layers: []v1alpha1.PublishedLayer{layer(6, d('c')), layer(5, d('b'), d('e'), d('f'))}}, ""},
-		{"squash of squashes", v1alpha1.PublishedChain{Generation: 40, Layers: []v1alpha1.PublishedLayer{layer(40, d('b'), d('e'), d('f'))}}, ""},
-		{"squash of fewer commits than layers", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{layer(1, d('b'), d('e'), d('f'))}}, "at least 2"},
-		{"generations rise", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{layer(1, d('b')), layer(2, d('a'))}}, "strictly decrease"},
-		{"a gap", v1alpha1.PublishedChain{Generation: 5, Layers: []v1alpha1.PublishedLayer{layer(5, d('b')), layer(1, d('a'))}}, "is one commit"},
-		{"bad digest", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{layer(1, "sha256:../../x")}}, "layers[0].digest"},
-		{"bad covered digest", v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{layer(2, d('a'), "md5:x", d('f'))}}, "layers[0].covers[0]"},
-		{"no size", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{{Digest: d('a'), Generation: 1}}}, "layers[0].size"},
-		// Issue 33, finding 7: a tenant-written mediaType sent a blob down
-		// the tar import path, where a sparse tar unpacked past its bound.
-		{"an OCI tar layer", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{{Digest: d('a'), Size: 10, Generation: 1, MediaType: "application/vnd.oci.image.layer.v1.tar"}}}, "layers[0].mediaType"},
-		{"announced", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "node-a", Volume: "pvc-1", Generation: 1}}}, ""},
-		{"announced by no node", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "../x", Volume: "pvc-1"}}}, "announced[0].node"},
-		{"announced without a volume", v1alpha1.PublishedChain{Announced: []v1alpha1.AnnouncedLayer{{Node: "node-a", Volume: "../x"}}}, "announced[0].volume"},
-		{"too many announced", v1alpha1.PublishedChain{Announced: make([]v1alpha1.AnnouncedLayer, maxAnnounced+1)}, "at most 64"},
-		// Issue 33, finding 2: one blob listed many times passed, and a
-		// node fetched and stored it as many times.
-		{"a digest listed twice", v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{layer(2, d('a')), layer(1, d('a'))}}, "layers[0].digest names it"},
-		{"a squash covering a layer of the chain", v1alpha1.PublishedChain{Generation: 3, Layers: []v1alpha1.PublishedLayer{layer(3, d('b'), d('a'), d('c')), layer(1, d('a'))}}, "layers[0].covers[0] names it"},
-		{"a squash of one layer naming it", v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{layer(2, d('a'), d('a'))}}, ""},
-		{"too long", chainOfLength(maxChainLayers + 1), "at most 500"},
-		{"as long as a node can mount", chainOfLength(maxChainLayers), ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := checkShape(maven, &tc.pub)
-			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
-				t.Errorf("checkShape: %v, want error containing %q", err, tc.want)
-			}
-		})
-	}
-}
-
-// chainOfLength is a well-formed chain of n appends.
-func chainOfLength(n int) v1alpha1.PublishedChain {
-	pub := v1alpha1.PublishedChain{Generation: int64(n)}
-	for g := n; g > 0; g-- {
-		pub.Layers = append(pub.Layers, v1alpha1.PublishedLayer{Digest: digest.FromString(fmt.Sprint(g)).String(), Size: 10, Generation: int64(g), MediaType: string(remote.MediaTypeImageZstd)})
-	}
-	return pub
-}
-
-func TestCheckJump(t *testing.T) {
-	d := "sha256:" + strings.Repeat("a", 64)
-	squash := func(gen int64) v1alpha1.PublishedLayer {
-		return v1alpha1.PublishedLayer{Digest: d, Size: 1, Generation: gen, Covers: []string{d, d}}
-	}
-	plain := func(gen int64) v1alpha1.PublishedLayer {
-		return v1alpha1.PublishedLayer{Digest: d, Size: 1, Generation: gen}
-	}
-	chain := func(layers ...v1alpha1.PublishedLayer) *v1alpha1.PublishedChain {
-		return &v1alpha1.PublishedChain{Generation: layers[0].Generation, Layers: layers}
-	}
-	day := 24 * time.Hour
-	for _, tc := range []struct {
-		name    string
-		pub     *v1alpha1.PublishedChain
-		check   chainCheck
-		refused bool
-	}{
-		{"appends since the node's generation", chain(plain(7), plain(6), plain(5)), chainCheck{Applied: 5, Age: time.Minute}, false},
-		{"a stale chain", chain(plain(3)), chainCheck{Applied: 9}, false},
-		{"a month of commits squashed while the node slept", chain(plain(20001), squash(20000)), chainCheck{Applied: 5, Age: 30 * day}, false},
-		{"a fresh node, an old squashed cache", chain(squash(100000)), chainCheck{Age: 365 * day}, false},
-		{"more commits than a young Cache could have", chain(squash(100000)), chainCheck{Age: time.Hour}, true},
-		{"toward overflow", chain(squash(1 << 62)), chainCheck{Applied: 5, Age: 365 * day}, true},
-		{"a jump without a squash", chain(plain(1000), plain(999)), chainCheck{Applied: 5, Age: 365 * day}, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := checkJump(maven, tc.pub, tc.check)
-			if (err != nil) != tc.refused {
-				t.Errorf("checkJump: %v, want refused %v", err, tc.refused)
-			}
-		})
-	}
-}
-
 func TestMaxLayerBound(t *testing.T) {
 	withBound := func(v string) *kit.RegistryParams {
 		p, err := kit.ParseRegistry(namedClass("big", map[string]string{kit.ParamRegistry: "reg.example/c", kit.ParamMaxLayerSize: v}))
@@ -433,7 +341,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	ctx := context.Background()
 	a := c.nodes["node-a"]
 	st := &unpublishableStore{Store: a.store, sockets: map[string]bool{}}
-	a.prov.sync.store = st
+	a = c.startAgentWith(t, "node-a", a.store, func(p *agentParts) { p.store = st })
 	commit := func(name string) string {
 		t.Helper()
 		pv := c.provision(t, "node-a", name)
@@ -453,7 +361,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	stuck := commit("with-socket")
 	st.sockets[stuck] = true
 	before := c.reg.Requests.Load()
-	if err := a.prov.sync.publish(ctx, maven); err != nil {
+	if err := a.sync.Publish(ctx, maven); err != nil {
 		t.Fatalf("publish of an unpublishable layer returned %v; want nil, as retrying cannot help", err)
 	}
 	wantEvents(t, a, "Warning "+kit.ReasonLayerUnpublishable, 1,
@@ -471,7 +379,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 
 	// The periodic pass does not export it again while nothing changed.
 	exports := st.exports.Load()
-	if err := a.prov.sync.publish(ctx, maven); err != nil {
+	if err := a.sync.Publish(ctx, maven); err != nil {
 		t.Fatal(err)
 	}
 	if st.exports.Load() != exports {
@@ -482,7 +390,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	// A later commit makes a new attempt, which the old layer still
 	// holds back, in order.
 	commit("later")
-	if err := a.prov.sync.publish(ctx, maven); err != nil {
+	if err := a.sync.Publish(ctx, maven); err != nil {
 		t.Fatal(err)
 	}
 	if st.exports.Load() == exports {
@@ -497,7 +405,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	if res, err := a.store.Squash(ctx, maven, 1); err != nil || !res.Squashed {
 		t.Fatalf("squash: %+v, %v", res, err)
 	}
-	if err := a.prov.sync.publish(ctx, maven); err != nil {
+	if err := a.sync.Publish(ctx, maven); err != nil {
 		t.Fatalf("publish after the squash: %v", err)
 	}
 	wantEvents(t, a, "Normal "+kit.ReasonPublished, 1)

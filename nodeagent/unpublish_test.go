@@ -18,6 +18,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/registrysync"
 	"github.com/layercache/layercache/remote"
 	"github.com/layercache/layercache/remote/registrytest"
 )
@@ -149,7 +150,7 @@ func TestUnpublishDeletesTheManifestOnceAcrossNodes(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = c.nodes[node].prov.sync.unpublish(context.Background(), cache.DeepCopy())
+			errs[i] = c.nodes[node].sync.Unpublish(context.Background(), cache.DeepCopy())
 		}()
 	}
 	wg.Wait()
@@ -168,7 +169,7 @@ func TestUnpublishDeletesTheManifestOnceAcrossNodes(t *testing.T) {
 	for _, node := range []string{"node-a", "node-b"} {
 		for _, ev := range drain(c.nodes[node]) {
 			switch {
-			case strings.HasPrefix(ev, "Normal "+reasonManifestDeleted+" "):
+			case strings.HasPrefix(ev, "Normal "+kit.ReasonManifestDeleted+" "):
 				deleted = append(deleted, ev)
 			case strings.HasPrefix(ev, "Warning "):
 				warnings = append(warnings, ev)
@@ -176,7 +177,7 @@ func TestUnpublishDeletesTheManifestOnceAcrossNodes(t *testing.T) {
 		}
 	}
 	if len(deleted) != 1 || len(warnings) != 0 {
-		t.Errorf("events %q and warnings %q: want one %s and no Warning", deleted, warnings, reasonManifestDeleted)
+		t.Errorf("events %q and warnings %q: want one %s and no Warning", deleted, warnings, kit.ReasonManifestDeleted)
 	}
 	if fs := c.finalizers(t); hasRegistryFinalizer(fs) {
 		t.Errorf("finalizers %q: want %s lifted", fs, v1alpha1.FinalizerRegistry)
@@ -202,7 +203,7 @@ func TestUnpublishRefusedDeleteLetsTheCacheGo(t *testing.T) {
 	if err := c.reconcileDeletion("node-a"); err != nil {
 		t.Fatalf("a refused delete is not retried, so the Reconcile succeeds: %v", err)
 	}
-	wantEvents(t, c.nodes["node-a"], "Warning "+reasonDeleteRefused, 1,
+	wantEvents(t, c.nodes["node-a"], "Warning "+kit.ReasonDeleteRefused, 1,
 		"storage: delete: enabled: true", "REGISTRY_STORAGE_DELETE_ENABLED=true", "crane delete "+pub.Repository+"@sha256:")
 	if fs := c.finalizers(t); hasRegistryFinalizer(fs) {
 		t.Errorf("finalizers %q: the Cache goes though the registry refused", fs)
@@ -222,16 +223,16 @@ func TestUnpublishOutageRetriesOnceReportedThenGivesUp(t *testing.T) {
 			t.Fatal("Reconcile succeeded while the registry was down; want an error, retried with backoff")
 		}
 	}
-	wantEvents(t, c.nodes["node-a"], "Warning "+reasonDeleteFailed, 1, pub.Repository, "retried with backoff until")
+	wantEvents(t, c.nodes["node-a"], "Warning "+kit.ReasonDeleteFailed, 1, pub.Repository, "retried with backoff until")
 	if fs := c.finalizers(t); !hasRegistryFinalizer(fs) {
 		t.Fatalf("finalizers %q during the outage: want %s kept", fs, v1alpha1.FinalizerRegistry)
 	}
 
-	c.nodes["node-a"].prov.sync.giveUp = time.Nanosecond
+	c.startAgentWith(t, "node-a", c.nodes["node-a"].store, func(p *agentParts) { p.unpublishGiveUp = time.Nanosecond })
 	if err := c.reconcileDeletion("node-a"); err != nil {
 		t.Fatalf("Reconcile past the give-up time: %v", err)
 	}
-	wantEvents(t, c.nodes["node-a"], "Warning "+reasonDeleteFailed, 1, "gave up", "crane delete "+pub.Repository)
+	wantEvents(t, c.nodes["node-a"], "Warning "+kit.ReasonDeleteFailed, 1, "gave up", "crane delete "+pub.Repository)
 	if fs := c.finalizers(t); hasRegistryFinalizer(fs) {
 		t.Errorf("finalizers %q after giving up: want %s lifted", fs, v1alpha1.FinalizerRegistry)
 	}
@@ -249,7 +250,7 @@ func TestUnpublishOutageThatEndsDeletes(t *testing.T) {
 	if err := c.reconcileDeletion("node-a"); err != nil {
 		t.Fatal(err)
 	}
-	wantEvents(t, c.nodes["node-a"], "Normal "+reasonManifestDeleted, 1, pub.Repository)
+	wantEvents(t, c.nodes["node-a"], "Normal "+kit.ReasonManifestDeleted, 1, pub.Repository)
 	if got := c.latestStatus(t, pub.Repository); got != 404 {
 		t.Errorf("latest: %d, want 404", got)
 	}
@@ -293,14 +294,14 @@ func TestUnpublishAForgedChainDeletesNothing(t *testing.T) {
 func TestUnpublishAManifestPushedDuringTheDeletionIsDeleted(t *testing.T) {
 	c := newSyncCluster(t)
 	pub := c.publishOnce(t, "a.txt")
-	s := c.nodes["node-a"].prov.sync
+	s := c.nodes["node-a"].sync
 	tg := c.registryTarget(t, pub.Repository)
 
-	digest, err := tg.PushManifest(context.Background(), blobsBaseFirst(pub))
+	digest, err := tg.PushManifest(context.Background(), registrysync.BlobsBaseFirst(pub))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.unpushIfDeleting(context.Background(), maven, tg, digest)
+	s.UnpushIfDeleting(context.Background(), maven, tg, digest)
 	if got := c.latestStatus(t, pub.Repository); got != 200 {
 		t.Fatalf("latest of a live Cache after unpushIfDeleting: %d, want 200 (kept)", got)
 	}
@@ -308,14 +309,14 @@ func TestUnpublishAManifestPushedDuringTheDeletionIsDeleted(t *testing.T) {
 	// The other agent deleted the copy and lifted the finalizer before
 	// this push landed.
 	c.deleteCache(t)
-	if err := s.caches.ReleaseRegistry(context.Background(), maven); err != nil {
+	if err := c.nodes["node-a"].caches.ReleaseRegistry(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
-	digest, err = tg.PushManifest(context.Background(), blobsBaseFirst(pub))
+	digest, err = tg.PushManifest(context.Background(), registrysync.BlobsBaseFirst(pub))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.unpushIfDeleting(context.Background(), maven, tg, digest)
+	s.UnpushIfDeleting(context.Background(), maven, tg, digest)
 	if got := c.latestStatus(t, pub.Repository); got != 404 {
 		t.Errorf("latest pushed during the deletion: %d, want 404", got)
 	}

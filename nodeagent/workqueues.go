@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/registrysync"
 )
 
 // workQueues are the agent's three queues of work off the critical path.
@@ -29,17 +30,17 @@ type workQueues struct {
 // faster; a cache's own layers go in order, by one worker.
 const publishWorkers = 4
 
-func newWorkQueues(maint *maintainer, sync *syncer) workQueues {
+func newWorkQueues() workQueues {
 	return workQueues{
-		reports:   kit.NewCacheQueue("report", 1, maint.report),
-		squashes:  kit.NewCacheQueue("squash", 1, maint.squash),
-		publishes: kit.NewCacheQueue("publish", publishWorkers, sync.publish),
+		reports:   kit.NewCacheQueue("report", 1),
+		squashes:  kit.NewCacheQueue("squash", 1),
+		publishes: kit.NewCacheQueue("publish", publishWorkers),
 	}
 }
 
 // run works every queue, each on its own goroutine, until ctx ends.
-func (q workQueues) run(ctx context.Context) {
-	go q.reports.Run(ctx)
-	go q.squashes.Run(ctx)
-	go q.publishes.Run(ctx)
+func (q workQueues) run(ctx context.Context, maint *maintainer, sync *registrysync.Syncer) {
+	go q.reports.Run(ctx, maint.report)
+	go q.squashes.Run(ctx, maint.squash)
+	go q.publishes.Run(ctx, sync.Publish)
 }

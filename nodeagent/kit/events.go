@@ -42,6 +42,11 @@ const (
 	// ReasonAnnouncementWithdrawn is the Event of a commit a node
 	// announced and will not publish.
 	ReasonAnnouncementWithdrawn = "AnnouncementWithdrawn"
+	// ReasonManifestDeleted, ReasonDeleteRefused and ReasonDeleteFailed
+	// tell what became of a deleted Cache's registry copy.
+	ReasonManifestDeleted = "RegistryManifestDeleted"
+	ReasonDeleteRefused   = "RegistryDeleteRefused"
+	ReasonDeleteFailed    = "RegistryDeleteFailed"
 )
 
 // Actions of the agent's Events (events.k8s.io says what the reporter did
@@ -55,6 +60,7 @@ const (
 	ActionRemove    = "Remove"
 	ActionPush      = "Push"
 	ActionPull      = "Pull"
+	ActionDelete    = "Delete"
 )
 
 // ClaimError is a claim that cannot be provisioned as it stands. Reason is

@@ -22,16 +22,16 @@ type CacheQueue struct {
 	name    string
 	workers int
 	Queue   workqueue.TypedRateLimitingInterface[layerfs.CacheRef]
-	do      func(context.Context, layerfs.CacheRef) error
 }
 
-func NewCacheQueue(name string, workers int, do func(context.Context, layerfs.CacheRef) error) *CacheQueue {
+// NewCacheQueue makes a queue that Run works; the parts that feed it are
+// given it before the part that works it exists.
+func NewCacheQueue(name string, workers int) *CacheQueue {
 	return &CacheQueue{
 		name: name, workers: workers,
 		Queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[layerfs.CacheRef](time.Second, time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[layerfs.CacheRef]{Name: name}),
-		do: do,
 	}
 }
 
@@ -42,27 +42,27 @@ func (q *CacheQueue) Add(ref layerfs.CacheRef) {
 	}
 }
 
-// Run works the queue until ctx ends.
-func (q *CacheQueue) Run(ctx context.Context) {
+// Run works the queue with do until ctx ends.
+func (q *CacheQueue) Run(ctx context.Context, do func(context.Context, layerfs.CacheRef) error) {
 	go func() {
 		<-ctx.Done()
 		q.Queue.ShutDown()
 	}()
 	var wg sync.WaitGroup
 	for range q.workers {
-		wg.Go(func() { q.work(ctx) })
+		wg.Go(func() { q.work(ctx, do) })
 	}
 	wg.Wait()
 }
 
-func (q *CacheQueue) work(ctx context.Context) {
+func (q *CacheQueue) work(ctx context.Context, do func(context.Context, layerfs.CacheRef) error) {
 	logger := log.FromContext(ctx).WithValues("queue", q.name)
 	for {
 		ref, shutdown := q.Queue.Get()
 		if shutdown {
 			return
 		}
-		err := q.do(ctx, ref)
+		err := do(ctx, ref)
 		switch {
 		case err == nil:
 			q.Queue.Forget(ref)

@@ -1,4 +1,4 @@
-package nodeagent
+package registrysync
 
 import (
 	"fmt"
@@ -58,12 +58,12 @@ type trust struct {
 
 // chainCheck is what a chain is checked against besides the classes.
 type chainCheck struct {
-	// Applied is the generation of the cache on this node (0 without
+	// applied is the generation of the cache on this node (0 without
 	// it): at least the generation of the last chain the node applied.
-	Applied int64
-	// Age is how long the Cache has existed (its creationTimestamp, which
+	applied int64
+	// age is how long the Cache has existed (its creationTimestamp, which
 	// the API server sets).
-	Age time.Duration
+	age time.Duration
 }
 
 // check returns the registry the chain may be used with, or an
@@ -276,13 +276,13 @@ func checkLayer(field string, l v1alpha1.PublishedLayer, below int64, bad func(f
 // by the node's own unpublished commits, whose layers the chain does
 // not hold either.
 func checkJump(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain, c chainCheck) error {
-	jump := pub.Generation - c.Applied
+	jump := pub.Generation - c.applied
 	if jump <= 0 {
 		return nil
 	}
 	var plain, squashes int64
 	for _, l := range pub.Layers {
-		if l.Generation <= c.Applied {
+		if l.Generation <= c.applied {
 			break
 		}
 		if len(l.Covers) == 0 {
@@ -293,12 +293,12 @@ func checkJump(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain, c chainCheck)
 	}
 	allowed := plain
 	if squashes > 0 {
-		allowed += (int64(c.Age/time.Second) + 1) * maxAppendsPerSecond
+		allowed += (int64(c.age/time.Second) + 1) * maxAppendsPerSecond
 	}
 	if jump <= allowed {
 		return nil
 	}
 	return &untrustedError{Cache: ref, Field: "generation", Value: fmt.Sprint(pub.Generation),
 		Expected: fmt.Sprintf("at most %d: this node is at generation %d, and the chain's %d newer layers (%d of them squashes, of a Cache %s old) account for at most %d commits since",
-			c.Applied+allowed, c.Applied, plain+squashes, squashes, c.Age.Round(time.Second), allowed)}
+			c.applied+allowed, c.applied, plain+squashes, squashes, c.age.Round(time.Second), allowed)}
 }

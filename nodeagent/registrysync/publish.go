@@ -1,4 +1,4 @@
-package nodeagent
+package registrysync
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // cannot be published and nothing changed since that was reported.
 var errPublishBlocked = errors.New("the oldest unpublished layer cannot be published; waiting for a commit or squash")
 
-// publish pushes the cache's unpublished layers, oldest first, appends
+// Publish pushes the cache's unpublished layers, oldest first, appends
 // each to the Cache's chain, then takes in the layers other nodes appended
 // meanwhile, so that every node converges on the same chain. Registry
 // failures are retried with backoff by the queue and by the periodic
@@ -27,7 +27,7 @@ var errPublishBlocked = errors.New("the oldest unpublished layer cannot be publi
 // cannot be published is reported once and not retried until a commit
 // or a squash changes the node's pending layers: retrying the same
 // export cannot help.
-func (s *syncer) publish(ctx context.Context, ref layerfs.CacheRef) error {
+func (s *Syncer) Publish(ctx context.Context, ref layerfs.CacheRef) error {
 	cache, err := s.caches.Live(ctx, ref)
 	if err != nil || cache == nil || cache.DeletionTimestamp != nil || cache.Status.Published == nil {
 		return err
@@ -43,7 +43,7 @@ func (s *syncer) publish(ctx context.Context, ref layerfs.CacheRef) error {
 		// It holds back every later layer too, until a commit or a squash.
 		return s.withdraw(ctx, layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}, func(a v1alpha1.AnnouncedLayer) bool { return s.settled(ctx, a) }, unpublishable.Error())
 	case err != nil:
-		s.metrics.Fail(kit.OpPush, failureReason(err))
+		s.metrics.Fail(kit.OpPush, FailureReason(err))
 		s.failed(cache, err)
 		return err
 	}
@@ -51,7 +51,7 @@ func (s *syncer) publish(ctx context.Context, ref layerfs.CacheRef) error {
 	return nil
 }
 
-func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
+func (s *Syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	info, err := s.store.Inspect(ctx, ref)
 	if errors.Is(err, layerfs.ErrNotFound) {
@@ -105,13 +105,13 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 		pub = synced.Status.Published
 	}
 	if len(pending) > 0 || squashed != nil {
-		digest, err := target.PushManifest(ctx, blobsBaseFirst(pub))
+		digest, err := target.PushManifest(ctx, BlobsBaseFirst(pub))
 		if err != nil {
 			// The chain is in the Cache and the blobs are in the registry;
 			// the manifest only tags them, and the next publish retries it.
 			log.FromContext(ctx).Error(err, "Push the cache's manifest", "cache", ref.String())
 		} else {
-			s.unpushIfDeleting(ctx, ref, target, digest)
+			s.UnpushIfDeleting(ctx, ref, target, digest)
 		}
 	}
 	s.reports.Add(ref)
@@ -130,7 +130,7 @@ func (s *syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 // one commit, appended together once all blobs are in the repository.
 // Part of them in the chain would be a generation that never existed,
 // and a node that pulled it would mount half a seed.
-func (s *syncer) pushPending(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, target *remote.Target, pending []layerfs.LayerInfo, gone []string, pub *v1alpha1.PublishedChain, batch bool, sources map[string]seedSource) (*v1alpha1.PublishedChain, error) {
+func (s *Syncer) pushPending(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, target *remote.Target, pending []layerfs.LayerInfo, gone []string, pub *v1alpha1.PublishedChain, batch bool, sources map[string]seedSource) (*v1alpha1.PublishedChain, error) {
 	var held []pushed
 	for i, layer := range pending {
 		p, err := s.putBlob(ctx, ref, target, layer, sources)
@@ -178,7 +178,7 @@ func pendingKey(pending []layerfs.LayerInfo) string {
 	return strings.Join(ids, ",")
 }
 
-func (s *syncer) markStuck(ref layerfs.CacheRef, pending []layerfs.LayerInfo) {
+func (s *Syncer) markStuck(ref layerfs.CacheRef, pending []layerfs.LayerInfo) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stuck[ref] = pendingKey(pending)
@@ -186,7 +186,7 @@ func (s *syncer) markStuck(ref layerfs.CacheRef, pending []layerfs.LayerInfo) {
 
 // blocked tells whether the cache's pending layers are those a layer that
 // cannot be published held back last time.
-func (s *syncer) blocked(ref layerfs.CacheRef, pending []layerfs.LayerInfo) bool {
+func (s *Syncer) blocked(ref layerfs.CacheRef, pending []layerfs.LayerInfo) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key, ok := s.stuck[ref]
@@ -215,4 +215,16 @@ func unpublished(info layerfs.CacheInfo) []layerfs.LayerInfo {
 		}
 	}
 	return out
+}
+
+// Status is this node's sync state of a cache, as its CacheReplica
+// reports it.
+func (s *Syncer) Status(ref layerfs.CacheRef, info layerfs.CacheInfo) kit.SyncStatus {
+	return kit.SyncStatus{PublishError: s.PublishError(ref), Unpublished: len(unpublished(info))}
+}
+
+// Owes tells whether the node has layers or a squash to publish, or an
+// announcement to resolve, in a cache that syncs through pub's registry.
+func (s *Syncer) Owes(info layerfs.CacheInfo, pub *v1alpha1.PublishedChain) bool {
+	return needsPublish(info, pub) || len(announcedBy(pub, s.node)) > 0
 }

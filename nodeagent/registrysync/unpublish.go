@@ -1,4 +1,4 @@
-package nodeagent
+package registrysync
 
 import (
 	"context"
@@ -34,21 +34,13 @@ const unpublishGiveUp = time.Hour
 // opUnpublish is the failures metric's operation of a manifest delete.
 const opUnpublish = "unpublish"
 
-// Event reasons of a Cache's registry copy on deletion.
-const (
-	reasonManifestDeleted = "RegistryManifestDeleted"
-	reasonDeleteRefused   = "RegistryDeleteRefused"
-	reasonDeleteFailed    = "RegistryDeleteFailed"
-	actionDelete          = "Delete"
-)
-
-// unpublish deletes the registry copy of a Cache being deleted and lifts
+// Unpublish deletes the registry copy of a Cache being deleted and lifts
 // FinalizerRegistry. It returns an error, to be retried with backoff,
 // only while the registry may still answer: a refusal (deletes disabled,
 // credentials without delete rights) or a chain this agent does not
 // trust lifts the finalizer at once with a Warning, and so does a
 // registry that has not answered for unpublishGiveUp.
-func (s *syncer) unpublish(ctx context.Context, cache *v1alpha1.Cache) error {
+func (s *Syncer) Unpublish(ctx context.Context, cache *v1alpha1.Cache) error {
 	if cache.DeletionTimestamp == nil || !controllerutil.ContainsFinalizer(cache, v1alpha1.FinalizerRegistry) {
 		return nil
 	}
@@ -68,7 +60,7 @@ func (s *syncer) unpublish(ctx context.Context, cache *v1alpha1.Cache) error {
 
 // deleteManifest deletes the chain's manifest; nil when the finalizer
 // may go.
-func (s *syncer) deleteManifest(ctx context.Context, cache *v1alpha1.Cache) error {
+func (s *Syncer) deleteManifest(ctx context.Context, cache *v1alpha1.Cache) error {
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	logger := log.FromContext(ctx).WithValues("cache", ref.String())
 	pub := cache.Status.Published
@@ -78,7 +70,7 @@ func (s *syncer) deleteManifest(ctx context.Context, cache *v1alpha1.Cache) erro
 	reg, err := s.trust.registry(ref, pub)
 	if err != nil {
 		s.metrics.Fail(opUnpublish, kit.FailureUntrusted)
-		s.events.Eventf(cache, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, actionDelete,
+		s.events.Eventf(cache, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, kit.ActionDelete,
 			"node %s deleted nothing from any registry for cache %s: %v; if a registry holds a copy of the cache, delete it there by hand", s.node, ref, err)
 		logger.Info("Deleted nothing from the registry: the chain is not trusted", "err", err.Error())
 		return nil
@@ -90,7 +82,7 @@ func (s *syncer) deleteManifest(ctx context.Context, cache *v1alpha1.Cache) erro
 	}
 	switch {
 	case err == nil && res.Deleted:
-		s.events.Eventf(cache, nil, corev1.EventTypeNormal, reasonManifestDeleted, actionDelete,
+		s.events.Eventf(cache, nil, corev1.EventTypeNormal, kit.ReasonManifestDeleted, kit.ActionDelete,
 			"node %s deleted manifest %s (tag latest) of %s; the registry's garbage collection frees the blobs no other manifest names", s.node, res.Digest, reg.Repository)
 		logger.Info("Deleted the cache's manifest from its registry", "repository", reg.Repository, "digest", res.Digest.String())
 		return nil
@@ -98,19 +90,19 @@ func (s *syncer) deleteManifest(ctx context.Context, cache *v1alpha1.Cache) erro
 		logger.Info("The cache's manifest is not in its registry (never pushed, or deleted already)", "repository", reg.Repository)
 		return nil
 	case remote.IsDeleteUnsupported(err) || remote.IsUnauthorized(err):
-		s.metrics.Fail(opUnpublish, failureReason(err))
-		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonDeleteRefused, actionDelete, "%s", refusedMessage(s.node, reg, res.Digest, err))
+		s.metrics.Fail(opUnpublish, FailureReason(err))
+		s.events.Eventf(cache, nil, corev1.EventTypeWarning, kit.ReasonDeleteRefused, kit.ActionDelete, "%s", refusedMessage(s.node, reg, res.Digest, err))
 		logger.Info("The registry refused to delete the cache's manifest; the Cache goes, its registry copy stays", "err", err.Error())
 		return nil
 	case time.Since(cache.DeletionTimestamp.Time) >= s.unpublishGiveUp():
 		s.metrics.Fail(opUnpublish, "gave-up")
-		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonDeleteFailed, actionDelete,
+		s.events.Eventf(cache, nil, corev1.EventTypeWarning, kit.ReasonDeleteFailed, kit.ActionDelete,
 			"node %s gave up deleting the manifest of cache %s from %s after %s: %v; the Cache goes, its registry copy stays: delete it by hand with crane delete %s",
 			s.node, ref, reg.Repository, s.unpublishGiveUp(), err, craneTarget(reg.Repository, res.Digest))
 		logger.Info("Gave up deleting the cache's manifest; the Cache goes, its registry copy stays", "err", err.Error())
 		return nil
 	}
-	s.metrics.Fail(opUnpublish, failureReason(err))
+	s.metrics.Fail(opUnpublish, FailureReason(err))
 	s.deleteFailed(cache, reg, err)
 	return fmt.Errorf("delete the manifest of cache %s from %s: %w", ref, reg.Repository, err)
 }
@@ -141,7 +133,7 @@ func craneTarget(repository string, digest v1.Hash) string {
 
 // deleteFailed reports a failing manifest delete once per distinct
 // failure: the retries of an outage make one Event, not one each.
-func (s *syncer) deleteFailed(cache *v1alpha1.Cache, reg *kit.RegistryRef, err error) {
+func (s *Syncer) deleteFailed(cache *v1alpha1.Cache, reg *kit.RegistryRef, err error) {
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	msg := err.Error()
 	s.mu.Lock()
@@ -150,30 +142,30 @@ func (s *syncer) deleteFailed(cache *v1alpha1.Cache, reg *kit.RegistryRef, err e
 	s.mu.Unlock()
 	if !same {
 		deadline := cache.DeletionTimestamp.Add(s.unpublishGiveUp())
-		s.events.Eventf(cache, nil, corev1.EventTypeWarning, reasonDeleteFailed, actionDelete,
+		s.events.Eventf(cache, nil, corev1.EventTypeWarning, kit.ReasonDeleteFailed, kit.ActionDelete,
 			"node %s could not delete the manifest of cache %s from %s: %v; retried with backoff until %s, then the Cache goes and its registry copy stays",
 			s.node, ref, reg.Repository, err, deadline.UTC().Format(time.RFC3339))
 	}
 }
 
-func (s *syncer) forgetDeleteFailure(ref layerfs.CacheRef) {
+func (s *Syncer) forgetDeleteFailure(ref layerfs.CacheRef) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.deleteFailing, ref)
 }
 
-func (s *syncer) unpublishGiveUp() time.Duration {
+func (s *Syncer) unpublishGiveUp() time.Duration {
 	if s.giveUp > 0 {
 		return s.giveUp
 	}
 	return unpublishGiveUp
 }
 
-// unpushIfDeleting deletes a manifest this node pushed if the Cache's
+// UnpushIfDeleting deletes a manifest this node pushed if the Cache's
 // deletion began meanwhile: the agent that deleted the registry copy may
 // have done so before the push landed, and nothing else would delete it.
 // The Cache may be gone, so a failure is logged, not an Event.
-func (s *syncer) unpushIfDeleting(ctx context.Context, ref layerfs.CacheRef, target *remote.Target, digest v1.Hash) {
+func (s *Syncer) UnpushIfDeleting(ctx context.Context, ref layerfs.CacheRef, target *remote.Target, digest v1.Hash) {
 	logger := log.FromContext(ctx).WithValues("cache", ref.String(), "digest", digest.String())
 	cache, err := s.caches.Live(ctx, ref)
 	if err == nil && cache != nil && cache.DeletionTimestamp == nil {
@@ -185,7 +177,7 @@ func (s *syncer) unpushIfDeleting(ctx context.Context, ref layerfs.CacheRef, tar
 	}
 	switch {
 	case err != nil:
-		s.metrics.Fail(opUnpublish, failureReason(err))
+		s.metrics.Fail(opUnpublish, FailureReason(err))
 		logger.Error(err, "The cache may have been deleted while this node pushed its manifest, and deleting the manifest failed; delete it by hand",
 			"command", "crane delete "+craneTarget(target.Repository.String(), digest))
 	case deleted:

@@ -1,4 +1,4 @@
-package nodeagent
+package registrysync
 
 import (
 	"context"
@@ -38,15 +38,12 @@ const (
 	announcePoll = 250 * time.Millisecond
 )
 
-// announce records in the cache's chain that node is committing volume,
+// Announce records in the cache's chain that node is committing volume,
 // if the cache syncs through a registry this node trusts. The volume
 // stays in flight until done: the chain updates of a publish meanwhile
 // keep its announcement. It never fails the commit: a reader that misses
 // the announcement mounts what its node has, as before announcements.
-func (s *syncer) announce(ctx context.Context, ref layerfs.CacheRef, volume string) {
-	if s == nil {
-		return
-	}
+func (s *Syncer) Announce(ctx context.Context, ref layerfs.CacheRef, volume string) {
 	s.setInFlight(volume, true)
 	// A cache without a published chain (no registry, or none published
 	// yet) has nothing to announce into: spare the commit's path a live
@@ -75,12 +72,9 @@ func (s *syncer) announce(ctx context.Context, ref layerfs.CacheRef, volume stri
 	}
 }
 
-// committed ends volume's flight. A commit that made no layer (no
+// Committed ends volume's flight. A commit that made no layer (no
 // changes, discarded, failed and retried) takes its announcement back.
-func (s *syncer) committed(ctx context.Context, ref layerfs.CacheRef, volume string, layer bool) {
-	if s == nil {
-		return
-	}
+func (s *Syncer) Committed(ctx context.Context, ref layerfs.CacheRef, volume string, layer bool) {
 	s.setInFlight(volume, false)
 	if layer {
 		return
@@ -91,7 +85,7 @@ func (s *syncer) committed(ctx context.Context, ref layerfs.CacheRef, volume str
 	}
 }
 
-func (s *syncer) setInFlight(volume string, on bool) {
+func (s *Syncer) setInFlight(volume string, on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if on {
@@ -105,7 +99,7 @@ func (s *syncer) setInFlight(volume string, on bool) {
 // the announcements, in the same update: the oldest of this node's
 // settled announcements goes (it is that layer's, or of a commit that
 // made its layer before), and those of nodes that are gone are dropped.
-func (s *syncer) landed(ctx context.Context, announced []v1alpha1.AnnouncedLayer, gone []string) []v1alpha1.AnnouncedLayer {
+func (s *Syncer) landed(ctx context.Context, announced []v1alpha1.AnnouncedLayer, gone []string) []v1alpha1.AnnouncedLayer {
 	out := slices.DeleteFunc(slices.Clone(announced), func(a v1alpha1.AnnouncedLayer) bool { return slices.Contains(gone, a.Node) })
 	if i := slices.IndexFunc(out, func(a v1alpha1.AnnouncedLayer) bool { return s.settled(ctx, a) }); i >= 0 {
 		out = slices.Delete(out, i, i+1)
@@ -117,7 +111,7 @@ func (s *syncer) landed(ctx context.Context, announced []v1alpha1.AnnouncedLayer
 // is over: not in flight, and its volume gone from the store. A volume
 // that is still there (an agent restarted before its commit) will be
 // committed, and its announcement stays for it.
-func (s *syncer) settled(ctx context.Context, a v1alpha1.AnnouncedLayer) bool {
+func (s *Syncer) settled(ctx context.Context, a v1alpha1.AnnouncedLayer) bool {
 	if a.Node != s.node {
 		return false
 	}
@@ -135,7 +129,7 @@ func (s *syncer) settled(ctx context.Context, a v1alpha1.AnnouncedLayer) bool {
 // on the Cache naming them and why: the commit made no layer, the node
 // has nothing left to publish (after a restart), or its layers cannot be
 // published.
-func (s *syncer) withdraw(ctx context.Context, ref layerfs.CacheRef, which func(v1alpha1.AnnouncedLayer) bool, why string) error {
+func (s *Syncer) withdraw(ctx context.Context, ref layerfs.CacheRef, which func(v1alpha1.AnnouncedLayer) bool, why string) error {
 	var withdrawn []string
 	cache, err := s.caches.UpdatePublished(ctx, ref, func(pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, bool) {
 		if pub == nil {
@@ -196,7 +190,7 @@ func (w awaited) String() string {
 // ends. It returns the Cache as last read and the announcements it did
 // not get: those still outstanding, and those it did not wait for.
 // It makes no write: readers cost the API server reads only.
-func (s *syncer) awaitAnnounced(ctx context.Context, cache *v1alpha1.Cache) (*v1alpha1.Cache, awaited) {
+func (s *Syncer) awaitAnnounced(ctx context.Context, cache *v1alpha1.Cache) (*v1alpha1.Cache, awaited) {
 	if cache == nil || cache.Status.Published == nil {
 		return cache, nil
 	}
@@ -236,7 +230,7 @@ func (s *syncer) awaitAnnounced(ctx context.Context, cache *v1alpha1.Cache) (*v1
 // is gone or not Ready, or whose publishing fails (its CacheReplica has
 // a publishError, as in a registry outage). Waiting for those would only
 // delay every build by the sync timeout.
-func (s *syncer) othersAnnounced(ctx context.Context, cache *v1alpha1.Cache) (wait, skip awaited) {
+func (s *Syncer) othersAnnounced(ctx context.Context, cache *v1alpha1.Cache) (wait, skip awaited) {
 	why := map[string]string{}
 	for _, a := range cache.Status.Published.Announced {
 		if a.Node == s.node {
@@ -257,7 +251,7 @@ func (s *syncer) othersAnnounced(ctx context.Context, cache *v1alpha1.Cache) (wa
 }
 
 // cannotDeliver says why node will not publish soon, or "".
-func (s *syncer) cannotDeliver(ctx context.Context, cache *v1alpha1.Cache, node string) string {
+func (s *Syncer) cannotDeliver(ctx context.Context, cache *v1alpha1.Cache, node string) string {
 	switch exists, ready := s.nodeState(ctx, node); {
 	case !exists:
 		return "node " + node + " is gone"
@@ -276,7 +270,7 @@ func (s *syncer) cannotDeliver(ctx context.Context, cache *v1alpha1.Cache, node 
 
 // goneNodes are the nodes of other nodes' announcements that no longer
 // exist: their announcements are dropped by the next chain update.
-func (s *syncer) goneNodes(ctx context.Context, announced []v1alpha1.AnnouncedLayer) []string {
+func (s *Syncer) goneNodes(ctx context.Context, announced []v1alpha1.AnnouncedLayer) []string {
 	var gone []string
 	for _, a := range announced {
 		if a.Node == s.node || slices.Contains(gone, a.Node) {
@@ -292,7 +286,7 @@ func (s *syncer) goneNodes(ctx context.Context, announced []v1alpha1.AnnouncedLa
 // nodeState tells whether node exists and is Ready. An error reading it
 // counts as both: only an answer that it is gone or down lets a reader
 // skip a writer, or a writer drop its announcements.
-func (s *syncer) nodeState(ctx context.Context, node string) (exists, ready bool) {
+func (s *Syncer) nodeState(ctx context.Context, node string) (exists, ready bool) {
 	var n corev1.Node
 	err := s.caches.Reader.Get(ctx, client.ObjectKey{Name: node}, &n)
 	switch {

@@ -1,4 +1,4 @@
-package nodeagent
+package registrysync
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -21,22 +22,45 @@ import (
 // Keys of a registry Secret: .dockerconfigjson as in image pull secrets,
 // and an optional CA bundle.
 const (
-	secretKeyCA = "ca.crt"
+	SecretKeyCA = "ca.crt"
 )
 
-// secretGetter reads a Secret of the node agents' namespace.
-type secretGetter func(ctx context.Context, name string) (*corev1.Secret, error)
+// SecretGetter reads a Secret of the node agents' namespace.
+type SecretGetter func(ctx context.Context, name string) (*corev1.Secret, error)
 
-// syncer keeps a node's caches in step with their registries. The Cache
+// Config is what a Syncer is made of. Every field is required but
+// UnpublishGiveUp.
+type Config struct {
+	Node    string
+	Store   kit.Store
+	Caches  *kit.Caches
+	Events  events.EventRecorder
+	Metrics *kit.Metrics
+	// Classes are the StorageClasses the agent serves, from its shared
+	// informer: every chain read is checked against them (trust.go).
+	Classes storagelisters.StorageClassLister
+	// Secrets reads a registry Secret of the agents' namespace.
+	Secrets SecretGetter
+	// TmpDir holds the images being pushed; Compression is their blobs'.
+	TmpDir      string
+	Compression remote.Compression
+	// Reports, Squashes and Publishes are the agent's queues the syncer
+	// feeds; the agent runs Publishes with Publish.
+	Reports, Squashes, Publishes *kit.CacheQueue
+	// UnpublishGiveUp overrides unpublishGiveUp (tests).
+	UnpublishGiveUp time.Duration
+}
+
+// Syncer keeps a node's caches in step with their registries. The Cache
 // resource's status.published is the cluster-wide chain; the registry
 // holds the layers. After a commit the node pushes its new layers
 // (publish.go) and appends them to the chain (chain.go); before a mount it
 // fetches the layers of the chain it lacks (pull.go).
-type syncer struct {
+type Syncer struct {
 	node    string
 	store   kit.Store
 	caches  *kit.Caches
-	secrets secretGetter
+	secrets SecretGetter
 	events  events.EventRecorder
 	metrics *kit.Metrics
 	// trust checks every chain read against the classes the agent
@@ -46,9 +70,7 @@ type syncer struct {
 	compression remote.Compression
 	reports     *kit.CacheQueue
 	squashes    *kit.CacheQueue
-	// publishes runs publish off the critical path; nil in tests that
-	// call publish themselves.
-	publishes *kit.CacheQueue
+	publishes   *kit.CacheQueue
 	// locks serialize a cache's head changes (a pull's Sync, a publish's
 	// chain append and digest record), so neither sees the other half done.
 	locks keyedLocks
@@ -64,16 +86,23 @@ type syncer struct {
 	// deleteFailing has each deleted Cache's last failure to delete its
 	// manifest (unpublish.go), so that an outage makes one Event.
 	deleteFailing map[layerfs.CacheRef]string
-	// giveUp overrides unpublishGiveUp (tests).
-	giveUp time.Duration
+	giveUp        time.Duration
 }
 
-// queuePublish queues a publish of the cache; a nil syncer (tests) or
-// queue does nothing.
-func (s *syncer) queuePublish(ref layerfs.CacheRef) {
-	if s != nil {
-		s.publishes.Add(ref)
+// New makes the syncer of c.Node.
+func New(c Config) *Syncer {
+	return &Syncer{
+		node: c.Node, store: c.Store, caches: c.Caches, secrets: c.Secrets, events: c.Events, metrics: c.Metrics,
+		trust: &trust{classes: c.Classes}, tmpDir: c.TmpDir, compression: c.Compression,
+		reports: c.Reports, squashes: c.Squashes, publishes: c.Publishes,
+		failing: map[layerfs.CacheRef]string{}, stuck: map[layerfs.CacheRef]string{}, inFlight: map[string]bool{},
+		deleteFailing: map[layerfs.CacheRef]string{}, giveUp: c.UnpublishGiveUp,
 	}
+}
+
+// QueuePublish queues a publish of the cache.
+func (s *Syncer) QueuePublish(ref layerfs.CacheRef) {
+	s.publishes.Add(ref)
 }
 
 // prepare records the registry of a cache's owner on its Cache, so that
@@ -85,7 +114,7 @@ func (s *syncer) queuePublish(ref layerfs.CacheRef) {
 // repository; a chain without layers that names another is replaced, as
 // nothing lives there (a reader's class named it before readers were
 // kept from writing it).
-func (s *syncer) prepare(ctx context.Context, claimNamespace string, req kit.VolumeRequest) error {
+func (s *Syncer) prepare(ctx context.Context, claimNamespace string, req kit.VolumeRequest) error {
 	if claimNamespace != req.Cache.Namespace || req.Mode != v1alpha1.ModeWrite {
 		return nil
 	}
@@ -110,14 +139,14 @@ func (s *syncer) prepare(ctx context.Context, claimNamespace string, req kit.Vol
 
 // target resolves a checked registry's repository and the credentials of
 // its Secret.
-func (s *syncer) target(ctx context.Context, reg *kit.RegistryRef) (*remote.Target, error) {
+func (s *Syncer) target(ctx context.Context, reg *kit.RegistryRef) (*remote.Target, error) {
 	var creds remote.Credentials
 	if reg.Secret != "" {
 		secret, err := s.secrets(ctx, reg.Secret)
 		if err != nil {
 			return nil, &secretError{name: reg.Secret, err: err}
 		}
-		creds = remote.Credentials{DockerConfigJSON: secret.Data[corev1.DockerConfigJsonKey], CAPEM: secret.Data[secretKeyCA]}
+		creds = remote.Credentials{DockerConfigJSON: secret.Data[corev1.DockerConfigJsonKey], CAPEM: secret.Data[SecretKeyCA]}
 	}
 	t, err := remote.NewTarget(reg.Repository, creds, s.compression)
 	if err != nil {
@@ -137,8 +166,8 @@ func (e *secretError) Error() string {
 }
 func (e *secretError) Unwrap() error { return e.err }
 
-// failureReason is the metric label of a registry failure.
-func failureReason(err error) string {
+// FailureReason is the metric label of a registry failure.
+func FailureReason(err error) string {
 	var secretErr *secretError
 	var untrusted *untrustedError
 	switch {
@@ -166,7 +195,7 @@ func failureReason(err error) string {
 
 // failed reports a failing publish once per distinct failure, and queues
 // a status report, which shows it.
-func (s *syncer) failed(cache *v1alpha1.Cache, err error) {
+func (s *Syncer) failed(cache *v1alpha1.Cache, err error) {
 	reason, msg := s.failureEvent(cache, err)
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	s.mu.Lock()
@@ -181,7 +210,7 @@ func (s *syncer) failed(cache *v1alpha1.Cache, err error) {
 
 // failureEvent is the Event reason and message of a failed publish: what
 // failed, and what will happen, truthfully.
-func (s *syncer) failureEvent(cache *v1alpha1.Cache, err error) (reason, msg string) {
+func (s *Syncer) failureEvent(cache *v1alpha1.Cache, err error) (reason, msg string) {
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	var unpublishable *unpublishableError
 	var untrusted *untrustedError
@@ -203,7 +232,7 @@ func (s *syncer) failureEvent(cache *v1alpha1.Cache, err error) (reason, msg str
 	return kit.ReasonRegistryFailed, s.failureMessage(cache, err)
 }
 
-func (s *syncer) failureMessage(cache *v1alpha1.Cache, err error) string {
+func (s *Syncer) failureMessage(cache *v1alpha1.Cache, err error) string {
 	pub := cache.Status.Published
 	where := pub.Repository
 	if pub.Secret != "" {
@@ -217,7 +246,7 @@ func (s *syncer) failureMessage(cache *v1alpha1.Cache, err error) string {
 }
 
 // recovered reports that a failing cache publishes again.
-func (s *syncer) recovered(cache *v1alpha1.Cache) {
+func (s *Syncer) recovered(cache *v1alpha1.Cache) {
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	s.mu.Lock()
 	_, was := s.failing[ref]
@@ -231,12 +260,9 @@ func (s *syncer) recovered(cache *v1alpha1.Cache) {
 	}
 }
 
-// publishError is the cache's last publish failure on this node, "" if
+// PublishError is the cache's last publish failure on this node, "" if
 // its last publish succeeded.
-func (s *syncer) publishError(ref layerfs.CacheRef) string {
-	if s == nil {
-		return ""
-	}
+func (s *Syncer) PublishError(ref layerfs.CacheRef) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.failing[ref]

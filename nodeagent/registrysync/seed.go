@@ -1,4 +1,4 @@
-package nodeagent
+package registrysync
 
 import (
 	"context"
@@ -24,12 +24,12 @@ import (
 // them into its own repository (publishSeed), so its chain names only
 // blobs of its own repository, the fallback's digests unchanged.
 
-// seed returns the fallbacks the volume of req may start from (at most
+// Seed returns the fallbacks the volume of req may start from (at most
 // one: the one pulled) and the repositories their digests live in. The
 // claim's own pull has run: a cache with a generation anywhere, or whose
 // state cannot be read, ignores its fallbacks (a cache that exists on
 // another node must sync, never restart from a fallback).
-func (s *syncer) seed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) ([]layerfs.CacheRef, map[layerfs.CacheRef]string) {
+func (s *Syncer) Seed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) ([]layerfs.CacheRef, map[layerfs.CacheRef]string) {
 	if len(req.Fallbacks) == 0 {
 		return nil, nil
 	}
@@ -55,7 +55,7 @@ func (s *syncer) seed(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 
 // hasGeneration tells whether ref has a generation on this node or a
 // published chain with layers.
-func (s *syncer) hasGeneration(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
+func (s *Syncer) hasGeneration(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
 	local, err := s.localGeneration(ctx, ref)
 	if err != nil || local {
 		return local, err
@@ -67,7 +67,7 @@ func (s *syncer) hasGeneration(ctx context.Context, ref layerfs.CacheRef) (bool,
 	return cache != nil && cache.Status.Published != nil && len(cache.Status.Published.Layers) > 0, nil
 }
 
-func (s *syncer) localGeneration(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
+func (s *Syncer) localGeneration(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
 	info, err := s.store.Inspect(ctx, ref)
 	if errors.Is(err, layerfs.ErrNotFound) {
 		return false, nil
@@ -80,7 +80,7 @@ func (s *syncer) localGeneration(ctx context.Context, ref layerfs.CacheRef) (boo
 // with the repository its layers' digests live in ("" when it has no
 // trusted chain: its head's digests then name nothing the seeded cache
 // may mount).
-func (s *syncer) pullFallback(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, f layerfs.CacheRef) (string, bool) {
+func (s *Syncer) pullFallback(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, f layerfs.CacheRef) (string, bool) {
 	logger := log.FromContext(ctx).WithValues("cache", req.Cache.String(), "fallback", f.String())
 	repo := ""
 	cache, err := s.caches.Live(ctx, f)
@@ -92,7 +92,7 @@ func (s *syncer) pullFallback(ctx context.Context, claim *corev1.PersistentVolum
 			repo = reg.Repository
 			// As a read claim of f pulls it: within the claim's class's
 			// timeout and bounds, reporting failures on the claim.
-			s.pull(ctx, claim, kit.VolumeRequest{Cache: f, Mode: v1alpha1.ModeRead, Registry: req.Registry})
+			s.Pull(ctx, claim, kit.VolumeRequest{Cache: f, Mode: v1alpha1.ModeRead, Registry: req.Registry})
 		} else {
 			logger.Info("Fallback's published chain not trusted; not pulled", "err", err.Error())
 		}
@@ -118,7 +118,7 @@ type seedSource struct {
 // must: a reader grant for another namespace, a Cache not being deleted,
 // a chain the node trusts. Layers whose blob is not among them are
 // exported and pushed, as any layer.
-func (s *syncer) seedSources(ctx context.Context, ref layerfs.CacheRef, info layerfs.CacheInfo, pending []layerfs.LayerInfo) map[string]seedSource {
+func (s *Syncer) seedSources(ctx context.Context, ref layerfs.CacheRef, info layerfs.CacheInfo, pending []layerfs.LayerInfo) map[string]seedSource {
 	if info.SeededFrom == nil || !hasMountFrom(pending) {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package nodeagent
+package registrysync
 
 import (
 	"context"
@@ -16,13 +16,13 @@ import (
 	"github.com/layercache/layercache/remote"
 )
 
-// pull brings the node's copy of the cache up to its published chain
+// Pull brings the node's copy of the cache up to its published chain
 // before a volume mounts it, within the class's sync timeout and the
 // claim's layer bound. It never fails the claim: past the timeout, or
 // when the registry fails, a layer is too large or the chain is not
 // trusted, the volume mounts what the node has, and an Event on the claim
 // says so.
-func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) {
+func (s *Syncer) Pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) {
 	ref, reg := req.Cache, req.Registry
 	logger := log.FromContext(ctx).WithValues("cache", ref.String())
 	ctx, cancel := context.WithTimeout(ctx, reg.SyncTimeout)
@@ -54,7 +54,7 @@ func (s *syncer) pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 // and takes them in, leaving part of the sync timeout for the pull of
 // what arrives. An announced layer that does not arrive in time is a
 // SyncIncomplete Event that names it; the volume mounts without it.
-func (s *syncer) catchUp(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, cache *v1alpha1.Cache, res layerfs.SyncResult) (layerfs.SyncResult, *v1alpha1.Cache, error) {
+func (s *Syncer) catchUp(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, cache *v1alpha1.Cache, res layerfs.SyncResult) (layerfs.SyncResult, *v1alpha1.Cache, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, req.Registry.SyncTimeout*3/4)
 	latest, missing := s.awaitAnnounced(waitCtx, cache)
 	cancel()
@@ -76,7 +76,7 @@ func (s *syncer) catchUp(ctx context.Context, claim *corev1.PersistentVolumeClai
 
 // pullFailed reports a pull that failed; the volume mounts what the node
 // has. cache is the Cache as the pull read it, if it did.
-func (s *syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, cache *v1alpha1.Cache, err error) {
+func (s *Syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, cache *v1alpha1.Cache, err error) {
 	ref, reg := req.Cache, req.Registry
 	logger := log.FromContext(ctx).WithValues("cache", ref.String())
 	where := "the cache's registry"
@@ -109,7 +109,7 @@ func (s *syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeC
 			ref, s.node, where, kit.ParamSyncTimeout, reg.SyncTimeout, kit.ParamSyncTimeout, err)
 		logger.Info("Pull incomplete; mounting what the node has", "err", err.Error())
 	default:
-		s.metrics.Fail(kit.OpPull, failureReason(err))
+		s.metrics.Fail(kit.OpPull, FailureReason(err))
 		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonRegistryFailed, kit.ActionPull,
 			"could not bring cache %s up to date from %s, so the volume mounts what node %s has: %v", ref, where, s.node, err)
 		logger.Error(err, "Pull failed; mounting what the node has")
@@ -142,7 +142,7 @@ func tooLargeMessage(ref layerfs.CacheRef, node string, bounds *kit.RegistryRef,
 // meanwhile, and a Sync to it would drop that layer from the head. It is
 // checked there too, so the chain checked is the chain used. It returns
 // the Cache it read; nothing is synced when it has no chain with layers.
-func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *kit.RegistryRef) (layerfs.SyncResult, *v1alpha1.Cache, error) {
+func (s *Syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *kit.RegistryRef) (layerfs.SyncResult, *v1alpha1.Cache, error) {
 	unlock, err := s.locks.lock(ctx, ref)
 	if err != nil {
 		return layerfs.SyncResult{}, nil, err
@@ -169,7 +169,7 @@ func (s *syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *kit.R
 
 // checkChain checks the Cache's chain (see trust) and returns the
 // registry it may be used with.
-func (s *syncer) checkChain(ctx context.Context, cache *v1alpha1.Cache) (*kit.RegistryRef, error) {
+func (s *Syncer) checkChain(ctx context.Context, cache *v1alpha1.Cache) (*kit.RegistryRef, error) {
 	ref := layerfs.CacheRef{Namespace: cache.Namespace, Name: cache.Name}
 	var applied int64
 	info, err := s.store.Inspect(ctx, ref)
@@ -183,7 +183,7 @@ func (s *syncer) checkChain(ctx context.Context, cache *v1alpha1.Cache) (*kit.Re
 	if !cache.CreationTimestamp.IsZero() {
 		age = time.Since(cache.CreationTimestamp.Time)
 	}
-	return s.trust.check(ref, cache.Status.Published, chainCheck{Applied: applied, Age: age})
+	return s.trust.check(ref, cache.Status.Published, chainCheck{applied: applied, age: age})
 }
 
 func chainOf(pub *v1alpha1.PublishedChain) layerfs.Chain {

@@ -1,4 +1,4 @@
-package nodeagent
+package registrysync
 
 import (
 	"context"
@@ -49,7 +49,7 @@ type pushed struct {
 // copy both fail, by export and push. Exports are deterministic, so a
 // retry pushes the same blob. nil if the layer was squashed away
 // meanwhile (the squash is published instead).
-func (s *syncer) putBlob(ctx context.Context, ref layerfs.CacheRef, target *remote.Target, layer layerfs.LayerInfo, sources map[string]seedSource) (*pushed, error) {
+func (s *Syncer) putBlob(ctx context.Context, ref layerfs.CacheRef, target *remote.Target, layer layerfs.LayerInfo, sources map[string]seedSource) (*pushed, error) {
 	start := time.Now()
 	if src, ok := sources[layer.Digest]; ok && layer.MountFrom != "" && src.repository == layer.MountFrom {
 		how, err := target.MountBlob(ctx, src.from, src.blob)
@@ -79,7 +79,7 @@ func (s *syncer) putBlob(ctx context.Context, ref layerfs.CacheRef, target *remo
 //
 // The append also settles announcements in the same update (see
 // landed): the commit's own goes, and those of gone nodes.
-func (s *syncer) appendPushed(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, ps []pushed, gone []string) (*v1alpha1.PublishedChain, error) {
+func (s *Syncer) appendPushed(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, ps []pushed, gone []string) (*v1alpha1.PublishedChain, error) {
 	unlock, err := s.locks.lock(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -128,7 +128,7 @@ func (s *syncer) appendPushed(ctx context.Context, ref layerfs.CacheRef, reg *ki
 }
 
 // published counts and logs a layer that is in the chain now.
-func (s *syncer) published(ctx context.Context, ref layerfs.CacheRef, p pushed, generation int64) {
+func (s *Syncer) published(ctx context.Context, ref layerfs.CacheRef, p pushed, generation int64) {
 	s.metrics.RegistryLayers.WithLabelValues(p.direction).Inc()
 	if p.direction != remote.Mounted {
 		s.metrics.RegistryBytes.WithLabelValues(p.direction).Add(float64(p.blob.Size))
@@ -146,7 +146,7 @@ func (s *syncer) published(ctx context.Context, ref layerfs.CacheRef, p pushed, 
 // the covered layers keep them (Sync matches a squash by what it
 // covers); new nodes fetch one blob instead of many. It returns the
 // chain as written, or nil if nothing was published.
-func (s *syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, target *remote.Target, info layerfs.CacheInfo, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
+func (s *Syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, target *remote.Target, info layerfs.CacheInfo, pub *v1alpha1.PublishedChain) (*v1alpha1.PublishedChain, error) {
 	var out *v1alpha1.PublishedChain
 	for _, layer := range info.Layers {
 		if layer.Digest != "" || len(layer.Covers) < 2 || coveredRun(pub.Layers, layer.Covers) < 0 {
@@ -174,7 +174,7 @@ func (s *syncer) publishSquashes(ctx context.Context, ref layerfs.CacheRef, reg 
 
 // replaceRun swaps the run of the chain that layer covers for blob, and
 // records blob's digest on the node.
-func (s *syncer) replaceRun(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, layer layerfs.LayerInfo, blob remote.Blob) (*v1alpha1.PublishedChain, error) {
+func (s *Syncer) replaceRun(ctx context.Context, ref layerfs.CacheRef, reg *kit.RegistryRef, layer layerfs.LayerInfo, blob remote.Blob) (*v1alpha1.PublishedChain, error) {
 	unlock, err := s.locks.lock(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -231,7 +231,7 @@ func coveredRun(layers []v1alpha1.PublishedLayer, covers []string) int {
 	return -1
 }
 
-func blobsBaseFirst(pub *v1alpha1.PublishedChain) []remote.Blob {
+func BlobsBaseFirst(pub *v1alpha1.PublishedChain) []remote.Blob {
 	var out []remote.Blob
 	for _, l := range slices.Backward(pub.Layers) {
 		out = append(out, remote.BlobOf(l.Digest, l.DiffID, l.MediaType, l.Size))
