@@ -1,15 +1,14 @@
 // Package nodeagent is `layercache node`, the agent of one node (a
-// DaemonSet, no leader election). Its files show its parts; what they
-// share (requests and their parsers, the Cache client, queues, Events and
-// metrics) is the package kit below them:
+// DaemonSet, no leader election). agent.go makes every part with all it
+// needs and runs it; the parts are:
 //
-//   - provisioning (provision.go, kit's claim.go and cachename.go, pv.go): the
+//   - provisioning (provision.go, pv.go, gate.go, claiminformer.go): the
 //     external provisioner of the sig-storage library. It provisions the
 //     layercache claims the scheduler placed on its node as hostPath PVs
 //     backed by layerfs volumes (copy-on-write views of a named cache); a
 //     Qualifier takes only claims whose selected node is this node, and a
-//     DeletionGuard only PVs stamped with this node's name. cachename.go
-//     names a claim's cache (its annotation, else its class's template);
+//     DeletionGuard only PVs stamped with this node's name. admitVolume
+//     admits a claim and a CSI volume alike;
 //   - build ends: a pod-owned claim's build ends when the pods of its node
 //     that use it have ended (podwatch.go watches them), any other claim's
 //     when its PV is released (Delete); either way buildend.go commits or
@@ -17,17 +16,15 @@
 //     the build's markers. podhold.go holds such pods with a finalizer
 //     until their volumes have ended, so a pod deleted as it ends keeps
 //     its outcome while the agent is away;
-//   - registry sync (the package registrysync, which the parts hold as the
-//     interface registrySync): for classes that name a registry, it pulls
-//     the layers its node lacks before a mount, pushes committed layers and
-//     appends them to the Cache's status.published, the cluster-wide chain,
-//     which it checks against the classes the agent serves before a byte
-//     moves;
-//   - maintenance (maintain.go, kit's caches.go and queue.go): status reports on
-//     the Cache resources, squashes, retention, GC and the cleanup of
-//     deleted caches, off the critical path;
-//   - Events (kit's events.go): every reason and action the parts' Events use;
-//   - the process (agent.go, options.go, kit's metrics.go): the agent makes
-//     and runs the work queues (workqueues.go) and hands each part those it
-//     feeds.
+//   - CSI inline volumes (csi.go, csiend.go, csiserve.go): the same
+//     admission and end as a claim's, without a claim or a PV;
+//   - maintenance (maintain.go): status reports on the Cache resources,
+//     squashes, retention, GC and the cleanup of deleted caches, off the
+//     critical path, from the work queues (workqueues.go) the agent makes
+//     and runs.
+//
+// The registry sync is the package registrysync, which the parts hold as
+// the interface registrySync; what every part shares (the store
+// interface, volume requests and their parsers, the Cache client, queues,
+// Events and metrics) is the package kit below them all.
 package nodeagent
