@@ -21,7 +21,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -48,14 +47,6 @@ import (
 
 // Component is the event source of the node agent.
 const Component = "layercache-node"
-
-// buildEndWorkers bounds the volumes ended at once. Builds that end
-// together then commit side by side; the store's locks keep each cache's
-// commits in order, and concurrent commits share their syncfs and seal
-// outside the cache's lock, so that 16 at once cost little more than one.
-// With 4, the last of 50 builds that ended together waited for a dozen
-// turns of the others' ends (p99 end to commit 16.6 s).
-const buildEndWorkers = 16
 
 // Run serves as the node agent until ctx ends: it recovers the store,
 // remounts the volumes of PVs bound on this node, then provisions and
@@ -106,10 +97,11 @@ func Run(ctx context.Context, opts Options) error {
 	// The provision controller's informers, shared: chains are checked
 	// against the classes without a request per pull.
 	claimInformers := newClaimInformers(clientset, opts.NodeName, controller.DefaultResyncPeriod)
+	hostname := nodeHostname(ctx, clientset, opts.NodeName)
 	a := newAgent(opts, agentParts{
 		store: st, caches: &kit.Caches{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Node: opts.NodeName},
 		events: mgr.GetEventRecorder(Component), metrics: m,
-		hostname: nodeHostname(ctx, clientset, opts.NodeName),
+		hostname: hostname,
 		getPod: func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 			return clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		},
@@ -136,7 +128,7 @@ func Run(ctx context.Context, opts Options) error {
 		// A registry that does not answer is retried with backoff, not
 		// controller-runtime's default of a few milliseconds first.
 		WithOptions(crcontroller.Options{RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](2*time.Second, 5*time.Minute)}).
-		Complete(a.maint)
+		Complete(a.core.Maintainer())
 	if err != nil {
 		return fmt.Errorf("create Cache cleanup controller: %w", err)
 	}
@@ -145,7 +137,7 @@ func Run(ctx context.Context, opts Options) error {
 	})); err != nil {
 		return err
 	}
-	logger.Info("Starting node agent", "root", st.Root(), "hostname", a.prov.hostname)
+	logger.Info("Starting node agent", "root", st.Root(), "hostname", hostname)
 	logger.Info("Volume size limits (a claim's storage request) are enforced at commit: a build's larger changes are discarded. " +
 		"The store uses no filesystem project quotas, so a runaway build is not stopped while it runs; --gc-min-free-percent keeps caches from filling the node")
 	return mgr.Start(ctx)
@@ -164,13 +156,12 @@ func informerOptions(node string) crcache.Options {
 	}
 }
 
-// agent ties the provisioner, its informers and the maintenance together.
+// agent ties the volumes core, the registry sync, their informers and
+// queues together.
 type agent struct {
-	opts  Options
-	store kit.Store
-	prov  *Provisioner
-	maint *maintainer
-	sync  *registrysync.Syncer
+	opts Options
+	core *Core
+	sync *registrysync.Syncer
 	// queues is the work off the critical path; the agent runs it, the
 	// parts feed it.
 	queues workQueues
@@ -178,12 +169,6 @@ type agent struct {
 	claimInformers, pvInformers, podInformers informers.SharedInformerFactory
 	pvs                                       corelisters.PersistentVolumeLister
 	controller                                *controller.ProvisionController
-	ends                                      *buildEnds
-	holds                                     *podHolds
-	// csi and csiEnds serve CSI inline volumes; nil unless
-	// Options.KubeletDir is set.
-	csi     *csiDriver
-	csiEnds *csiEnds
 
 	ready atomic.Bool
 }
@@ -198,13 +183,10 @@ type agentParts struct {
 	// hostname is the node's kubernetes.io/hostname, which PVs' node
 	// affinity names (nodeHostname).
 	hostname string
-	// getPod reads a claim's owning pod (Provisioner.getPod).
-	getPod podGetter
+	getPod   PodGetter
 	// classes and secrets are the registry sync's (registrysync.Config).
 	classes storagelisters.StorageClassLister
 	secrets registrysync.SecretGetter
-	// unpublishGiveUp is registrysync.Config's; 0 in production.
-	unpublishGiveUp time.Duration
 }
 
 func newAgent(opts Options, p agentParts) *agent {
@@ -214,18 +196,16 @@ func newAgent(opts Options, p agentParts) *agent {
 		Classes: p.classes, Secrets: p.secrets,
 		TmpDir: filepath.Join(opts.Root, "tmp"), Compression: remote.Compression(opts.RegistryCompression),
 		Reports: queues.reports, Squashes: queues.squashes, Publishes: queues.publishes,
-		UnpublishGiveUp: p.unpublishGiveUp,
 	})
-	maint := &maintainer{
-		node: opts.NodeName, store: p.store, caches: p.caches, events: p.events, metrics: p.metrics,
-		gc:      layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
-		reports: queues.reports, publishes: queues.publishes, sync: sync,
-	}
-	prov := &Provisioner{
-		node: opts.NodeName, hostname: p.hostname, store: p.store, gateRoot: opts.Root, caches: p.caches, events: p.events, metrics: p.metrics,
-		getPod: p.getPod, reports: queues.reports, squashes: queues.squashes, seen: newOutcomes(), sync: sync,
-	}
-	return &agent{opts: opts, store: p.store, prov: prov, maint: maint, sync: sync, queues: queues}
+	core := New(Config{
+		Node: opts.NodeName, Hostname: p.hostname, Root: opts.Root,
+		Store: p.store, Caches: p.caches, Events: p.events, Metrics: p.metrics, GetPod: p.getPod, Sync: sync,
+		Reports: queues.reports, Squashes: queues.squashes, Publishes: queues.publishes,
+		GC:         layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
+		KubeletDir: opts.KubeletDir, CSILimits: kit.CSILimits{Default: opts.CSIDefaultBytes, Max: opts.CSIMaxBytes},
+		ResyncInterval: opts.ResyncInterval,
+	})
+	return &agent{opts: opts, core: core, sync: sync, queues: queues}
 }
 
 // wire builds the provision controller and the build-end watcher on
@@ -250,7 +230,7 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, claimI
 	pvInformer := a.pvInformers.Core().V1().PersistentVolumes()
 	a.pvs = pvInformer.Lister()
 	claimInformer := a.claimInformers.Core().V1().PersistentVolumeClaims()
-	if err := a.wireBuildEnds(clientset, pvInformer.Informer(), claimInformer.Lister()); err != nil {
+	if err := a.core.Watch(clientset, a.podInformers.Core().V1().Pods().Informer(), pvInformer.Informer(), claimInformer.Lister()); err != nil {
 		return err
 	}
 
@@ -264,7 +244,7 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, claimI
 			return fmt.Errorf("register provisioner library metrics: %w", err)
 		}
 	}
-	a.controller = controller.NewProvisionController(ctx, clientset, v1alpha1.ProvisionerName, a.prov,
+	a.controller = controller.NewProvisionController(ctx, clientset, v1alpha1.ProvisionerName, a.core.Provisioner(),
 		controller.LeaderElection(false),
 		controller.ClaimsInformer(claimInformer.Informer()),
 		controller.ClassesInformer(a.claimInformers.Storage().V1().StorageClasses().Informer()),
@@ -287,75 +267,11 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, claimI
 	return nil
 }
 
-// wireBuildEnds indexes this node's pods by claim and lets pods that end
-// queue their claims.
-func (a *agent) wireBuildEnds(clientset kubernetes.Interface, pvInformer cache.SharedIndexInformer, claims corelisters.PersistentVolumeClaimLister) error {
-	podInformer := a.podInformers.Core().V1().Pods().Informer()
-	if err := podInformer.AddIndexers(cache.Indexers{indexClaim: podClaims}); err != nil {
-		return fmt.Errorf("index pods by claim: %w", err)
-	}
-	a.ends = &buildEnds{
-		prov: a.prov, kube: clientset, pods: podInformer.GetIndexer(), claims: claims,
-		pvs: corelisters.NewPersistentVolumeLister(pvInformer.GetIndexer()), queue: kit.NewKeyQueue("build-end"), seen: a.prov.seen,
-	}
-	if _, err := podInformer.AddEventHandler(a.ends.handlers()); err != nil {
-		return fmt.Errorf("watch this node's pods: %w", err)
-	}
-	a.holds = newPodHolds(a.store, clientset, podInformer.GetIndexer(), claims, a.ends.pvs)
-	a.prov.holds = a.holds
-	if _, err := podInformer.AddEventHandler(a.holds.handlers()); err != nil {
-		return fmt.Errorf("watch this node's pods to hold them: %w", err)
-	}
-	if _, err := pvInformer.AddEventHandler(a.holds.volumeHandlers()); err != nil {
-		return fmt.Errorf("watch this node's PVs to release held pods: %w", err)
-	}
-	if a.opts.KubeletDir != "" {
-		a.csi = newCSIDriver(a.prov, a.opts.KubeletDir, kit.CSILimits{Default: a.opts.CSIDefaultBytes, Max: a.opts.CSIMaxBytes})
-		a.csiEnds = newCSIEnds(a.prov, a.csi, podInformer.GetIndexer())
-		if _, err := podInformer.AddEventHandler(a.csiEnds.handlers()); err != nil {
-			return fmt.Errorf("watch this node's pods for CSI volumes: %w", err)
-		}
-	}
-	_, err := pvInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		DeleteFunc: func(obj any) {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
-			}
-			if pv, ok := obj.(*corev1.PersistentVolume); ok {
-				a.prov.seen.forget(claimKey(pv))
-			}
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("watch this node's PVs: %w", err)
-	}
-	return nil
-}
-
 // run recovers, remounts, then serves; it returns when ctx ends.
 func (a *agent) run(ctx context.Context) error {
-	logger := log.FromContext(ctx)
-	if err := mountGate(a.opts.Root); err != nil {
+	if err := a.core.Recover(ctx); err != nil {
 		return err
 	}
-	res, err := a.store.Recover(ctx)
-	if err != nil && !res.Finished {
-		return fmt.Errorf("recover layer store %s: %w", a.opts.Root, err)
-	}
-	// A volume that cannot be repaired (a full disk), or a leftover that
-	// cannot be deleted, must not keep the agent from serving every other
-	// volume: a volume's own end retries it, GC the leftover.
-	for _, f := range res.Failed {
-		a.prov.metrics.Fail(kit.OpRecover, "error")
-		logger.Error(f.Err, "Volume could not be recovered; it is retried when its build ends", "volume", f.Volume)
-	}
-	if res.Unswept != "" {
-		a.prov.metrics.Fail(kit.OpRecover, "unswept")
-		logger.Error(errors.New(res.Unswept), "Some unreferenced layers could not be deleted; GC retries them")
-	}
-	logger.Info("Recovered layer store", "remounted", len(res.Remounted),
-		"removedTemp", res.RemovedTemp, "removedLayers", res.RemovedLayers, "torn", res.Torn, "failed", len(res.Failed))
-
 	factories := []informers.SharedInformerFactory{a.claimInformers, a.pvInformers, a.podInformers}
 	for _, f := range factories {
 		f.Start(ctx.Done())
@@ -371,25 +287,13 @@ func (a *agent) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list this node's PVs: %w", err)
 	}
-	n := remount(ctx, a.store, a.prov.events, a.prov.metrics, a.opts.NodeName, a.prov.gateRoot, pvs)
-	logger.Info("Checked mounts of this node's PVs", "pvs", len(pvs), "remounted", n)
+	a.core.Remount(ctx, pvs)
 
-	// An agent that cannot serve CSI volumes stops, loudly (its pod
-	// restarts), rather than leave their pods waiting for a driver.
 	ctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	a.queues.run(ctx, a.maint, a.sync)
+	a.queues.run(ctx, a.core.Maintainer(), a.sync)
 	go a.periodic(ctx)
-	go a.ends.run(ctx, buildEndWorkers)
-	go a.holds.run(ctx, buildEndWorkers)
-	if a.csi != nil {
-		go a.csiEnds.run(ctx, buildEndWorkers, a.opts.ResyncInterval)
-		go func() {
-			if err := serveCSI(ctx, a.csi, csiSocketsIn(a.opts.KubeletDir)); err != nil {
-				stop(fmt.Errorf("CSI inline volumes (--kubelet-dir %s): %w", a.opts.KubeletDir, err))
-			}
-		}()
-	}
+	a.core.Serve(ctx, stop)
 	// On shutdown, let the operations in flight return before the process
 	// exits (the store would recover them, but finishing is cheaper).
 	var workers sync.WaitGroup
@@ -408,7 +312,7 @@ func (a *agent) periodic(ctx context.Context) {
 	t := time.NewTicker(a.opts.ResyncInterval)
 	defer t.Stop()
 	for {
-		a.maint.pass(ctx)
+		a.core.Maintainer().Pass(ctx)
 		select {
 		case <-ctx.Done():
 			return

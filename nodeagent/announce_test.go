@@ -64,7 +64,7 @@ func TestAReaderWaitsForTheCommitAnnouncedOnAnotherNode(t *testing.T) {
 		t.Errorf("chain after the publish %+v: want generation 2 and no announcement left", pub)
 	}
 	wantEvents(t, c.nodes["node-b"], "Warning "+kit.ReasonSyncIncomplete, 0)
-	if n := histogramCount(t, c.nodes["node-b"].parts.metrics.AnnounceWait.WithLabelValues("arrived")); n != 1 {
+	if n := histogramCount(t, c.nodes["node-b"].metrics.AnnounceWait.WithLabelValues("arrived")); n != 1 {
 		t.Errorf("node-b observed %d waits that arrived, want 1", n)
 	}
 }
@@ -191,7 +191,7 @@ func TestAnnouncementsAreResolved(t *testing.T) {
 		c := newSyncCluster(t)
 		a := c.nodes["node-a"]
 		st := &unpublishableStore{Store: a.store, sockets: map[string]bool{}}
-		a = c.startAgentWith(t, "node-a", a.store, func(p *agentParts) { p.store = st })
+		a = c.startAgentWith(t, "node-a", a.store, func(p *nodeParts) { p.setStore(st) })
 		pv := c.provision(t, "node-a", "build")
 		writeFile(t, pv, "a.txt", "a")
 		c.end(t, "node-a", pv)

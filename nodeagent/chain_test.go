@@ -27,7 +27,7 @@ func (s *interruptedStore) SetLayerDigest(ctx context.Context, ref layerfs.Cache
 func TestSyncPublishInterruptedAfterTheChainUpdateIsNotDuplicated(t *testing.T) {
 	c := newSyncCluster(t)
 	a := c.nodes["node-a"]
-	a = c.startAgentWith(t, "node-a", a.store, func(p *agentParts) { p.store = &interruptedStore{Store: a.store} })
+	a = c.startAgentWith(t, "node-a", a.store, func(p *nodeParts) { p.setStore(&interruptedStore{Store: a.store}) })
 	pv := c.provision(t, "node-a", "build")
 	writeFile(t, pv, "x.txt", "once")
 	if err := c.commit(t, "node-a", pv); err == nil {

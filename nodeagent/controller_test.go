@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // TestControllerTwoNodes runs the provisioner library's controller for two
@@ -43,13 +44,14 @@ func TestControllerTwoNodes(t *testing.T) {
 		opts.Root = t.TempDir()
 		t.Cleanup(func() { _ = unix.Unmount(filepath.Join(opts.Root, gateDir), unix.MNT_DETACH) })
 		claimInformers := newClaimInformers(clientset, node, controller.DefaultResyncPeriod)
-		parts := testParts(t, node, st, cacheClient, env.events)
-		parts.classes = claimInformers.Storage().V1().StorageClasses().Lister()
-		a := newAgent(opts, parts)
+		a := newAgent(opts, agentParts{
+			store: st, caches: &kit.Caches{Client: cacheClient, Reader: cacheClient, Node: node}, events: env.events, metrics: testMetrics(t),
+			hostname: node, classes: claimInformers.Storage().V1().StorageClasses().Lister(),
+		})
 		if err := a.wire(ctx, clientset, claimInformers, prometheus.NewRegistry()); err != nil {
 			t.Fatal(err)
 		}
-		env.prov, env.maint, env.client = a.prov, a.maint, cacheClient
+		env.prov, env.maint, env.client = a.core.Provisioner(), a.core.Maintainer(), cacheClient
 		agents[node] = env
 		go func() {
 			if err := a.run(ctx); err != nil {

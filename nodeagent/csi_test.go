@@ -42,8 +42,9 @@ type csiEnv struct {
 	kubeletDir string
 }
 
-// testCSILimits are the node agent's defaults.
-var testCSILimits = kit.CSILimits{Default: DefaultOptions().CSIDefaultBytes, Max: DefaultOptions().CSIMaxBytes}
+// testCSILimits are the node agent's defaults (--csi-default-size,
+// --csi-max-size).
+var testCSILimits = kit.CSILimits{Default: 10 << 30, Max: 100 << 30}
 
 // newCSIEnv's pods are of namespace ci, which has opted in to CSI
 // volumes.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/nodeagent/registrysync"
+	"github.com/layercache/layercache/remote"
 )
 
 func testScheme(t testing.TB) *runtime.Scheme {
@@ -53,7 +55,7 @@ func testMetrics(t testing.TB) *kit.Metrics {
 // testEnv is a provisioner for node-a over a fake store and a fake API.
 type testEnv struct {
 	prov   *Provisioner
-	maint  *maintainer
+	maint  *Maintainer
 	sync   *registrysync.Syncer
 	store  *fakeStore
 	client client.Client
@@ -69,24 +71,51 @@ func newTestEnv(t testing.TB, st kit.Store, objs ...client.Object) *testEnv {
 	}
 	c := newCacheClient(t, objs...)
 	events := events.NewFakeRecorder(100)
-	opts := DefaultOptions()
-	opts.NodeName = "node-a"
-	a := newAgent(opts, testParts(t, "node-a", st, c, events))
 	// The fake store's volumes are nowhere: no mount gate (gate_test.go
 	// tests it on a tmpfs of its own).
-	a.prov.gateRoot = ""
-	return &testEnv{prov: a.prov, maint: a.maint, sync: a.sync, store: fs, client: c, events: events}
+	core, sync := testNodeParts(t, "node-a", "", st, c, events).build()
+	return &testEnv{prov: core.prov, maint: core.maint, sync: sync, store: fs, client: c, events: events}
 }
 
-// testParts are the parts of node's agent over st and the API c, whose
-// hostname is its name; its registry sync trusts no class until a test
-// gives it some.
-func testParts(t testing.TB, node string, st kit.Store, c client.Client, events events.EventRecorder) agentParts {
-	return agentParts{
-		store: st, caches: &kit.Caches{Client: c, Reader: c, Node: node}, events: events, metrics: testMetrics(t),
-		hostname: node,
+// nodeParts are what a test node's core and registry sync are made of;
+// a test may change them before build makes the node.
+type nodeParts struct {
+	core Config
+	sync registrysync.Config
+}
+
+// testNodeParts are the parts of node over st and the API c, with the
+// node agent's defaults, whose hostname is its name and whose mount gate
+// is under root ("" for none); its registry sync trusts no class until a
+// test gives it some.
+func testNodeParts(t testing.TB, node, root string, st kit.Store, c client.Client, events events.EventRecorder) nodeParts {
+	caches := &kit.Caches{Client: c, Reader: c, Node: node}
+	m := testMetrics(t)
+	reports, squashes, publishes := kit.NewCacheQueue("report", 1), kit.NewCacheQueue("squash", 1), kit.NewCacheQueue("publish", 1)
+	return nodeParts{
+		core: Config{
+			Node: node, Hostname: node, Root: root, Store: st, Caches: caches, Events: events, Metrics: m,
+			Reports: reports, Squashes: squashes, Publishes: publishes,
+			GC: layerfs.GCOptions{MinFreePercent: 15}, CSILimits: testCSILimits, ResyncInterval: time.Minute,
+		},
+		sync: registrysync.Config{
+			Node: node, Store: st, Caches: caches, Events: events, Metrics: m,
+			TmpDir: filepath.Join(t.TempDir(), "tmp"), Compression: remote.DefaultCompression,
+			Reports: reports, Squashes: squashes, Publishes: publishes,
+		},
 	}
 }
+
+// build makes the node as the agent does: its registry sync, then its
+// core over it.
+func (p nodeParts) build() (*Core, *registrysync.Syncer) {
+	sync := registrysync.New(p.sync)
+	p.core.Sync = sync
+	return New(p.core), sync
+}
+
+// setStore makes st the store of both parts.
+func (p *nodeParts) setStore(st kit.Store) { p.core.Store, p.sync.Store = st, st }
 
 // drainEvents returns the events recorded so far as "Type Reason Message".
 func (e *testEnv) drainEvents() []string {

@@ -18,9 +18,9 @@ import (
 	"github.com/layercache/layercache/nodeagent/kit"
 )
 
-// maintainer keeps the node's caches in line with their Cache resources:
+// Maintainer keeps the node's caches in line with their Cache resources:
 // their CacheReplicas, deletion, retention, squash and GC.
-type maintainer struct {
+type Maintainer struct {
 	node    string
 	store   kit.Store
 	caches  *kit.Caches
@@ -32,11 +32,11 @@ type maintainer struct {
 	publishes *kit.CacheQueue
 	// sync reports a cache's sync state, publishes and deletes a deleted
 	// Cache's registry copy.
-	sync registrySync
+	sync RegistrySync
 }
 
-// report states this node's view of a cache on its Cache resource.
-func (m *maintainer) report(ctx context.Context, ref layerfs.CacheRef) error {
+// Report states this node's view of a cache on its Cache resource.
+func (m *Maintainer) Report(ctx context.Context, ref layerfs.CacheRef) error {
 	info, err := m.store.Inspect(ctx, ref)
 	if errors.Is(err, layerfs.ErrNotFound) {
 		m.metrics.ForgetCache(ref)
@@ -65,8 +65,8 @@ func (m *maintainer) report(ctx context.Context, ref layerfs.CacheRef) error {
 	return nil
 }
 
-// squash merges a deep cache's layers, then reports the new shape.
-func (m *maintainer) squash(ctx context.Context, ref layerfs.CacheRef) error {
+// Squash merges a deep cache's layers, then reports the new shape.
+func (m *Maintainer) Squash(ctx context.Context, ref layerfs.CacheRef) error {
 	logger := log.FromContext(ctx).WithValues("cache", ref.String())
 	start := time.Now()
 	// 0: the store's own MaxLayers, the limit that reported NeedsSquash.
@@ -89,7 +89,7 @@ func (m *maintainer) squash(ctx context.Context, ref layerfs.CacheRef) error {
 
 // remove deletes a cache from this node and its CacheReplica; it
 // tells whether the cache was on the node.
-func (m *maintainer) remove(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
+func (m *Maintainer) remove(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
 	err := m.store.Remove(ctx, ref)
 	if err != nil && !errors.Is(err, layerfs.ErrNotFound) {
 		m.metrics.Fail(kit.OpRemove, "error")
@@ -103,7 +103,7 @@ func (m *maintainer) remove(ctx context.Context, ref layerfs.CacheRef) (bool, er
 // manager lifts its finalizer once every node's entry is gone) and, if
 // no agent did yet, deletes its registry copy. An error retries with the
 // controller's backoff.
-func (m *maintainer) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+func (m *Maintainer) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var cache v1alpha1.Cache
 	if err := m.caches.Client.Get(ctx, req.NamespacedName, &cache); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
@@ -119,9 +119,9 @@ func (m *maintainer) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, errors.Join(err, m.sync.Unpublish(ctx, &cache))
 }
 
-// pass is the periodic maintenance: the node-wide GC, then per cache
+// Pass is the periodic maintenance: the node-wide GC, then per cache
 // deletions that were missed, retention and status reports.
-func (m *maintainer) pass(ctx context.Context) {
+func (m *Maintainer) Pass(ctx context.Context) {
 	logger := log.FromContext(ctx)
 	res, err := m.store.GC(ctx, m.gc)
 	if err != nil {
@@ -161,7 +161,7 @@ func (m *maintainer) pass(ctx context.Context) {
 // withdrawStale deletes this node's replicas of caches that are not on
 // the node (removed with the layerfs CLI, or a store wiped by hand), so
 // that status shows the truth and a Cache's deletion is not held up.
-func (m *maintainer) withdrawStale(ctx context.Context, local map[layerfs.CacheRef]bool) error {
+func (m *Maintainer) withdrawStale(ctx context.Context, local map[layerfs.CacheRef]bool) error {
 	var list v1alpha1.CacheReplicaList
 	if err := m.caches.Client.List(ctx, &list); err != nil {
 		return fmt.Errorf("list this node's CacheReplicas: %w", err)
@@ -183,7 +183,7 @@ func (m *maintainer) withdrawStale(ctx context.Context, local map[layerfs.CacheR
 	return nil
 }
 
-func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, now time.Time) error {
+func (m *Maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, now time.Time) error {
 	cache, err := m.caches.Get(ctx, info.Cache)
 	if err != nil {
 		return err
@@ -221,7 +221,7 @@ func (m *maintainer) maintainCache(ctx context.Context, info layerfs.CacheInfo, 
 // went while the agent was away, or with its namespace), unless a build
 // writes it: that build's claim made the resource, which the informer has
 // not seen yet. The API server has the last word before anything goes.
-func (m *maintainer) removeOrphan(ctx context.Context, ref layerfs.CacheRef) error {
+func (m *Maintainer) removeOrphan(ctx context.Context, ref layerfs.CacheRef) error {
 	var cache v1alpha1.Cache
 	err := m.caches.Reader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &cache)
 	if !apierrors.IsNotFound(err) {
@@ -236,7 +236,7 @@ func (m *maintainer) removeOrphan(ctx context.Context, ref layerfs.CacheRef) err
 
 // removeIfUnused removes a cache from this node unless a writable volume
 // uses it, and deletes its CacheReplica.
-func (m *maintainer) removeIfUnused(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
+func (m *Maintainer) removeIfUnused(ctx context.Context, ref layerfs.CacheRef) (bool, error) {
 	removed, err := m.store.RemoveIfUnused(ctx, ref)
 	if err != nil {
 		m.metrics.Fail(kit.OpRemove, "error")

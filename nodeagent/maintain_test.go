@@ -95,7 +95,7 @@ func TestReportAppliesAndDeletesReplica(t *testing.T) {
 	env.store.cache(maven).Bytes = 512
 	env.store.cache(maven).LastWriter = "ci/build-2"
 
-	if err := env.maint.report(ctx, maven); err != nil {
+	if err := env.maint.Report(ctx, maven); err != nil {
 		t.Fatalf("report: %v", err)
 	}
 	r := getReplica(t, env.client, maven)
@@ -107,7 +107,7 @@ func TestReportAppliesAndDeletesReplica(t *testing.T) {
 	}
 	// An unchanged cache is not applied again.
 	rv := r.ResourceVersion
-	if err := env.maint.report(ctx, maven); err != nil {
+	if err := env.maint.Report(ctx, maven); err != nil {
 		t.Fatalf("report again: %v", err)
 	}
 	if again := getReplica(t, env.client, maven); again.ResourceVersion != rv {
@@ -116,7 +116,7 @@ func TestReportAppliesAndDeletesReplica(t *testing.T) {
 
 	// The cache leaves the node: the replica and the per-cache series go.
 	delete(env.store.caches, maven)
-	if err := env.maint.report(ctx, maven); err != nil {
+	if err := env.maint.Report(ctx, maven); err != nil {
 		t.Fatalf("report of a removed cache: %v", err)
 	}
 	if r := getReplica(t, env.client, maven); r != nil {
@@ -129,7 +129,7 @@ func TestReportWithoutCacheResource(t *testing.T) {
 	// must neither fail nor create one.
 	env := newTestEnv(t, nil)
 	env.store.cache(maven)
-	if err := env.maint.report(context.Background(), maven); err != nil {
+	if err := env.maint.Report(context.Background(), maven); err != nil {
 		t.Fatalf("report: %v", err)
 	}
 	var list v1alpha1.CacheList
@@ -235,7 +235,7 @@ func TestPass(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	env.maint.pass(ctx)
+	env.maint.Pass(ctx)
 
 	var removed []string
 	for _, r := range env.store.removed {
@@ -271,7 +271,7 @@ func TestSquashReports(t *testing.T) {
 	for i := range 20 {
 		deep.Layers = append(deep.Layers, layerfs.LayerInfo{ID: fmt.Sprintf("l%d", i)})
 	}
-	if err := env.maint.squash(context.Background(), maven); err != nil {
+	if err := env.maint.Squash(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
 	if len(env.store.squashed) != 1 || env.maint.reports.Queue.Len() != 1 {
@@ -326,7 +326,7 @@ func TestPassDeletesStaleReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	env.maint.pass(ctx)
+	env.maint.Pass(ctx)
 	if r := getReplica(t, env.client, gone); r != nil {
 		t.Errorf("the replica of a cache not on the node survived: %+v", r)
 	}

@@ -22,16 +22,16 @@ import (
 // annSelectedNode is set by the scheduler on a late-binding claim.
 const annSelectedNode = "volume.kubernetes.io/selected-node"
 
-// podGetter reads a pod from the API server. Provision needs the pod that
+// PodGetter reads a pod from the API server. Provision needs the pod that
 // owns a claim before the scheduler binds it to this node, so the agent's
 // informer of this node's pods does not have it yet.
-type podGetter func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+type PodGetter func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 
-// registrySync is the registry sync (package registrysync) as the
+// RegistrySync is the registry sync (package registrysync) as the
 // provisioner, the build ends and the maintenance call it: pull and seed
 // before a mount, announce and committed around a commit, publish after
 // it, and the cleanup of a deleted Cache's registry copy.
-type registrySync interface {
+type RegistrySync interface {
 	Pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest)
 	Seed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) ([]layerfs.CacheRef, map[layerfs.CacheRef]string)
 	Announce(ctx context.Context, ref layerfs.CacheRef, volume string)
@@ -42,7 +42,7 @@ type registrySync interface {
 	Unpublish(ctx context.Context, cache *v1alpha1.Cache) error
 }
 
-var _ registrySync = (*registrysync.Syncer)(nil)
+var _ RegistrySync = (*registrysync.Syncer)(nil)
 
 // Provisioner provisions and deletes the layercache volumes of one node.
 type Provisioner struct {
@@ -55,7 +55,7 @@ type Provisioner struct {
 	caches   *kit.Caches
 	events   events.EventRecorder
 	metrics  *kit.Metrics
-	getPod   podGetter
+	getPod   PodGetter
 	// seen has the outcomes of pods that ended and went away before their
 	// volumes ended; nil when the agent does not watch pods.
 	seen *outcomes
@@ -65,7 +65,7 @@ type Provisioner struct {
 	squashes *kit.CacheQueue
 	// sync keeps caches whose class names a registry in step across
 	// nodes.
-	sync registrySync
+	sync RegistrySync
 	// holds holds a build pod before its volume is handed out and
 	// releases it once the volume ended; nil in tests that don't look at
 	// them.

@@ -280,7 +280,7 @@ func TestRealSquashAfterDeepCommits(t *testing.T) {
 	if env.prov.squashes.Queue.Len() != 1 {
 		t.Fatal("no squash queued after the head passed the limit")
 	}
-	if err := env.maint.squash(context.Background(), maven); err != nil {
+	if err := env.maint.Squash(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
 	info, err := st.Inspect(context.Background(), maven)

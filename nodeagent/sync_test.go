@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"maps"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -47,14 +48,14 @@ type syncCluster struct {
 }
 
 type syncNode struct {
-	name   string
-	prov   *Provisioner
-	maint  *maintainer
-	sync   *registrysync.Syncer
-	store  *layerfs.Store
-	caches *kit.Caches
-	parts  agentParts
-	events *events.FakeRecorder
+	name    string
+	prov    *Provisioner
+	maint   *Maintainer
+	sync    *registrysync.Syncer
+	store   *layerfs.Store
+	caches  *kit.Caches
+	metrics *kit.Metrics
+	events  *events.FakeRecorder
 }
 
 func newSyncCluster(t testing.TB) *syncCluster {
@@ -97,22 +98,21 @@ func (c *syncCluster) restart(t testing.TB, name string) *syncNode {
 
 func (c *syncCluster) startAgent(t testing.TB, name string, st *layerfs.Store) *syncNode {
 	t.Helper()
-	return c.startAgentWith(t, name, st, func(*agentParts) {})
+	return c.startAgentWith(t, name, st, func(*nodeParts) {})
 }
 
 // startAgentWith starts node's agent over st with parts that change
 // changed: a store that fails where a test wants it to, say.
-func (c *syncCluster) startAgentWith(t testing.TB, name string, st *layerfs.Store, change func(*agentParts)) *syncNode {
+func (c *syncCluster) startAgentWith(t testing.TB, name string, st *layerfs.Store, change func(*nodeParts)) *syncNode {
 	t.Helper()
-	opts := DefaultOptions()
-	opts.NodeName, opts.Root = name, st.Root()
 	events := events.NewFakeRecorder(100)
-	parts := testParts(t, name, st, c.client, events)
-	parts.secrets = c.getSecret
-	parts.classes = storagelisters.NewStorageClassLister(c.classes)
+	parts := testNodeParts(t, name, st.Root(), st, c.client, events)
+	parts.sync.TmpDir = filepath.Join(st.Root(), "tmp")
+	parts.sync.Secrets = c.getSecret
+	parts.sync.Classes = storagelisters.NewStorageClassLister(c.classes)
 	change(&parts)
-	a := newAgent(opts, parts)
-	n := &syncNode{name: name, prov: a.prov, maint: a.maint, sync: a.sync, store: st, caches: parts.caches, parts: parts, events: events}
+	core, sync := parts.build()
+	n := &syncNode{name: name, prov: core.prov, maint: core.maint, sync: sync, store: st, caches: parts.core.Caches, metrics: parts.core.Metrics, events: events}
 	c.nodes[name] = n
 	return n
 }
@@ -272,7 +272,7 @@ func TestSyncRegistryOutageLosesNothing(t *testing.T) {
 	if err != nil || info.Generation != 1 || a.sync.Status(maven, info).Unpublished != 1 {
 		t.Fatalf("node-a's cache %+v (%v): want the committed layer kept, unpublished", info, err)
 	}
-	if err := a.maint.report(context.Background(), maven); err != nil {
+	if err := a.maint.Report(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
 	if r := replicaOf(t, c.client, maven, "node-a"); r.Status.Unpublished != 1 {

@@ -341,7 +341,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 	ctx := context.Background()
 	a := c.nodes["node-a"]
 	st := &unpublishableStore{Store: a.store, sockets: map[string]bool{}}
-	a = c.startAgentWith(t, "node-a", a.store, func(p *agentParts) { p.store = st })
+	a = c.startAgentWith(t, "node-a", a.store, func(p *nodeParts) { p.setStore(st) })
 	commit := func(name string) string {
 		t.Helper()
 		pv := c.provision(t, "node-a", name)
@@ -418,7 +418,7 @@ func TestAnUnpublishableLayerIsReportedTruthfullyAndNotRetried(t *testing.T) {
 // status.
 func reportedEntry(t *testing.T, c *syncCluster, n *syncNode) v1alpha1.CacheReplicaStatus {
 	t.Helper()
-	if err := n.maint.report(context.Background(), maven); err != nil {
+	if err := n.maint.Report(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
 	return replicaOf(t, c.client, maven, n.name).Status

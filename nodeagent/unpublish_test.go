@@ -128,7 +128,7 @@ func TestUnpublishPublishingHoldsTheCacheForItsRegistry(t *testing.T) {
 	if err := c.client.Update(context.Background(), &cache); err != nil {
 		t.Fatal(err)
 	}
-	c.nodes["node-a"].maint.pass(context.Background())
+	c.nodes["node-a"].maint.Pass(context.Background())
 	if fs := c.finalizers(t); !hasRegistryFinalizer(fs) {
 		t.Errorf("finalizers %q after the periodic pass: want %s added to the older Cache", fs, v1alpha1.FinalizerRegistry)
 	}
@@ -228,7 +228,7 @@ func TestUnpublishOutageRetriesOnceReportedThenGivesUp(t *testing.T) {
 		t.Fatalf("finalizers %q during the outage: want %s kept", fs, v1alpha1.FinalizerRegistry)
 	}
 
-	c.startAgentWith(t, "node-a", c.nodes["node-a"].store, func(p *agentParts) { p.unpublishGiveUp = time.Nanosecond })
+	c.startAgentWith(t, "node-a", c.nodes["node-a"].store, func(p *nodeParts) { p.sync.UnpublishGiveUp = time.Nanosecond })
 	if err := c.reconcileDeletion("node-a"); err != nil {
 		t.Fatalf("Reconcile past the give-up time: %v", err)
 	}

@@ -39,8 +39,8 @@ func newWorkQueues() workQueues {
 }
 
 // run works every queue, each on its own goroutine, until ctx ends.
-func (q workQueues) run(ctx context.Context, maint *maintainer, sync *registrysync.Syncer) {
-	go q.reports.Run(ctx, maint.report)
-	go q.squashes.Run(ctx, maint.squash)
+func (q workQueues) run(ctx context.Context, maint *Maintainer, sync *registrysync.Syncer) {
+	go q.reports.Run(ctx, maint.Report)
+	go q.squashes.Run(ctx, maint.Squash)
 	go q.publishes.Run(ctx, sync.Publish)
 }
