@@ -97,10 +97,10 @@ func TestDeleteCommitsOrDiscards(t *testing.T) {
 			if err := env.prov.Delete(context.Background(), pv); err != nil {
 				t.Fatalf("Delete: %v", err)
 			}
-			committed := len(env.store.commits) == 1
-			discarded := len(env.store.discards) == 1
+			committed := len(env.store.Commits) == 1
+			discarded := len(env.store.Discards) == 1
 			if committed != tt.wantCommit || committed == discarded {
-				t.Errorf("commits %v discards %v, want commit=%v", env.store.commits, env.store.discards, tt.wantCommit)
+				t.Errorf("commits %v discards %v, want commit=%v", env.store.Commits, env.store.Discards, tt.wantCommit)
 			}
 			env.wantEvent(t, tt.wantEvent, pv.Name)
 			// A second Delete (the PV object's deletion failed, or the
@@ -108,8 +108,8 @@ func TestDeleteCommitsOrDiscards(t *testing.T) {
 			if err := env.prov.Delete(context.Background(), pv); err != nil {
 				t.Errorf("second Delete: %v", err)
 			}
-			if len(env.store.commits)+len(env.store.discards) != 1 {
-				t.Errorf("second Delete acted again: commits %v discards %v", env.store.commits, env.store.discards)
+			if len(env.store.Commits)+len(env.store.Discards) != 1 {
+				t.Errorf("second Delete acted again: commits %v discards %v", env.store.Commits, env.store.Discards)
 			}
 		})
 	}
@@ -118,7 +118,7 @@ func TestDeleteCommitsOrDiscards(t *testing.T) {
 func TestDeleteCommitFailureKeepsVolume(t *testing.T) {
 	env := newTestEnv(t, nil)
 	pv := releasedPV(t, env, map[string]string{v1alpha1.AnnotationCache: "maven"}, "succeeded")
-	env.store.commitErr = layerfs.ErrBusy
+	env.store.CommitErr = layerfs.ErrBusy
 
 	err := env.prov.Delete(context.Background(), pv)
 	if err == nil {
@@ -129,25 +129,25 @@ func TestDeleteCommitFailureKeepsVolume(t *testing.T) {
 		t.Fatal("a failed commit must be retried, not ignored")
 	}
 	env.wantEvent(t, "Warning CommitFailed", pv.Name, "retried", "kept")
-	if _, ok := env.store.volumes[pv.Name]; !ok {
+	if _, ok := env.store.VolumeByID[pv.Name]; !ok {
 		t.Fatal("volume gone after a failed commit")
 	}
 	if got := metricValue(t, env.prov.metrics.Failures.WithLabelValues("commit", "busy")); got != 1 {
 		t.Errorf("failures{commit,busy} = %v, want 1", got)
 	}
 
-	env.store.commitErr = nil
+	env.store.CommitErr = nil
 	if err := env.prov.Delete(context.Background(), pv); err != nil {
 		t.Fatalf("retried Delete: %v", err)
 	}
-	if len(env.store.commits) != 1 {
-		t.Errorf("retry did not commit: %v", env.store.commits)
+	if len(env.store.Commits) != 1 {
+		t.Errorf("retry did not commit: %v", env.store.Commits)
 	}
 }
 
 func TestDeleteQueuesSquash(t *testing.T) {
 	env := newTestEnv(t, nil)
-	env.store.maxLayers = 0
+	env.store.MaxLayers = 0
 	pv := releasedPV(t, env, map[string]string{v1alpha1.AnnotationCache: "maven"}, "succeeded")
 	if err := env.prov.Delete(context.Background(), pv); err != nil {
 		t.Fatal(err)
@@ -166,7 +166,7 @@ func TestDeleteEditedAnnotations(t *testing.T) {
 		t.Fatalf("Delete with an edited mode: %v, want an error saying how to repair", err)
 	}
 	env.wantEvent(t, "Warning InvalidVolumeAnnotations", "layercache.dev/mode")
-	if len(env.store.volumes) != 1 {
+	if len(env.store.VolumeByID) != 1 {
 		t.Error("a volume whose fate is unclear must be kept")
 	}
 }
@@ -176,12 +176,12 @@ func TestDeleteEditedAnnotations(t *testing.T) {
 func TestDeleteOfTornVolume(t *testing.T) {
 	env := newTestEnv(t, nil)
 	pv := releasedPV(t, env, map[string]string{v1alpha1.AnnotationCache: "maven"}, v1alpha1.OutcomeSucceeded)
-	env.store.torn[pv.Name] = true
+	env.store.Torn[pv.Name] = true
 	if err := env.prov.Delete(context.Background(), pv); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
-	if len(env.store.commits) != 0 || len(env.store.discards) != 1 {
-		t.Errorf("commits %v discards %v, want the torn volume discarded", env.store.commits, env.store.discards)
+	if len(env.store.Commits) != 0 || len(env.store.Discards) != 1 {
+		t.Errorf("commits %v discards %v, want the torn volume discarded", env.store.Commits, env.store.Discards)
 	}
 	env.wantEvent(t, "Warning CommitTorn", pv.Name, "may be torn", "discarded")
 	if got := metricValue(t, env.prov.metrics.Ends.WithLabelValues(v1alpha1.ResultDiscarded, triggerRelease)); got != 1 {
@@ -194,12 +194,12 @@ func TestDeleteOfTornVolume(t *testing.T) {
 func TestDeleteOverLimit(t *testing.T) {
 	env := newTestEnv(t, nil)
 	pv := releasedPV(t, env, map[string]string{v1alpha1.AnnotationCache: "maven"}, v1alpha1.OutcomeSucceeded)
-	env.store.written[pv.Name] = 3 << 30 // the claim asked for 1Gi
+	env.store.Written[pv.Name] = 3 << 30 // the claim asked for 1Gi
 	if err := env.prov.Delete(context.Background(), pv); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
-	if len(env.store.commits) != 0 || len(env.store.discards) != 1 {
-		t.Errorf("commits %v discards %v, want the volume discarded", env.store.commits, env.store.discards)
+	if len(env.store.Commits) != 0 || len(env.store.Discards) != 1 {
+		t.Errorf("commits %v discards %v, want the volume discarded", env.store.Commits, env.store.Discards)
 	}
 	env.wantEvent(t, "Warning CommitOverLimit", pv.Name, "3.0GiB", "request more storage")
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 )
 
 // TestControllerTwoNodes runs the provisioner library's controller for two
@@ -34,7 +35,7 @@ func TestControllerTwoNodes(t *testing.T) {
 
 	agents := map[string]*testEnv{}
 	for _, node := range []string{"node-a", "node-b"} {
-		st := newFakeStore()
+		st := kittest.NewFakeStore()
 		env := newTestEnv(t, st)
 		opts := DefaultOptions()
 		opts.NodeName = node
@@ -114,7 +115,7 @@ func TestControllerTwoNodes(t *testing.T) {
 	}
 	poll(t, ctx, "commit and PV deletion", func() bool {
 		_, err := clientset.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err) && len(agents["node-a"].store.committed()) == 1
+		return apierrors.IsNotFound(err) && len(agents["node-a"].store.Committed()) == 1
 	})
 	poll(t, ctx, "node-a's replica at generation 1", func() bool {
 		var list v1alpha1.CacheReplicaList
@@ -124,8 +125,8 @@ func TestControllerTwoNodes(t *testing.T) {
 		return len(list.Items) == 1 && list.Items[0].Spec.Node == "node-a" && list.Items[0].Status.Generation == 1
 	})
 
-	if b := agents["node-b"].store; b.mountCount() != 0 || len(b.committed()) != 0 {
-		t.Errorf("node-b touched node-a's claim: %d mounts, commits %v", b.mountCount(), b.committed())
+	if b := agents["node-b"].store; b.MountCount() != 0 || len(b.Committed()) != 0 {
+		t.Errorf("node-b touched node-a's claim: %d mounts, commits %v", b.MountCount(), b.Committed())
 	}
 }
 

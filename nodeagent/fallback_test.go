@@ -131,7 +131,7 @@ func TestProvisionFallbackRefused(t *testing.T) {
 				t.Fatalf("Provision = %v, %v, %v; want a final refusal", pv, state, err)
 			}
 			env.wantEvent(t, tt.wantEvent, tt.contains...)
-			if env.store.mounts != 0 {
+			if env.store.Mounts != 0 {
 				t.Errorf("a refused claim was mounted")
 			}
 		})
@@ -143,8 +143,8 @@ func TestProvisionSeeded(t *testing.T) {
 	gone := deletingCache("trusted", "old")
 	gone.Spec.Readers = []string{"ci"}
 	env := newTestEnv(t, nil, cacheObject("trusted", "main", "ci"), gone)
-	env.store.cache(trustedMain).Generation = 3
-	env.store.cache(trustedMain).Layers = []layerfs.LayerInfo{{ID: "m3"}, {ID: "m2"}, {ID: "m1"}}
+	env.store.Cache(trustedMain).Generation = 3
+	env.store.Cache(trustedMain).Layers = []layerfs.LayerInfo{{ID: "m3"}, {ID: "m2"}, {ID: "m1"}}
 	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "pr-1", v1alpha1.AnnotationFallback: "trusted/old,main,trusted/main"}, nil)
 	pv, _, err := env.prov.Provision(context.Background(), opts)
 	if err != nil {
@@ -152,7 +152,7 @@ func TestProvisionSeeded(t *testing.T) {
 	}
 	// The fallback being deleted goes; ci/main has no generation, so
 	// trusted/main seeds the volume.
-	mount := env.store.mountOpts[opts.PVName]
+	mount := env.store.MountOpts[opts.PVName]
 	if want := []layerfs.CacheRef{{Namespace: "ci", Name: "main"}, trustedMain}; !reflect.DeepEqual(mount.Fallbacks, want) || mount.ReadOnly {
 		t.Errorf("mounted with fallbacks %v (read-only %v), want %v, writable", mount.Fallbacks, mount.ReadOnly, want)
 	}
@@ -184,7 +184,7 @@ func TestProvisionFallbackIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Provision: %v", err)
 	}
-	if got := env.store.mountOpts[opts.PVName].Fallbacks; got != nil {
+	if got := env.store.MountOpts[opts.PVName].Fallbacks; got != nil {
 		t.Errorf("mounted with fallbacks %v, want none", got)
 	}
 	if _, ok := pv.Annotations[v1alpha1.AnnotationSeededFrom]; ok {

@@ -32,7 +32,7 @@ func TestMountGateReboot(t *testing.T) {
 	if err := os.MkdirAll(mountPoint, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	env.store.volumes["pvc-bound"].MergedPath = mountPoint
+	env.store.VolumeByID["pvc-bound"].MergedPath = mountPoint
 	pv := testPV(map[string]string{v1alpha1.AnnotationNode: "node-a"})
 	pv.Name, pv.Status.Phase = "pvc-bound", corev1.VolumeBound
 	pv.Spec.HostPath = &corev1.HostPathVolumeSource{Path: gatePath(root, pv.Name)}

@@ -91,9 +91,9 @@ func lookupReplica(t *testing.T, c client.Client, ref layerfs.CacheRef, node str
 func TestReportAppliesAndDeletesReplica(t *testing.T) {
 	ctx := context.Background()
 	env := newTestEnv(t, nil, cacheObject("ci", "maven"))
-	env.store.cache(maven).Generation = 2
-	env.store.cache(maven).Bytes = 512
-	env.store.cache(maven).LastWriter = "ci/build-2"
+	env.store.Cache(maven).Generation = 2
+	env.store.Cache(maven).Bytes = 512
+	env.store.Cache(maven).LastWriter = "ci/build-2"
 
 	if err := env.maint.Report(ctx, maven); err != nil {
 		t.Fatalf("report: %v", err)
@@ -115,7 +115,7 @@ func TestReportAppliesAndDeletesReplica(t *testing.T) {
 	}
 
 	// The cache leaves the node: the replica and the per-cache series go.
-	delete(env.store.caches, maven)
+	delete(env.store.CacheByRef, maven)
 	if err := env.maint.Report(ctx, maven); err != nil {
 		t.Fatalf("report of a removed cache: %v", err)
 	}
@@ -128,7 +128,7 @@ func TestReportWithoutCacheResource(t *testing.T) {
 	// Caches made with the layerfs CLI have no resource; reporting them
 	// must neither fail nor create one.
 	env := newTestEnv(t, nil)
-	env.store.cache(maven)
+	env.store.Cache(maven)
 	if err := env.maint.Report(context.Background(), maven); err != nil {
 		t.Fatalf("report: %v", err)
 	}
@@ -145,9 +145,9 @@ func TestReconcileDeletedCache(t *testing.T) {
 	ctx := context.Background()
 	live := cacheObject("ci", "live")
 	env := newTestEnv(t, nil, deletingCache("ci", "maven"), live)
-	env.store.cache(maven).Generation = 1
+	env.store.Cache(maven).Generation = 1
 	liveRef := layerfs.CacheRef{Namespace: "ci", Name: "live"}
-	env.store.cache(liveRef)
+	env.store.Cache(liveRef)
 	if err := env.maint.caches.ApplyStatus(ctx, getCache(t, env.client, maven), layerfs.CacheInfo{Cache: maven, Generation: 1}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -158,8 +158,8 @@ func TestReconcileDeletedCache(t *testing.T) {
 			t.Fatalf("Reconcile %s: %v", ref, err)
 		}
 	}
-	if len(env.store.removed) != 1 || env.store.removed[0] != maven {
-		t.Errorf("removed %v, want only the deleted ci/maven", env.store.removed)
+	if len(env.store.Removed) != 1 || env.store.Removed[0] != maven {
+		t.Errorf("removed %v, want only the deleted ci/maven", env.store.Removed)
 	}
 	if r := getReplica(t, env.client, maven); r != nil {
 		t.Errorf("node-a's replica of the deleted Cache is still there: %+v", r)
@@ -212,9 +212,9 @@ func TestPass(t *testing.T) {
 	env := newTestEnv(t, nil, cacheObject("ci", "maven"), expired("old"), expired("busy"), expired("read"),
 		deletingCache("ci", "doomed"), cacheObject("ci", "stale"))
 	ref := func(name string) layerfs.CacheRef { return layerfs.CacheRef{Namespace: "ci", Name: name} }
-	env.store.cache(maven).LastUsed = time.Now()
+	env.store.Cache(maven).LastUsed = time.Now()
 	for _, name := range []string{"doomed", "stale", "orphan", "orphan-busy"} {
-		env.store.cache(ref(name))
+		env.store.Cache(ref(name))
 	}
 	// A build writes busy and orphan-busy (whose claim just made its
 	// Cache); a reader only reads read.
@@ -228,9 +228,9 @@ func TestPass(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"old", "busy", "read"} {
-		env.store.cache(ref(name)).LastUsed = time.Now().Add(-2 * time.Hour)
+		env.store.Cache(ref(name)).LastUsed = time.Now().Add(-2 * time.Hour)
 	}
-	env.store.gcRemoves = []layerfs.CacheRef{ref("stale")}
+	env.store.GCRemoves = []layerfs.CacheRef{ref("stale")}
 	if err := env.maint.caches.ApplyStatus(ctx, getCache(t, env.client, ref("stale")), layerfs.CacheInfo{Cache: ref("stale")}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestPass(t *testing.T) {
 	env.maint.Pass(ctx)
 
 	var removed []string
-	for _, r := range env.store.removed {
+	for _, r := range env.store.Removed {
 		removed = append(removed, r.Name)
 	}
 	slices.Sort(removed)
@@ -267,15 +267,15 @@ func TestPass(t *testing.T) {
 
 func TestSquashReports(t *testing.T) {
 	env := newTestEnv(t, nil)
-	deep := env.store.cache(maven) // deeper than any squash limit
+	deep := env.store.Cache(maven) // deeper than any squash limit
 	for i := range 20 {
 		deep.Layers = append(deep.Layers, layerfs.LayerInfo{ID: fmt.Sprintf("l%d", i)})
 	}
 	if err := env.maint.Squash(context.Background(), maven); err != nil {
 		t.Fatal(err)
 	}
-	if len(env.store.squashed) != 1 || env.maint.reports.Queue.Len() != 1 {
-		t.Errorf("squashed %v, %d reports queued; want one squash and its report", env.store.squashed, env.maint.reports.Queue.Len())
+	if len(env.store.Squashed) != 1 || env.maint.reports.Queue.Len() != 1 {
+		t.Errorf("squashed %v, %d reports queued; want one squash and its report", env.store.Squashed, env.maint.reports.Queue.Len())
 	}
 }
 
@@ -286,13 +286,13 @@ func TestRemount(t *testing.T) {
 		if _, err := env.store.Mount(ctx, id, layerfs.MountOptions{Cache: maven, Writer: "ci/p"}); err != nil {
 			t.Fatal(err)
 		}
-		env.store.volumes[id].Mounted = mounted
+		env.store.VolumeByID[id].Mounted = mounted
 	}
 	mount("pvc-bound", false)
 	mount("pvc-mounted", true)
 	mount("pvc-released", false)
 	mount("pvc-other", false)
-	env.store.mounts = 0
+	env.store.Mounts = 0
 	pv := func(name, node string, phase corev1.PersistentVolumePhase) *corev1.PersistentVolume {
 		p := testPV(map[string]string{v1alpha1.AnnotationNode: node})
 		p.Name = name
@@ -307,10 +307,10 @@ func TestRemount(t *testing.T) {
 		pv("pvc-missing", "node-a", corev1.VolumeBound),
 	}
 	n := remount(ctx, env.store, env.events, env.prov.metrics, "node-a", "", pvs)
-	if n != 1 || env.store.mounts != 1 || !env.store.volumes["pvc-bound"].Mounted {
-		t.Errorf("remounted %d (%d mounts), want only pvc-bound", n, env.store.mounts)
+	if n != 1 || env.store.Mounts != 1 || !env.store.VolumeByID["pvc-bound"].Mounted {
+		t.Errorf("remounted %d (%d mounts), want only pvc-bound", n, env.store.Mounts)
 	}
-	if env.store.volumes["pvc-released"].Mounted || env.store.volumes["pvc-other"].Mounted {
+	if env.store.VolumeByID["pvc-released"].Mounted || env.store.VolumeByID["pvc-other"].Mounted {
 		t.Error("remounted a released PV or another node's PV")
 	}
 	env.wantEvent(t, "Warning RemountFailed", "pvc-missing")
@@ -320,7 +320,7 @@ func TestPassDeletesStaleReplicas(t *testing.T) {
 	ctx := context.Background()
 	gone := layerfs.CacheRef{Namespace: "ci", Name: "gone"}
 	env := newTestEnv(t, nil, cacheObject("ci", "maven"), cacheObject("ci", "gone"))
-	env.store.cache(maven)
+	env.store.Cache(maven)
 	for _, ref := range []layerfs.CacheRef{maven, gone} {
 		if err := env.maint.caches.ApplyStatus(ctx, getCache(t, env.client, ref), layerfs.CacheInfo{Cache: ref, Generation: 1}, nil); err != nil {
 			t.Fatal(err)

@@ -16,13 +16,14 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 )
 
 // holdEnv is podHolds over a fake store and a fake API server that both
 // the informer's store and the API server's objects come from.
 type holdEnv struct {
 	holds *podHolds
-	store *fakeStore
+	store *kittest.FakeStore
 	kube  *fake.Clientset
 	pods  cache.Indexer
 	pvs   cache.Indexer
@@ -30,7 +31,7 @@ type holdEnv struct {
 
 func newHoldEnv(t *testing.T) *holdEnv {
 	t.Helper()
-	st := newFakeStore()
+	st := kittest.NewFakeStore()
 	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	claims := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	pvs := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
@@ -104,9 +105,13 @@ func TestPodHolds(t *testing.T) {
 		pod.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}
 		return pod
 	}
-	mountClaim := func(st *fakeStore) { mountFake(t, st, "pvc-1", nil) }
-	mountCSI := func(st *fakeStore) { mountFake(t, st, "csi-1", map[string]string{labelPodUID: "uid-csi-build"}) }
-	mount := func(id string) func(*fakeStore) { return func(st *fakeStore) { mountFake(t, st, id, nil) } }
+	mountClaim := func(st *kittest.FakeStore) { mountFake(t, st, "pvc-1", nil) }
+	mountCSI := func(st *kittest.FakeStore) {
+		mountFake(t, st, "csi-1", map[string]string{labelPodUID: "uid-csi-build"})
+	}
+	mount := func(id string) func(*kittest.FakeStore) {
+		return func(st *kittest.FakeStore) { mountFake(t, st, id, nil) }
+	}
 	// The manager records the outcome of a standalone claim's pods on its
 	// PV before it releases the claim.
 	decide := func(e *holdEnv) {
@@ -115,7 +120,7 @@ func TestPodHolds(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		mount   func(*fakeStore)
+		mount   func(*kittest.FakeStore)
 		running *corev1.Pod // the pod while it runs
 		ended   *corev1.Pod // the pod once it ended
 		// endVolume is the store volume the build's end removes; or
@@ -190,7 +195,7 @@ func TestPodHoldsSkipsADeletedPod(t *testing.T) {
 	}
 }
 
-func mountFake(t *testing.T, st *fakeStore, id string, labels map[string]string) {
+func mountFake(t *testing.T, st *kittest.FakeStore, id string, labels map[string]string) {
 	t.Helper()
 	_, err := st.Mount(context.Background(), id, layerfs.MountOptions{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Labels: labels})
 	must(t, err)
@@ -202,7 +207,7 @@ func mountFake(t *testing.T, st *fakeStore, id string, labels map[string]string)
 func TestProvisionHoldsTheOwningPod(t *testing.T) {
 	for _, apiDown := range []bool{false, true} {
 		t.Run(map[bool]string{false: "API server up", true: "API server down"}[apiDown], func(t *testing.T) {
-			st := newFakeStore()
+			st := kittest.NewFakeStore()
 			env := newTestEnv(t, st)
 			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ci", Name: buildPod, UID: "uid-" + buildPod}}
 			kube := fake.NewClientset(pod)
@@ -218,8 +223,8 @@ func TestProvisionHoldsTheOwningPod(t *testing.T) {
 			got, getErr := kube.CoreV1().Pods("ci").Get(context.Background(), buildPod, metav1.GetOptions{})
 			must(t, getErr)
 			if apiDown {
-				if err == nil || st.mounts != 0 {
-					t.Fatalf("Provision with the API server down: %v, %d mounts; want an error and no volume", err, st.mounts)
+				if err == nil || st.Mounts != 0 {
+					t.Fatalf("Provision with the API server down: %v, %d mounts; want an error and no volume", err, st.Mounts)
 				}
 				return
 			}

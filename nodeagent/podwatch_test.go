@@ -211,18 +211,18 @@ func TestBuildEnd(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			env := newBuildEndEnv(t, tt.ann, tt.owned, tt.pods...)
-			env.store.control[env.pv.Name] = tt.control
+			env.store.Control[env.pv.Name] = tt.control
 			if tt.seen != "" {
 				env.prov.seen.set(buildClaim, tt.seen)
 			}
 			ctx := context.Background()
 			must(t, env.ends.end(ctx, buildClaim))
 
-			acted := len(env.store.commits) + len(env.store.discards)
+			acted := len(env.store.Commits) + len(env.store.Discards)
 			patches := len(env.kube.Actions())
 			if tt.want == "" {
 				if acted != 0 || patches != 0 {
-					t.Fatalf("volume ended (commits %v, discards %v, API actions %v), want it kept", env.store.commits, env.store.discards, env.kube.Actions())
+					t.Fatalf("volume ended (commits %v, discards %v, API actions %v), want it kept", env.store.Commits, env.store.Discards, env.kube.Actions())
 				}
 				return
 			}
@@ -246,8 +246,8 @@ func TestBuildEnd(t *testing.T) {
 			// gone, so nothing is done and nothing is written.
 			env.kube.ClearActions()
 			must(t, env.ends.end(ctx, buildClaim))
-			if acted2 := len(env.store.commits) + len(env.store.discards); acted2 != acted || len(env.kube.Actions()) != 0 {
-				t.Errorf("a second end acted again: commits %v discards %v, API actions %v", env.store.commits, env.store.discards, env.kube.Actions())
+			if acted2 := len(env.store.Commits) + len(env.store.Discards); acted2 != acted || len(env.kube.Actions()) != 0 {
+				t.Errorf("a second end acted again: commits %v discards %v, API actions %v", env.store.Commits, env.store.Discards, env.kube.Actions())
 			}
 		})
 	}
@@ -265,8 +265,8 @@ func TestBuildEndPodGoneThenReleased(t *testing.T) {
 	released := env.pv.DeepCopy()
 	released.Status.Phase = corev1.VolumeReleased
 	must(t, env.prov.Delete(context.Background(), released))
-	if len(env.store.commits) != 1 {
-		t.Errorf("commits %v, want the volume committed as its pod succeeded", env.store.commits)
+	if len(env.store.Commits) != 1 {
+		t.Errorf("commits %v, want the volume committed as its pod succeeded", env.store.Commits)
 	}
 }
 
@@ -287,7 +287,7 @@ func TestBuildEndPodSeenBeforeItsClaim(t *testing.T) {
 	must(t, env.claimIdx.Add(env.claim))
 	must(t, env.pvIdx.Add(env.pv))
 	must(t, env.ends.end(context.Background(), buildClaim))
-	if len(env.store.commits) != 1 {
-		t.Errorf("commits %v, want the volume committed", env.store.commits)
+	if len(env.store.Commits) != 1 {
+		t.Errorf("commits %v, want the volume committed", env.store.Commits)
 	}
 }

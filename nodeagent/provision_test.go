@@ -71,8 +71,8 @@ func TestShouldDelete(t *testing.T) {
 			t.Errorf("%s: Delete error %v, want IgnoredError", tt.name, err)
 		}
 	}
-	if len(env.store.commits)+len(env.store.discards) != 0 {
-		t.Errorf("Delete of foreign PVs touched the store: commits %v discards %v", env.store.commits, env.store.discards)
+	if len(env.store.Commits)+len(env.store.Discards) != 0 {
+		t.Errorf("Delete of foreign PVs touched the store: commits %v discards %v", env.store.Commits, env.store.Discards)
 	}
 }
 
@@ -164,7 +164,7 @@ func TestProvisionRefused(t *testing.T) {
 				t.Errorf("state %q, want Finished: nothing runs in the background", state)
 			}
 			env.wantEvent(t, tt.wantEvent, tt.contains...)
-			if env.store.mounts != 0 {
+			if env.store.Mounts != 0 {
 				t.Errorf("a refused claim was mounted")
 			}
 			if tt.ns != "ci" {
@@ -189,7 +189,7 @@ func TestProvisionOtherNode(t *testing.T) {
 	if !errors.As(err, &ignored) {
 		t.Fatalf("Provision for another node: error %v, want IgnoredError", err)
 	}
-	if env.store.mounts != 0 {
+	if env.store.Mounts != 0 {
 		t.Error("mounted a volume for another node")
 	}
 }
@@ -208,7 +208,7 @@ func TestProvisionOwnCache(t *testing.T) {
 	maven := layerfs.CacheRef{Namespace: "ci", Name: "maven"}
 	// The claim requests 1Gi: the most its build may add to the cache.
 	wantMount := layerfs.MountOptions{Cache: maven, UID: 1000, GID: 1001, Mode: 0o750, Writer: "ci/build-1", LimitBytes: 1 << 30}
-	if got := env.store.mountOpts[opts.PVName]; !reflect.DeepEqual(got, wantMount) {
+	if got := env.store.MountOpts[opts.PVName]; !reflect.DeepEqual(got, wantMount) {
 		t.Errorf("mounted with %+v, want %+v", got, wantMount)
 	}
 	if pv.Name != opts.PVName || pv.Spec.HostPath.Path != "/fake/volumes/"+opts.PVName+"/merged" {
@@ -243,15 +243,15 @@ func TestProvisionOwnCache(t *testing.T) {
 	if err != nil {
 		t.Fatalf("second Provision: %v", err)
 	}
-	if again.Spec.HostPath.Path != pv.Spec.HostPath.Path || len(env.store.volumes) != 1 {
-		t.Errorf("second Provision made another volume: %s vs %s, %d volumes", again.Spec.HostPath.Path, pv.Spec.HostPath.Path, len(env.store.volumes))
+	if again.Spec.HostPath.Path != pv.Spec.HostPath.Path || len(env.store.VolumeByID) != 1 {
+		t.Errorf("second Provision made another volume: %s vs %s, %d volumes", again.Spec.HostPath.Path, pv.Spec.HostPath.Path, len(env.store.VolumeByID))
 	}
 }
 
 func TestProvisionHit(t *testing.T) {
 	env := newTestEnv(t, nil, cacheObject("ci", "maven"))
 	maven := layerfs.CacheRef{Namespace: "ci", Name: "maven"}
-	env.store.cache(maven).Generation = 4
+	env.store.Cache(maven).Generation = 4
 	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven"}, nil)
 	pv, _, err := env.prov.Provision(context.Background(), opts)
 	if err != nil {
@@ -272,8 +272,8 @@ func TestProvisionGrantedRead(t *testing.T) {
 	if err != nil {
 		t.Fatalf("granted read refused: %v", err)
 	}
-	if !env.store.mountOpts[opts.PVName].ReadOnly || pv.Annotations[v1alpha1.AnnotationMode] != "read" {
-		t.Errorf("another namespace's cache must be mounted read-only: mount %+v, mode %q", env.store.mountOpts[opts.PVName], pv.Annotations[v1alpha1.AnnotationMode])
+	if !env.store.MountOpts[opts.PVName].ReadOnly || pv.Annotations[v1alpha1.AnnotationMode] != "read" {
+		t.Errorf("another namespace's cache must be mounted read-only: mount %+v, mode %q", env.store.MountOpts[opts.PVName], pv.Annotations[v1alpha1.AnnotationMode])
 	}
 }
 
@@ -285,7 +285,7 @@ func TestProvisionForcedRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pv.Annotations[v1alpha1.AnnotationMode] != "read" || !env.store.mountOpts[opts.PVName].ReadOnly {
+	if pv.Annotations[v1alpha1.AnnotationMode] != "read" || !env.store.MountOpts[opts.PVName].ReadOnly {
 		t.Errorf("class mode read must force a read view")
 	}
 	env.wantEvent(t, "Normal ModeForcedRead", "never committed")
@@ -298,8 +298,8 @@ func TestProvisionCacheLookupFails(t *testing.T) {
 	env.prov.caches.Client = failingGetClient{env.client}
 	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "maven"}, nil)
 	_, state, err := env.prov.Provision(context.Background(), opts)
-	if err == nil || state != controller.ProvisioningFinished || env.store.mounts != 0 {
-		t.Fatalf("Provision = %v, %v with %d mounts; want a retried error and no mount", state, err, env.store.mounts)
+	if err == nil || state != controller.ProvisioningFinished || env.store.Mounts != 0 {
+		t.Fatalf("Provision = %v, %v with %d mounts; want a retried error and no mount", state, err, env.store.Mounts)
 	}
 }
 

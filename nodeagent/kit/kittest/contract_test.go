@@ -1,4 +1,4 @@
-package nodeagent
+package kittest
 
 import (
 	"path"
@@ -12,10 +12,10 @@ import (
 // agent looks, so that what those tests prove holds for the real store.
 // Its volumes have no files: a build's writes are what it records of them.
 func TestFakeStoreContract(t *testing.T) {
-	var s *fakeStore // the current case's; the cases run one at a time
+	var s *FakeStore // the current case's; the cases run one at a time
 	storetest.Run(t, storetest.Harness{
 		New: func(t *testing.T) storetest.Store {
-			s = newFakeStore()
+			s = NewFakeStore()
 			s.buildWrites = 0
 			return s
 		},
@@ -23,10 +23,10 @@ func TestFakeStoreContract(t *testing.T) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if dir, file := path.Split(name); dir == layerfs.ControlDir+"/" {
-				s.control[v.ID] = append(s.control[v.ID], file)
+				s.Control[v.ID] = append(s.Control[v.ID], file)
 				return
 			}
-			s.written[v.ID] += int64(len(content))
+			s.Written[v.ID] += int64(len(content))
 		},
 		NoSync: true,
 	})
