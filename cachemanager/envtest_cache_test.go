@@ -17,7 +17,7 @@ import (
 )
 
 // agentFieldManager is the field manager of a node agent, which applies
-// that node's CacheReplicas (nodeagent/caches.go).
+// that node's CacheReplicas (nodeagent/kit/caches.go).
 func agentFieldManager(node string) string { return "layercache-node-" + node }
 
 // createNode creates a Node object; the test deletes it at the end.
@@ -219,7 +219,7 @@ func TestEnvtestCacheDeletion(t *testing.T) {
 }
 
 // publish appends a layer to the Cache's published chain the way a node
-// agent does (nodeagent/caches.go updatePublished): a merge patch of the
+// agent does (nodeagent/kit/caches.go, UpdatePublished): a merge patch of the
 // status with the read resourceVersion as precondition, retried on a
 // conflict.
 func (a *apiTest) publish(c *v1alpha1.Cache, node string, layer v1alpha1.PublishedLayer) {

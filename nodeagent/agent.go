@@ -42,11 +42,12 @@ import (
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/nodeagent/registrysync"
+	"github.com/layercache/layercache/nodeagent/volumes"
 	"github.com/layercache/layercache/remote"
 )
 
-// Component is the event source of the node agent.
-const Component = "layercache-node"
+// Component is the event source and field manager of the node agent.
+const Component = kit.Component
 
 // Run serves as the node agent until ctx ends: it recovers the store,
 // remounts the volumes of PVs bound on this node, then provisions and
@@ -160,7 +161,7 @@ func informerOptions(node string) crcache.Options {
 // queues together.
 type agent struct {
 	opts Options
-	core *Core
+	core *volumes.Core
 	sync *registrysync.Syncer
 	// queues is the work off the critical path; the agent runs it, the
 	// parts feed it.
@@ -183,7 +184,7 @@ type agentParts struct {
 	// hostname is the node's kubernetes.io/hostname, which PVs' node
 	// affinity names (nodeHostname).
 	hostname string
-	getPod   PodGetter
+	getPod   volumes.PodGetter
 	// classes and secrets are the registry sync's (registrysync.Config).
 	classes storagelisters.StorageClassLister
 	secrets registrysync.SecretGetter
@@ -197,7 +198,7 @@ func newAgent(opts Options, p agentParts) *agent {
 		TmpDir: filepath.Join(opts.Root, "tmp"), Compression: remote.Compression(opts.RegistryCompression),
 		Reports: queues.reports, Squashes: queues.squashes, Publishes: queues.publishes,
 	})
-	core := New(Config{
+	core := volumes.New(volumes.Config{
 		Node: opts.NodeName, Hostname: p.hostname, Root: opts.Root,
 		Store: p.store, Caches: p.caches, Events: p.events, Metrics: p.metrics, GetPod: p.getPod, Sync: sync,
 		Reports: queues.reports, Squashes: queues.squashes, Publishes: queues.publishes,
@@ -221,7 +222,7 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, claimI
 	a.claimInformers = claimInformers
 	a.pvInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync, strip,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = labels.Set{labelNode: a.opts.NodeName}.String()
+			o.LabelSelector = labels.Set{volumes.LabelNode: a.opts.NodeName}.String()
 		}))
 	a.podInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync, strip,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -337,7 +338,7 @@ func nodeHostname(ctx context.Context, clientset kubernetes.Interface, node stri
 		log.FromContext(ctx).Info("Cannot read this node's hostname label; PV node affinity uses the node name", "err", err.Error())
 		return node
 	}
-	if h := n.Labels[hostnameLabel]; h != "" {
+	if h := n.Labels[volumes.HostnameLabel]; h != "" {
 		return h
 	}
 	return node

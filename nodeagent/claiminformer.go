@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
+
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // newClaimInformers is the informer factory of the provision controller's
@@ -83,6 +85,6 @@ func nodeClaims(clientset kubernetes.Interface, node string) *cache.ListWatch {
 // mayBeNodes tells whether a claim may be node's: the scheduler placed it
 // there, or nowhere yet.
 func mayBeNodes(c *corev1.PersistentVolumeClaim, node string) bool {
-	selected := c.Annotations[annSelectedNode]
+	selected := c.Annotations[kit.AnnSelectedNode]
 	return selected == "" || selected == node
 }

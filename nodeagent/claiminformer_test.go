@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // The claim informer holds the claims that may be this node's, whole but
@@ -24,7 +26,7 @@ func TestClaimInformerKeepsThisNodesClaims(t *testing.T) {
 			Annotations:   map[string]string{"example.com/big": "..."},
 		}}
 		if selected != "" {
-			c.Annotations[annSelectedNode] = selected
+			c.Annotations[kit.AnnSelectedNode] = selected
 		}
 		return c
 	}

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -10,17 +11,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/internal/bootstrap"
 	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/nodeagent/kit/kittest"
+	"github.com/layercache/layercache/nodeagent/volumes"
 )
 
 // TestControllerTwoNodes runs the provisioner library's controller for two
@@ -29,31 +35,42 @@ import (
 func TestControllerTwoNodes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	class := testClass(map[string]string{"uid": "1000"})
+	wffc := storagev1.VolumeBindingWaitForFirstConsumer
+	class := &storagev1.StorageClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "layercache"}, Provisioner: v1alpha1.ProvisionerName,
+		VolumeBindingMode: &wffc, Parameters: map[string]string{"uid": "1000"},
+	}
 	clientset := k8sfake.NewClientset(class)
-	cacheClient := newCacheClient(t)
+	scheme, err := bootstrap.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cacheClient := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&v1alpha1.Cache{}).Build()
 
-	agents := map[string]*testEnv{}
+	stores := map[string]*kittest.FakeStore{}
+	recorders := map[string]*events.FakeRecorder{}
 	for _, node := range []string{"node-a", "node-b"} {
-		st := kittest.NewFakeStore()
-		env := newTestEnv(t, st)
+		st, recorder := kittest.NewFakeStore(), events.NewFakeRecorder(100)
+		stores[node], recorders[node] = st, recorder
 		opts := DefaultOptions()
 		opts.NodeName = node
 		opts.ResyncInterval = time.Hour
 		// Never the host's store: run mounts the mount gate's tmpfs
 		// below the root.
 		opts.Root = t.TempDir()
-		t.Cleanup(func() { _ = unix.Unmount(filepath.Join(opts.Root, gateDir), unix.MNT_DETACH) })
+		t.Cleanup(func() { _ = unix.Unmount(filepath.Join(opts.Root, volumes.GateDir), unix.MNT_DETACH) })
+		metrics, err := kit.NewMetrics(prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
 		claimInformers := newClaimInformers(clientset, node, controller.DefaultResyncPeriod)
 		a := newAgent(opts, agentParts{
-			store: st, caches: &kit.Caches{Client: cacheClient, Reader: cacheClient, Node: node}, events: env.events, metrics: testMetrics(t),
+			store: st, caches: &kit.Caches{Client: cacheClient, Reader: cacheClient, Node: node}, events: recorder, metrics: metrics,
 			hostname: node, classes: claimInformers.Storage().V1().StorageClasses().Lister(),
 		})
 		if err := a.wire(ctx, clientset, claimInformers, prometheus.NewRegistry()); err != nil {
 			t.Fatal(err)
 		}
-		env.prov, env.maint, env.client = a.core.Provisioner(), a.core.Maintainer(), cacheClient
-		agents[node] = env
 		go func() {
 			if err := a.run(ctx); err != nil {
 				t.Errorf("agent %s: %v", node, err)
@@ -62,14 +79,13 @@ func TestControllerTwoNodes(t *testing.T) {
 	}
 
 	claim := func(name string, ann map[string]string) *corev1.PersistentVolumeClaim {
-		c := testClaim("ci", map[string]string{
-			annSelectedNode: "node-a",
-			"volume.kubernetes.io/storage-provisioner": v1alpha1.ProvisionerName,
-		})
-		for k, v := range ann {
-			c.Annotations[k] = v
-		}
-		c.Name, c.UID = name, types.UID("uid-"+name)
+		c := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{
+			Namespace: "ci", Name: name, UID: types.UID("uid-" + name), Annotations: map[string]string{
+				kit.AnnSelectedNode:                        "node-a",
+				"volume.kubernetes.io/storage-provisioner": v1alpha1.ProvisionerName,
+			},
+		}}
+		maps.Copy(c.Annotations, ann)
 		c.Spec.StorageClassName = &class.Name
 		c.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
 		c.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}
@@ -95,7 +111,9 @@ func TestControllerTwoNodes(t *testing.T) {
 	}
 	var warnings []string
 	poll(t, ctx, "event on the bad claim", func() bool {
-		warnings = append(warnings, agents["node-a"].drainEvents()...)
+		for len(recorders["node-a"].Events) > 0 {
+			warnings = append(warnings, <-recorders["node-a"].Events)
+		}
 		for _, w := range warnings {
 			if strings.HasPrefix(w, "Warning InvalidAnnotation") && strings.Contains(w, "layercache.dev/commit") {
 				return true
@@ -115,7 +133,7 @@ func TestControllerTwoNodes(t *testing.T) {
 	}
 	poll(t, ctx, "commit and PV deletion", func() bool {
 		_, err := clientset.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err) && len(agents["node-a"].store.Committed()) == 1
+		return apierrors.IsNotFound(err) && len(stores["node-a"].Committed()) == 1
 	})
 	poll(t, ctx, "node-a's replica at generation 1", func() bool {
 		var list v1alpha1.CacheReplicaList
@@ -125,7 +143,7 @@ func TestControllerTwoNodes(t *testing.T) {
 		return len(list.Items) == 1 && list.Items[0].Spec.Node == "node-a" && list.Items[0].Status.Generation == 1
 	})
 
-	if b := agents["node-b"].store; b.MountCount() != 0 || len(b.Committed()) != 0 {
+	if b := stores["node-b"]; b.MountCount() != 0 || len(b.Committed()) != 0 {
 		t.Errorf("node-b touched node-a's claim: %d mounts, commits %v", b.MountCount(), b.Committed())
 	}
 }

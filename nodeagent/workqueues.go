@@ -5,6 +5,7 @@ import (
 
 	"github.com/layercache/layercache/nodeagent/kit"
 	"github.com/layercache/layercache/nodeagent/registrysync"
+	"github.com/layercache/layercache/nodeagent/volumes"
 )
 
 // workQueues are the agent's three queues of work off the critical path.
@@ -39,7 +40,7 @@ func newWorkQueues() workQueues {
 }
 
 // run works every queue, each on its own goroutine, until ctx ends.
-func (q workQueues) run(ctx context.Context, maint *Maintainer, sync *registrysync.Syncer) {
+func (q workQueues) run(ctx context.Context, maint *volumes.Maintainer, sync *registrysync.Syncer) {
 	go q.reports.Run(ctx, maint.Report)
 	go q.squashes.Run(ctx, maint.Squash)
 	go q.publishes.Run(ctx, sync.Publish)

@@ -294,7 +294,7 @@ func (e *env) deleteWorkflow(ctx context.Context, name string) {
 // claim's volume ends when its PV is released (the provisioner's Delete),
 // so the result is the Committed or Discarded Event on the PV, not the
 // annotation layercache.dev/result, which the node agent writes on the PVs
-// of pod-owned claims only (nodeagent/podwatch.go, record).
+// of pod-owned claims only (nodeagent/volumes/podwatch.go, record).
 func (e *env) expectPodOutcome(pvs *framework.PVWatch, pv, outcome string) {
 	e.t.Helper()
 	last := pvs.Last(pv)

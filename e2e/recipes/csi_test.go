@@ -23,7 +23,7 @@ import (
 // those parts strictly.
 
 // csiAttributes are the volumeAttributes the node agent takes
-// (nodeagent/csiattrs.go); it refuses the mount of a volume with any other.
+// (nodeagent/kit/csiattrs.go); it refuses the mount of a volume with any other.
 var csiAttributes = []string{"cache", "mode", "commit", "size", "fallback"}
 
 // csiRecipe is a recipe's CSI cache volume and the commit policy its CI

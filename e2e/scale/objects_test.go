@@ -167,7 +167,7 @@ func (s *simulation) addNode(ctx context.Context, i int) (int64, error) {
 	return writes, nil
 }
 
-// agentPV is a PV as the node agent returns it (nodeagent/pv.go, buildPV),
+// agentPV is a PV as the node agent returns it (nodeagent/volumes/pv.go, buildPV),
 // bound to claim.
 func agentPV(name, node string, claim *corev1.PersistentVolumeClaim) *corev1.PersistentVolume {
 	dir := corev1.HostPathDirectory

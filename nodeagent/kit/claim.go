@@ -275,3 +275,6 @@ func WriterOf(claim *corev1.PersistentVolumeClaim) string {
 func readerGranted(cache *v1alpha1.Cache, namespace string) bool {
 	return slices.Contains(cache.Spec.Readers, namespace)
 }
+
+// AnnSelectedNode is set by the scheduler on a late-binding claim.
+const AnnSelectedNode = "volume.kubernetes.io/selected-node"

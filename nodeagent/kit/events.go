@@ -2,6 +2,10 @@ package kit
 
 import "fmt"
 
+// Component is the node agent's name as the API server knows it: its
+// Events' source and its writes' field manager.
+const Component = "layercache-node"
+
 // Event reasons; they double as the reason label of the failures metric
 // (lower-cased), so keep the set small and fixed.
 const (
