@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Commit unmounts the volume and makes its upper directory, which already
@@ -144,7 +146,7 @@ func (s *Store) commitLocked(t *txn, sealed *sealResult) (CommitResult, error) {
 // the control directory moved aside, the data on disk, the size measured.
 // layer is nil for a volume without changes.
 func (s *Store) seal(r *volumeRecord) (layer *LayerInfo, err error) {
-	if err := unmount(r.MergedPath); err != nil {
+	if err := ondisk.Unmount(r.MergedPath); err != nil {
 		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
 	upper := s.upperDir(r)
@@ -179,14 +181,14 @@ func (s *Store) seal(r *volumeRecord) (layer *LayerInfo, err error) {
 // take the synced layer for torn (see checkTorn).
 func (s *Store) clearVolatileMarker(id string) error {
 	marker := s.volatileMarker(id)
-	if !exists(marker) {
+	if !ondisk.Exists(marker) {
 		return nil
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	if err := os.RemoveAll(marker); err != nil {
 		return fmt.Errorf("remove the volatile mount marker: %w", err)
 	}
-	return syncDir(filepath.Dir(marker))
+	return ondisk.SyncDir(filepath.Dir(marker))
 }
 
 // moveControlAside moves the upper directory's control directory next to
@@ -199,8 +201,8 @@ func (s *Store) moveControlAside(id, upper string) error {
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	if !exists(s.controlAside(id)) {
-		if err := renameDurable(dir, s.controlAside(id)); err != nil {
+	if !ondisk.Exists(s.controlAside(id)) {
+		if err := ondisk.RenameDurable(dir, s.controlAside(id)); err != nil {
 			return fmt.Errorf("move the control directory %s aside: %w", ControlDir, err)
 		}
 		return nil
@@ -229,12 +231,12 @@ func (s *Store) land(t *txn, layer *LayerInfo) (CommitResult, error) {
 		res.Dropped = true
 		return res, t.save()
 	}
-	faultPoint() // the layer is sealed, the head not yet written
+	ondisk.FaultPoint() // the layer is sealed, the head not yet written
 	if layer != nil {
 		h.push(*layer, r)
 		if h.Layout == LayoutSnapshot {
 			h.Layers = h.Layers[:1] // one generation holds the whole cache
-			h.Qgroups = s.lineage(h, r)
+			h.Qgroups = s.snapshots.Lineage(h.Qgroups, r.SubvolID)
 		}
 		res.Layer, res.Bytes = layer.ID, layer.Bytes
 	}
@@ -265,7 +267,7 @@ func (h *head) push(layer LayerInfo, r *volumeRecord) {
 // discardInstead ends a volume that may not be committed as Discard does,
 // and sets res.Generation to the cache's as it stands.
 func (s *Store) discardInstead(t *txn, res *CommitResult) error {
-	if err := unmount(t.Volume.MergedPath); err != nil {
+	if err := ondisk.Unmount(t.Volume.MergedPath); err != nil {
 		return fmt.Errorf("discard volume %q: %w", t.Volume.ID, err)
 	}
 	if t.Head != nil {
@@ -292,7 +294,7 @@ func (s *Store) Discard(ctx context.Context, volumeID string) error {
 		if t.Volume == nil {
 			return fmt.Errorf("volume %q: %w", volumeID, ErrNotFound)
 		}
-		if err := unmount(t.Volume.MergedPath); err != nil {
+		if err := ondisk.Unmount(t.Volume.MergedPath); err != nil {
 			return fmt.Errorf("discard volume %q: %w", volumeID, err)
 		}
 		ended, t.Volume = t.Volume, nil

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // ControlDir is the directory at a volume's root through which a build
@@ -69,11 +71,11 @@ func stripControlDir(upper string) error {
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove the control directory %s: %w", ControlDir, err)
 	}
-	return syncDir(upper)
+	return ondisk.SyncDir(upper)
 }
 
 // HasChanges tells whether a volume's build has written anything that a
@@ -87,7 +89,7 @@ func (s *Store) HasChanges(ctx context.Context, volumeID string) (bool, error) {
 		return false, err
 	}
 	if r.Layout == LayoutSnapshot {
-		return s.snapshotChanged(r)
+		return s.snapshots.Changed(r.ID, r.RootDigest)
 	}
 	empty, err := upperIsEmpty(s.upperDir(r))
 	if errors.Is(err, os.ErrNotExist) {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/containerd/continuity/sysx"
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // copyTree copies the tree at src into the existing directory dst, keeping
@@ -37,7 +39,7 @@ func copyTree(src, dst string, report func(done int64)) error {
 	if err := unix.Fstat(int(srcDir.Fd()), &st); err != nil {
 		return fmt.Errorf("stat %s: %w", src, err)
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	if err := copyMeta(srcDir, dstDir, ".", &st); err != nil {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
@@ -75,7 +77,7 @@ func (c *treeCopier) copyDir(src, dst *os.File, rel string) error {
 				return c.link(first, dst, name)
 			}
 		}
-		faultPoint()
+		ondisk.FaultPoint()
 		if err := copyEntryAt(src, dst, name, &st); err != nil {
 			return fmt.Errorf("copy %s: %w", joinRel(rel, name), err)
 		}

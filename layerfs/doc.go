@@ -27,7 +27,7 @@
 // volume's merged path, and a commit is a read-only snapshot of the volume
 // that replaces the head (whole-volume last writer wins); size limits are
 // qgroup limits, enforced as the build writes. Subvolumes and qgroups are
-// made with ioctls (btrfs_linux.go, loop_linux.go); snapshot caches have
+// made with ioctls (package layerfs/snapshot); snapshot caches have
 // no registry sync (ErrSnapshotUnsupported) and nothing to squash.
 //
 // The directories are root-only (0700): layer roots may be world-writable

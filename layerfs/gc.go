@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // GC removes caches unused for longer than opts.MaxAge, then the least
@@ -118,7 +120,7 @@ func (o GCOptions) validate() error {
 // own, however much the host has free, and only its caches can help.
 func (s *Store) spaceOf(layout Layout) string {
 	if layout.orDefault() == LayoutSnapshot {
-		return s.snapshotDir()
+		return s.snapshots.Dir()
 	}
 	return s.root
 }
@@ -216,11 +218,11 @@ func (s *Store) moveAside(dir string, refs map[string]bool) ([]string, error) {
 			continue
 		}
 		src := filepath.Join(dir, e.Name())
-		if err := unmount(src); err != nil {
+		if err := ondisk.Unmount(src); err != nil {
 			return trash, fmt.Errorf("unmount unreferenced layer %s: %w", e.Name(), err)
 		}
 		dst := filepath.Join(s.tmpDir(), "trash-"+filepath.Base(dir)+"-"+e.Name())
-		faultPoint()
+		ondisk.FaultPoint()
 		if err := os.Rename(src, dst); err != nil {
 			return trash, fmt.Errorf("move unreferenced layer %s aside: %w", e.Name(), err)
 		}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/layerfs/erofs"
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // A pulled layer is an EROFS image (layerfs/erofs) kept whole under
@@ -35,7 +36,7 @@ const imageMountFlags = unix.MS_RDONLY | unix.MS_NODEV | unix.MS_NOSUID
 // file-backed mounts, Linux 6.12+): no loop device.
 func (s *Store) mountImage(id string) error {
 	dir := s.layerDir(id)
-	if isMountPoint(dir) {
+	if ondisk.IsMountPoint(dir) {
 		return nil
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
@@ -48,7 +49,7 @@ func (s *Store) mountImage(id string) error {
 }
 
 // isImageLayer tells whether layer id is kept as an image.
-func (s *Store) isImageLayer(id string) bool { return exists(s.imagePath(id)) }
+func (s *Store) isImageLayer(id string) bool { return ondisk.Exists(s.imagePath(id)) }
 
 // readyLayers mounts the images of the layers ids that are kept as
 // images, before an overlay stacks them: an overlay over an image layer's
@@ -119,7 +120,7 @@ func (s *Store) pullImage(ctx context.Context, cl ChainLayer, fetch Fetch, maxBy
 		return layer, fmt.Errorf("sync the image: %w", err)
 	}
 	layer = LayerInfo{ID: randomID(), Bytes: allocated(f), Files: int64(sb.Inodes), Created: time.Now().UTC(), Digest: cl.Digest}
-	if err := renameDurable(tmp, s.imagePath(layer.ID)); err != nil {
+	if err := ondisk.RenameDurable(tmp, s.imagePath(layer.ID)); err != nil {
 		return layer, fmt.Errorf("move the image into the store: %w", err)
 	}
 	tmp = ""
@@ -148,7 +149,7 @@ func receiveImage(ctx context.Context, f *os.File, cl ChainLayer, fetch Fetch, m
 	if _, err := io.ReadFull(r, first); err != nil {
 		return erofs.Superblock{}, fmt.Errorf("read the image's first block: %w", err)
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	sb, err := erofs.ParseSuperblock(first)
 	if err != nil {
 		return sb, fmt.Errorf("layer %s is not a layer image: %w", cl.Digest, err)

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/layerfs/erofs"
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // A pulled layer is its image, mounted: after a reboot (the mount gone)
@@ -31,12 +32,12 @@ func TestPulledLayersSurviveAReboot(t *testing.T) {
 		"a volume": func() {},
 	} {
 		t.Run(name, func(t *testing.T) {
-			must(t, unmount(b.layerDir(id))) // what a reboot does
+			must(t, ondisk.Unmount(b.layerDir(id))) // what a reboot does
 			restore()
 			if got := readFile(t, filepath.Join(mustMount(t, b, "v-"+randomID(), "ns/c"), "f")); got != "pulled" {
 				t.Fatalf("after the layer's mount was gone, a volume reads %q, want the pulled layer's content", got)
 			}
-			if !isMountPoint(b.layerDir(id)) {
+			if !ondisk.IsMountPoint(b.layerDir(id)) {
 				t.Fatalf("layer %s is not mounted", id)
 			}
 		})

@@ -17,9 +17,9 @@ const (
 	// volume is a writable snapshot of it, so overlay-based storage
 	// (BuildKit, podman, Docker) can live in it, and a size limit is
 	// enforced live (a qgroup). Its subvolumes live in <root>/snapshot
-	// (snapshot_area.go). On a btrfs root, the first snapshot mount turns
+	// (package snapshot). On a btrfs root, the first snapshot mount turns
 	// quotas on for that whole filesystem (simple quotas where the kernel
-	// has them, see enableQuotas); quotas already on keep their mode.
+	// has them); quotas already on keep their mode.
 	LayoutSnapshot Layout = "snapshot"
 )
 

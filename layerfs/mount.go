@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Mount creates volume volumeID as a copy-on-write view of opts.Cache and
@@ -112,7 +114,7 @@ func unixMode(m os.FileMode) uint32 {
 // unmounted the volume after the record was read.
 func (s *Store) ensureMounted(t *txn) error {
 	r := t.Volume
-	if isMountPoint(r.MergedPath) {
+	if ondisk.IsMountPoint(r.MergedPath) {
 		r.Mounted = true
 		return nil
 	}
@@ -152,7 +154,7 @@ func (s *Store) volatileMarker(id string) string {
 func (s *Store) checkTorn(t *txn) error {
 	r := t.Volume
 	boot := bootID()
-	if r.BootID == boot || !exists(s.volatileMarker(r.ID)) {
+	if r.BootID == boot || !ondisk.Exists(s.volatileMarker(r.ID)) {
 		return nil
 	}
 	r.Torn, r.BootID, r.Mounted = true, boot, false
@@ -203,7 +205,7 @@ func (s *Store) newVolume(t *txn, id string, opts MountOptions) (err error) {
 	}
 	defer func() {
 		if err != nil {
-			unmount(r.MergedPath)
+			ondisk.Unmount(r.MergedPath)
 			t.Volume = nil
 			t.save() // best effort; Recover removes what is left
 			os.RemoveAll(s.layerDir(r.Upper))
@@ -265,7 +267,7 @@ func (t *txn) touchHead() {
 // freshVolumeDir creates volumes/<id>, after removing what a crash left of
 // an earlier volume of this name.
 func (s *Store) freshVolumeDir(id string) error {
-	if exists(s.volumeDir(id)) {
+	if ondisk.Exists(s.volumeDir(id)) {
 		if err := unmountAll(s.volumeDir(id)); err != nil {
 			return err
 		}

@@ -8,9 +8,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // maxOverlayDepth is the kernel's limit on lower layers (OVL_MAX_STACK).
@@ -166,55 +167,6 @@ func (m mountSpec) fsmount(target string) error {
 	return nil
 }
 
-// unmount removes the mount at target; EBUSY (still in use) is ErrBusy. Not
-// lazily: a layer must never be written after it is committed.
-func unmount(target string) error {
-	for range 8 { // a mount point may carry stacked mounts
-		if !isMountPoint(target) {
-			return nil
-		}
-		faultPoint()
-		if err := unmountOnce(target); err != nil {
-			return err
-		}
-	}
-	if isMountPoint(target) {
-		return fmt.Errorf("unmount %s: still mounted after repeated unmounts", target)
-	}
-	return nil
-}
-
-// busyRetries bound how long unmountOnce waits out a busy mount: about
-// 300 ms in all. Anything that looks up a path on the mount holds it for a
-// moment (the kubelet's filesystem stats, a listing); only a mount busy for
-// longer is in use.
-var busyRetries = []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond, 80 * time.Millisecond, 150 * time.Millisecond}
-
-func unmountOnce(target string) error {
-	for i := 0; ; i++ {
-		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
-		switch {
-		case err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT):
-			return nil
-		case !errors.Is(err, unix.EBUSY):
-			return fmt.Errorf("unmount %s: %w", target, err)
-		case i == len(busyRetries):
-			return fmt.Errorf("unmount %s: the volume is still in use (a process has files open or a bind mount remains): %w", target, ErrBusy)
-		}
-		time.Sleep(busyRetries[i])
-	}
-}
-
-// isMountPoint tells whether something is mounted at path: a mount root has
-// another device than its parent directory (an overlay gets its own).
-func isMountPoint(path string) bool {
-	var st, parent unix.Stat_t
-	if unix.Lstat(path, &st) != nil || unix.Lstat(filepath.Dir(path), &parent) != nil {
-		return false
-	}
-	return st.Dev != parent.Dev
-}
-
 // probeOverlay proves the directory's filesystem can host overlay upper and
 // work directories, including whiteouts, with a real mount.
 func probeOverlay(ctx context.Context, dir string) (err error) {
@@ -234,10 +186,10 @@ func probeOverlay(ctx context.Context, dir string) (err error) {
 		return fmt.Errorf("write probe file: %w", err)
 	}
 	if err := spec.mount(merged); err != nil {
-		return fmt.Errorf("%w (filesystem %s; use ext4, xfs with ftype=1, btrfs or tmpfs, and run as root)", err, fsTypeName(dir))
+		return fmt.Errorf("%w (filesystem %s; use ext4, xfs with ftype=1, btrfs or tmpfs, and run as root)", err, ondisk.FSTypeName(dir))
 	}
 	defer func() {
-		if uerr := unmount(merged); uerr != nil && err == nil {
+		if uerr := ondisk.Unmount(merged); uerr != nil && err == nil {
 			err = uerr
 		}
 	}()
@@ -245,7 +197,7 @@ func probeOverlay(ctx context.Context, dir string) (err error) {
 		return fmt.Errorf("delete through the probe overlay: %w", err)
 	}
 	if !isWhiteout(filepath.Join(spec.Upper, "f")) {
-		return fmt.Errorf("deleting a lower file left no whiteout in the upper directory (filesystem %s)", fsTypeName(dir))
+		return fmt.Errorf("deleting a lower file left no whiteout in the upper directory (filesystem %s)", ondisk.FSTypeName(dir))
 	}
 	return ctx.Err()
 }
@@ -257,20 +209,4 @@ func isWhiteout(path string) bool {
 		return false
 	}
 	return st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
-}
-
-func fsTypeName(path string) string {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
-		return "unknown"
-	}
-	names := map[int64]string{
-		unix.EXT4_SUPER_MAGIC: "ext4", unix.XFS_SUPER_MAGIC: "xfs", unix.BTRFS_SUPER_MAGIC: "btrfs",
-		unix.TMPFS_MAGIC: "tmpfs", unix.OVERLAYFS_SUPER_MAGIC: "overlay", unix.NFS_SUPER_MAGIC: "nfs",
-		unix.FUSE_SUPER_MAGIC: "fuse",
-	}
-	if n, ok := names[int64(st.Type)]; ok {
-		return n
-	}
-	return fmt.Sprintf("0x%x", st.Type)
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Seeding: a cache with no generation on this node may start from a
@@ -137,7 +139,7 @@ func (s *Store) fallbackHead(ctx context.Context, f CacheRef) (*head, error) {
 		return peek, nil // see fallbackLockWait
 	}
 	h, err := s.readHead(f)
-	unlockUnless(l, exists(s.headPath(f)))
+	unlockUnless(l, ondisk.Exists(s.headPath(f)))
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // mountSeeded mounts volume id of cache with fallbacks.
@@ -181,7 +183,7 @@ func TestSeededVolumeThatDoesNotCommitCreatesNothing(t *testing.T) {
 			r, err := s.readVolume(id)
 			must(t, err)
 			r.LimitBytes = 1
-			must(t, writeJSONAtomic(s.volumePath(id), r))
+			must(t, ondisk.WriteJSONAtomic(s.volumePath(id), r))
 			res, err := s.Commit(ctx, id)
 			if err == nil && !res.OverLimit {
 				t.Errorf("commit = %+v, want over its limit", res)
@@ -445,7 +447,7 @@ func TestSeedRecordedBeforeMountAndRemounted(t *testing.T) {
 	if _, err := s.GC(ctx, GCOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	must(t, unmount(v.MergedPath)) // what a reboot leaves
+	must(t, ondisk.Unmount(v.MergedPath)) // what a reboot leaves
 	res, err := s.Recover(ctx)
 	must(t, err)
 	if !slices.Contains(res.Remounted, "pr") {

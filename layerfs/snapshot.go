@@ -1,23 +1,45 @@
 package layerfs
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
-	"strings"
+	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/snapshot"
 )
 
 // The snapshot layout: a cache is one read-only btrfs subvolume, its head
-// generation (snapshot/generations/<id>, named by the head's one layer
-// entry). A volume is a writable snapshot of it (snapshot/volumes/<volume
-// id>), bind-mounted at the volume's merged path: constant time whatever
-// the cache's size. Its record's Upper names the generation a commit will
-// make of it, so a landed commit is recognised as overlay's are (landedIn).
-// A subvolume exists iff a head or a volume record names it; the sweep
-// (snapshot_sweep.go) deletes the rest, which is how a crash between two
-// steps is undone.
+// generation (named by the head's one layer entry). A volume is a writable
+// snapshot of it, bind-mounted at the volume's merged path: constant time
+// whatever the cache's size. Its record's Upper names the generation a
+// commit will make of it, so a landed commit is recognised as overlay's
+// are (landedIn). The subvolumes themselves are package snapshot's; this
+// file keeps the records and heads that name them. A subvolume exists iff
+// a head or a volume record names it; the sweep (sweepSnapshots) deletes
+// the rest, which is how a crash between two steps is undone.
+
+// DefaultSnapshotImageBytes is the size of the sparse btrfs image made
+// for snapshot caches on a root that is not btrfs.
+const DefaultSnapshotImageBytes = snapshot.DefaultImageBytes
+
+// ensureSnapshotArea prepares the btrfs area (snapshot.Area.Prepare).
+// Cheap once done; safe across processes (its own lock: callers may hold
+// the store lock shared).
+func (s *Store) ensureSnapshotArea(ctx context.Context) error {
+	if s.snapshots.Ready() {
+		return nil
+	}
+	l, err := lockFile(ctx, filepath.Join(s.locksDir(), "snapshot-area"), false)
+	if err != nil {
+		return err
+	}
+	defer l.unlock()
+	return s.snapshots.Prepare()
+}
 
 // checkMountLayout refuses to mount a cache with a layout other than its
 // own.
@@ -55,114 +77,52 @@ func (s *Store) newSnapshotVolume(t *txn, id string, opts MountOptions) (err err
 	}
 	defer func() {
 		if err != nil {
-			unmount(r.MergedPath)
+			ondisk.Unmount(r.MergedPath)
 			t.Volume = nil
 			t.save() // best effort; Recover removes what is left
-			deleteSubvolume(s.snapVolumePath(id))
+			s.snapshots.DeleteVolume(id)
 			os.RemoveAll(s.volumeDir(id))
 		}
 	}()
-	if err := s.makeSnapshotVolumeDirs(r); err != nil {
+	if err := s.freshVolumeDir(id); err != nil {
+		return fmt.Errorf("create volume %q: %w", id, err)
+	}
+	if err := os.Mkdir(r.MergedPath, 0o755); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
 	if err := s.makeVolumeSubvolume(r, h); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
-	faultPoint() // the subvolume exists, the record not yet
+	ondisk.FaultPoint() // the subvolume exists, the record not yet
 	t.Volume = r
 	if err := t.save(); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
-	if err := bindMount(s.snapVolumePath(id), r); err != nil {
+	if err := s.snapshots.Mount(id, r.MergedPath, bindFlags(r)); err != nil {
 		return fmt.Errorf("mount volume %q: %w", id, err)
 	}
 	r.Mounted = true
 	return nil
 }
 
-// makeSnapshotVolumeDirs creates volumes/<id>/merged, after removing
-// what a crash left of an earlier volume of this name.
-func (s *Store) makeSnapshotVolumeDirs(r *volumeRecord) error {
-	if err := s.freshVolumeDir(r.ID); err != nil {
-		return err
-	}
-	return os.Mkdir(r.MergedPath, 0o755)
-}
-
 // makeVolumeSubvolume makes the volume's writable subvolume from h's
-// generation (empty for a cache without one), gives its root the owner
-// and mode the record asks for (as an overlay volume's root shows its
-// upper directory's, whatever the cache's root was), sets its size limit
-// and records its root.
+// generation (empty for a cache without one) and records what it is.
 func (s *Store) makeVolumeSubvolume(r *volumeRecord, h *head) error {
-	path := s.snapVolumePath(r.ID)
-	if err := deleteSubvolume(path); err != nil { // a crashed attempt's
-		return err
-	}
+	from := ""
 	if h != nil && len(h.Layers) > 0 {
-		if err := snapshotSubvolume(s.generationPath(h.Layers[0].ID), path, false); err != nil {
-			return err
-		}
-	} else if err := makeEmptySubvolume(path); err != nil {
-		return err
+		from = h.Layers[0].ID
 	}
-	if err := os.Chown(path, r.RootUID, r.RootGID); err != nil {
-		return err
-	}
-	if err := os.Chmod(path, r.RootMode); err != nil {
-		return err
-	}
-	id, err := subvolumeID(path)
+	root := snapshot.Root{UID: r.RootUID, GID: r.RootGID, Mode: r.RootMode}
+	sub, err := s.snapshots.MakeVolume(r.ID, from, root, r.LimitBytes)
 	if err != nil {
 		return err
 	}
-	r.SubvolID = id
-	if r.LimitBytes > 0 {
-		if err := s.limitVolume(id, r.LimitBytes); err != nil {
-			return err
-		}
-	}
-	digest, err := rootDigest(path)
-	if err != nil {
-		return err
-	}
-	r.RootDigest = digest
+	r.SubvolID, r.RootDigest = sub.ID, sub.RootDigest
 	return nil
 }
 
-// limitVolume sets the size limit of the volume whose subvolume is id.
-// With simple quotas it bounds the volume's qgroup (volumeQgroup), which
-// the subvolumes a build nests in it join; full qgroups would have to
-// rescan to account a snapshot under a new parent and add nested
-// subvolumes to none, so there the limit stays on the subvolume's own
-// qgroup (kernels before 6.7, where a nested subvolume escapes it).
-func (s *Store) limitVolume(id uint64, bytes int64) error {
-	dir := s.snapshotDir()
-	simple, err := simpleQuotas(dir)
-	if err != nil {
-		return err
-	}
-	if !simple {
-		return limitExclusive(dir, id, bytes)
-	}
-	group := volumeQgroup(id)
-	if err := createQgroup(dir, group); err != nil {
-		return err
-	}
-	if err := assignQgroup(dir, id, group); err != nil {
-		return err
-	}
-	return limitExclusive(dir, group, bytes)
-}
-
-func makeEmptySubvolume(path string) error {
-	if err := createSubvolume(path); err != nil {
-		return err
-	}
-	// Unlike a snapshot, a new subvolume does not commit a transaction:
-	// commit one, so that the build's writes come in later ones than
-	// the subvolume's birth (snapshotChanged tells changes by that).
-	return syncFS(path)
+func bindFlags(r *volumeRecord) snapshot.MountFlags {
+	return snapshot.MountFlags{AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices}
 }
 
 // ensureSnapshotMounted mounts a snapshot volume again (after a reboot or
@@ -179,11 +139,11 @@ func (s *Store) ensureSnapshotMounted(t *txn) error {
 		if err := t.save(); err != nil {
 			return fmt.Errorf("remount volume %q: record that it may be torn: %w", r.ID, err)
 		}
-		if err := deleteSubvolume(s.snapVolumePath(r.ID)); err != nil {
+		if err := s.snapshots.DeleteVolume(r.ID); err != nil {
 			return fmt.Errorf("remount volume %q: drop its possibly torn subvolume: %w", r.ID, err)
 		}
 	}
-	if !isSubvolume(s.snapVolumePath(r.ID)) {
+	if !s.snapshots.HasVolume(r.ID) {
 		// Torn, or a crash undid its creation: a fresh one.
 		if err := s.makeVolumeSubvolume(r, t.Head); err != nil {
 			return fmt.Errorf("remount volume %q: %w", r.ID, err)
@@ -192,45 +152,156 @@ func (s *Store) ensureSnapshotMounted(t *txn) error {
 			return fmt.Errorf("remount volume %q: %w", r.ID, err)
 		}
 	}
-	if err := bindMount(s.snapVolumePath(r.ID), r); err != nil {
+	if err := s.snapshots.Mount(r.ID, r.MergedPath, bindFlags(r)); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
 	r.Mounted = true
 	return nil
 }
 
-// bindFlags are the flags of a volume's bind mount: nosuid and nodev
-// unless lifted (the same rules as overlay volumes), and noatime, so that
-// reading a cache does not count as changing it (snapshotChanged).
-func bindFlags(r *volumeRecord) (flags uintptr, names []string) {
-	flags, names = unix.MS_NOATIME, []string{"noatime"}
-	if !r.AllowSetuid {
-		flags, names = flags|unix.MS_NOSUID, append(names, "nosuid")
+// A snapshot volume's commit: unmount, move the control directory out,
+// take a read-only snapshot of the volume as the next generation (named
+// by the record's Upper), then swap the head in one atomic write (land,
+// shared with overlay volumes). Whole-volume last writer wins: the later
+// commit's generation is the head, whatever the earlier one held.
+//
+// Crash points: before the head's write, the new generation is named by
+// nothing and the sweep deletes it (the volume lives on, committable
+// again); after it, the volume has landed (landedIn) and its subvolume
+// and the old generation are named by nothing, and the sweep deletes
+// them. Either way the cache is the old or the new generation.
+
+// sealSnapshot readies the volume's next generation; nil for a volume
+// without changes.
+func (s *Store) sealSnapshot(r *volumeRecord) (*LayerInfo, error) {
+	if err := ondisk.Unmount(r.MergedPath); err != nil {
+		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
-	if !r.AllowDevices {
-		flags, names = flags|unix.MS_NODEV, append(names, "nodev")
+	if err := s.moveSnapshotControlAside(r.ID, s.upperDir(r)); err != nil {
+		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
-	return flags, names
+	changed, err := s.snapshots.Changed(r.ID, r.RootDigest)
+	if err != nil || !changed {
+		if err != nil {
+			err = fmt.Errorf("commit volume %q: find its changes: %w", r.ID, err)
+		}
+		return nil, err
+	}
+	usage, err := s.snapshots.VolumeUsage(r.ID)
+	if err != nil {
+		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
+	}
+	// The qgroup limit stops writes past LimitBytes; this is the check
+	// for a volume whose limit was set after it was written (or lost).
+	if written := usage.Written(); r.LimitBytes > 0 && written > r.LimitBytes {
+		return nil, &overLimitError{bytes: written, limit: r.LimitBytes}
+	}
+	var lineage []uint64
+	if h, err := s.readHead(r.Cache); err == nil && h.UID == r.CacheUID {
+		lineage = h.Qgroups
+	}
+	bytes, err := s.snapshots.Freeze(r.ID, r.Upper, usage, lineage)
+	if err != nil {
+		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
+	}
+	return &LayerInfo{ID: r.Upper, Bytes: bytes, Created: time.Now().UTC()}, nil
 }
 
-// bindMount mounts the subvolume src at the volume's merged path. A bind
-// mount takes its flags only from a remount.
-func bindMount(src string, r *volumeRecord) error {
-	if err := unix.Mount(src, r.MergedPath, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind-mount %s at %s: %w", src, r.MergedPath, err)
+// moveSnapshotControlAside copies the control directory next to the
+// volume's record, durably, then removes it from the subvolume (a rename
+// cannot leave btrfs for the store's filesystem). As for overlay volumes,
+// a retry finds the first markers aside and drops the new ones.
+func (s *Store) moveSnapshotControlAside(id, path string) error {
+	dir := filepath.Join(path, ControlDir)
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
 	}
-	flags, _ := bindFlags(r)
-	if err := unix.Mount("", r.MergedPath, "", unix.MS_BIND|unix.MS_REMOUNT|flags, ""); err != nil {
-		unmount(r.MergedPath)
-		return fmt.Errorf("restrict the bind mount at %s: %w", r.MergedPath, err)
+	if !ondisk.Exists(s.controlAside(id)) {
+		tmp := filepath.Join(s.volumeDir(id), "new-control")
+		if err := os.RemoveAll(tmp); err != nil {
+			return err
+		}
+		if err := os.Mkdir(tmp, 0o700); err != nil {
+			return err
+		}
+		if err := copyTree(dir, tmp, nil); err != nil {
+			return fmt.Errorf("copy the control directory %s aside: %w", ControlDir, err)
+		}
+		if err := ondisk.SyncFS(tmp); err != nil {
+			return err
+		}
+		if err := ondisk.RenameDurable(tmp, s.controlAside(id)); err != nil {
+			return fmt.Errorf("move the control directory %s aside: %w", ControlDir, err)
+		}
 	}
-	return nil
+	return stripControlDir(path)
 }
 
-// bindCommand is the mount(8) equivalent of bindMount, for debugging.
-func bindCommand(src string, r *volumeRecord) string {
-	_, names := bindFlags(r)
-	return fmt.Sprintf("mount --bind %s %s && mount -o remount,bind,%s %s", src, r.MergedPath, strings.Join(names, ","), r.MergedPath)
+// endSnapshotVolume deletes what an ended snapshot volume leaves: its
+// subvolume and, after a commit, the generation the head no longer names
+// (btrfs snapshots are independent, so nothing else needs it). Best
+// effort: the sweep deletes whatever a failure or a crash leaves.
+func (s *Store) endSnapshotVolume(r *volumeRecord, oldGeneration string) {
+	s.snapshots.DeleteVolume(r.ID)
+	if oldGeneration == "" {
+		return
+	}
+	if h, err := s.readHead(r.Cache); err == nil && h.hasLayer(oldGeneration) {
+		return
+	}
+	s.snapshots.DeleteGeneration(oldGeneration)
+}
+
+// sweepSnapshots deletes every subvolume that no head and no volume
+// record names (snapshot.Area.Sweep). It holds the store lock
+// exclusively, as the layer sweep does: mounts and commits create
+// subvolumes under it shared.
+func (s *Store) sweepSnapshots(ctx context.Context) (sweepResult, error) {
+	var res sweepResult
+	if !ondisk.Exists(s.snapshots.GenerationsDir()) {
+		return res, nil // no snapshot cache was ever made here
+	}
+	if err := s.ensureSnapshotArea(ctx); err != nil {
+		return res, err
+	}
+	l, err := s.lockStore(ctx, true)
+	if err != nil {
+		return res, err
+	}
+	defer l.unlock()
+	gens, vols, err := s.snapshotRefs()
+	if err != nil {
+		return res, err
+	}
+	res.RemovedLayers, res.FreedBytes, err = s.snapshots.Sweep(gens, vols)
+	return res, err
+}
+
+// snapshotRefs are the generations heads name and the volumes records
+// name. Callers hold the store lock exclusively.
+func (s *Store) snapshotRefs() (gens, vols map[string]bool, err error) {
+	gens, vols = map[string]bool{}, map[string]bool{}
+	heads, err := s.heads()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, h := range heads {
+		if h.Layout == LayoutSnapshot {
+			for _, l := range h.Layers {
+				gens[l.ID] = true
+			}
+		}
+	}
+	recs, err := s.volumeRecords()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, r := range recs {
+		if r.Layout == LayoutSnapshot {
+			vols[r.ID] = true
+		}
+	}
+	return gens, vols, nil
 }
 
 // errIfSnapshot refuses the overlay-only operations (registry export and

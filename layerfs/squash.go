@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Squash merges a cache's layers into one when the head is deeper than
@@ -131,7 +133,7 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 	if err := (mountSpec{Lower: s.lowerDirs(ids)}).mount(view); err != nil {
 		return layer, fmt.Errorf("squash %s: mount its layers read-only: %w", cache, err)
 	}
-	defer unmount(view)
+	defer ondisk.Unmount(view)
 
 	tmp, err := os.MkdirTemp(s.layersDir(), "new-")
 	if err != nil {
@@ -151,7 +153,7 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 	if err := ctx.Err(); err != nil {
 		return layer, err
 	}
-	if err := syncFS(tmp); err != nil {
+	if err := ondisk.SyncFS(tmp); err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
 	bytes, files, err := diskUsage(tmp)
@@ -159,7 +161,7 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
 	layer = LayerInfo{ID: randomID(), Bytes: bytes, Files: files, Created: time.Now().UTC()}
-	if err := renameDurable(tmp, s.layerDir(layer.ID)); err != nil {
+	if err := ondisk.RenameDurable(tmp, s.layerDir(layer.ID)); err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
 	tmp = ""

@@ -7,17 +7,19 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/snapshot"
 )
 
 // Store is a layered cache store rooted at one directory.
 type Store struct {
 	root string
 	opts Options
-	// snapReady caches that the snapshot area was prepared (snapshot_area.go).
-	snapReady atomic.Bool
+	// snapshots is the btrfs area of the snapshot layout (snapshot.go).
+	snapshots *snapshot.Area
 	// syncs shares syncfs between concurrent commits (syncgroup.go).
 	syncs syncGroup
 	// cacheGates queues this process's waiters for a cache's lock (lock.go).
@@ -50,6 +52,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	opts.Root = root
 	s := &Store{root: root, opts: opts}
+	s.snapshots = snapshot.New(snapshot.Config{
+		Root: root, Tmp: s.tmpDir(), ImageBytes: opts.SnapshotImageBytes, MkfsBtrfs: opts.MkfsBtrfs, Private: ControlDir,
+	})
 	if err := s.makeDirs(); err != nil {
 		return nil, err
 	}
@@ -61,7 +66,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	// A failure here does not fail Open: overlay caches must not go down
 	// with a damaged btrfs image. Every use of a snapshot cache (mount,
 	// commit, Recover, the sweep) tries again and reports the error.
-	if s.hasSnapshotArea() {
+	if s.snapshots.Used() {
 		_ = s.ensureSnapshotArea(ctx)
 	}
 	s.refillReserve()
@@ -103,13 +108,13 @@ func (s *Store) probe(ctx context.Context) error {
 		return err
 	}
 	defer l.unlock()
-	proof := probeProof{Kernel: kernelRelease(), Filesystem: fsTypeName(s.root)}
+	proof := probeProof{Kernel: kernelRelease(), Filesystem: ondisk.FSTypeName(s.root)}
 	err = probeOverlay(ctx, s.tmpDir())
 	var earlier probeProof
 	switch {
 	case err == nil:
 		if readJSON(s.probePath(), &earlier) != nil || earlier != proof {
-			writeJSONAtomic(s.probePath(), proof) // best effort
+			ondisk.WriteJSONAtomic(s.probePath(), proof) // best effort
 		}
 		return nil
 	case isNoSpace(err) && readJSON(s.probePath(), &earlier) == nil && earlier == proof:

@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // defaultSyncParallel is how many layers a Sync fetches at once.
@@ -294,7 +296,7 @@ func (s *Store) planSwap(t *txn, chain Chain, fetched map[int]LayerInfo, res *Sy
 	if !created && gen == h.Generation && chain.Generation == h.ChainGeneration && slices.EqualFunc(p.layers, h.Layers, sameLayer) {
 		return true, h.layerIDs()
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	h.Layers, h.Generation, h.ChainGeneration, h.LastUsed = p.layers, gen, chain.Generation, now
 	t.Head = h
 	res.Changed = true

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // syncGroup shares syncfs calls between the commits of one process: a
@@ -66,7 +68,7 @@ func (g *syncGroup) sync(path string) error {
 func (g *syncGroup) run(fs *fsSync, r *syncRound) {
 	syncfs := g.syncfs
 	if syncfs == nil {
-		syncfs = syncFS
+		syncfs = ondisk.SyncFS
 	}
 	for r != nil {
 		r.err = syncfs(r.path)

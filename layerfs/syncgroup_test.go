@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Every caller returns only after a syncfs that started after it called,
@@ -101,7 +103,7 @@ func TestCommitSealsOutsideCacheLock(t *testing.T) {
 	must(t, err)
 	done := make(chan error)
 	go func() { _, err := s.Commit(context.Background(), "v"); done <- err }()
-	for deadline := time.Now().Add(10 * time.Second); isMountPoint(merged); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); ondisk.IsMountPoint(merged); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the commit did not unmount its volume while another held the cache's lock")
 		}
@@ -132,7 +134,7 @@ func TestCommitCancelledAfterSealRemounts(t *testing.T) {
 		t.Fatalf("Commit = %v, want the context's deadline", err)
 	}
 	held.unlock()
-	if !isMountPoint(merged) {
+	if !ondisk.IsMountPoint(merged) {
 		t.Fatal("the volume is not mounted after the commit gave up")
 	}
 	if got := readFile(t, filepath.Join(merged, "f")); got != "x" {

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Issue 8, item 8: a volatile overlay's upper layer may be torn after a
@@ -38,7 +40,7 @@ func TestVolatileMarkerClearedAtRemount(t *testing.T) {
 				r, err := s.readVolume("v")
 				must(t, err)
 				r.BootID = "an-earlier-boot"
-				must(t, writeJSONAtomic(s.volumePath("v"), r))
+				must(t, ondisk.WriteJSONAtomic(s.volumePath("v"), r))
 			}
 			res, err := s.Recover(ctx)
 			must(t, err)
@@ -83,7 +85,7 @@ func TestRolledBackCommitAfterRebootIsNotTorn(t *testing.T) {
 	_, err = s.seal(r) // unmounts, syncs
 	must(t, err)
 	r.BootID = "an-earlier-boot"
-	must(t, writeJSONAtomic(s.volumePath("v"), r))
+	must(t, ondisk.WriteJSONAtomic(s.volumePath("v"), r))
 	v, err := s.Mount(ctx, "v", MountOptions{Cache: mustRef(t, "ns/c")})
 	must(t, err)
 	if v.Torn || readFile(t, filepath.Join(merged, "synced")) != "x" {

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Every change to heads and volume records goes through transact, as every
@@ -81,7 +83,7 @@ func (t *txn) lockAndRead(ctx context.Context, sc scope) (err error) {
 		if err != nil {
 			return err
 		}
-		t.locks = append(t.locks, func() { unlockUnless(l, exists(t.s.volumePath(sc.volume))) })
+		t.locks = append(t.locks, func() { unlockUnless(l, ondisk.Exists(t.s.volumePath(sc.volume))) })
 		if t.Volume, err = t.s.readVolumeRecord(sc.volume); err != nil && !errors.Is(err, ErrNotFound) {
 			return err
 		}
@@ -104,7 +106,7 @@ func (t *txn) lockCache(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	t.locks = append(t.locks, func() { unlockUnless(l, exists(t.s.headPath(t.cache))) })
+	t.locks = append(t.locks, func() { unlockUnless(l, ondisk.Exists(t.s.headPath(t.cache))) })
 	if t.Head, err = t.s.readHead(t.cache); errors.Is(err, ErrNotFound) {
 		t.Head = nil
 	} else if err != nil {
@@ -177,7 +179,7 @@ func (t *txn) saveVolume() error {
 	if t.Volume == nil {
 		return t.s.removeVolumeDir(t.volID)
 	}
-	write := func() error { return writeJSONAtomic(t.s.volumePath(t.volID), t.Volume) }
+	write := func() error { return ondisk.WriteJSONAtomic(t.s.volumePath(t.volID), t.Volume) }
 	if plain := write; t.savedVolume != nil {
 		write = func() error { return t.s.withReserve(plain) }
 	}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // volumeRecord is volumes/<id>/volume.json.
@@ -28,7 +30,7 @@ type volumeRecord struct {
 	// mount marker found after another boot means a possibly torn upper.
 	BootID string `json:"bootID,omitempty"`
 	// RootDigest is what a snapshot volume's root listed when it was
-	// made (snapshot_changes.go), to tell a build's changes from none.
+	// made (snapshot.Subvolume), to tell a build's changes from none.
 	RootDigest string `json:"rootDigest,omitempty"`
 	// SubvolID is a snapshot volume's subvolume (and qgroup) id.
 	SubvolID uint64 `json:"subvolID,omitempty"`
@@ -52,7 +54,7 @@ func (s *Store) controlAside(id string) string { return filepath.Join(s.volumeDi
 // upperDir is the volume's upper directory.
 func (s *Store) upperDir(r *volumeRecord) string {
 	if r.Layout == LayoutSnapshot {
-		return s.snapVolumePath(r.ID)
+		return s.snapshots.VolumePath(r.ID)
 	}
 	return s.layerDir(r.Upper)
 }
@@ -82,7 +84,7 @@ func (s *Store) readVolumeRecord(id string) (*volumeRecord, error) {
 		return nil, err
 	}
 	r.MergedPath = s.mergedDir(id)
-	r.Mounted = isMountPoint(r.MergedPath)
+	r.Mounted = ondisk.IsMountPoint(r.MergedPath)
 	r.Layout = r.Layout.orDefault()
 	return &r, nil
 }
@@ -130,11 +132,11 @@ func (s *Store) endLandedVolumes(ctx context.Context, cache CacheRef) error {
 // removes the rest. Not fsynced: a removal that a crash undoes is replayed
 // by the caller, and every caller's operation is idempotent.
 func (s *Store) removeVolumeDir(id string) error {
-	faultPoint()
+	ondisk.FaultPoint()
 	if err := os.Remove(s.volumePath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove volume %q: %w", id, err)
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	if err := os.RemoveAll(s.volumeDir(id)); err != nil {
 		return fmt.Errorf("remove volume %q: %w", id, err)
 	}
@@ -200,7 +202,7 @@ func (s *Store) MountCommand(ctx context.Context, volumeID string) (string, erro
 		return "", err
 	}
 	if r.Layout == LayoutSnapshot {
-		return bindCommand(s.upperDir(r), r), nil
+		return s.snapshots.MountCommand(r.ID, r.MergedPath, bindFlags(r)), nil
 	}
 	return s.volumeSpec(r).command(r.MergedPath), nil
 }
