@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
@@ -88,30 +87,5 @@ func (s *Store) HasChanges(ctx context.Context, volumeID string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if r.Layout == LayoutSnapshot {
-		return s.snapshots.Changed(r.ID, r.RootDigest)
-	}
-	empty, err := upperIsEmpty(s.upperDir(r))
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	return !empty, err
-}
-
-// upperIsEmpty reports whether an upper layer holds nothing but the control
-// directory: such a volume commits no layer.
-func upperIsEmpty(upper string) (bool, error) {
-	f, err := os.Open(upper)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	names, err := f.Readdirnames(2)
-	if errors.Is(err, io.EOF) {
-		return true, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return len(names) == 1 && names[0] == ControlDir, nil
+	return s.layoutOf(r.Layout).changed(r)
 }

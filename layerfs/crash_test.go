@@ -93,7 +93,7 @@ var crashOps = []crashOp{
 			fixTimes(t, merged)
 			r, err := s.readVolume("pending")
 			must(t, err)
-			_, err = s.seal(r)
+			_, err = overlayLayout{s}.seal(r)
 			must(t, err)
 		},
 		run: func(ctx context.Context, s *Store) error {

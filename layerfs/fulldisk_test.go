@@ -39,7 +39,7 @@ func TestFullDiskStopsStore(t *testing.T) {
 	// writing the cache head.
 	var filler string
 	ondisk.FaultPoint = func() {
-		if filler == "" && ondisk.Exists(s.volumePath("keep")) && !ondisk.IsMountPoint(keep) && !ondisk.Exists(s.volatileMarker("keep")) {
+		if filler == "" && ondisk.Exists(s.volumePath("keep")) && !ondisk.IsMountPoint(keep) && !ondisk.Exists(overlayLayout{s}.volatileMarker("keep")) {
 			filler = fillDisk(t, filepath.Dir(root))
 		}
 	}

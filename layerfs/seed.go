@@ -20,7 +20,7 @@ import (
 // outlives the removal or squash of either, and the seeded volume's record
 // (Layers and SeedLayers) keeps the seed alive until its commit's head
 // names it. The record, with the seed, is written atomically before the
-// volume mounts (newVolume), as every record is.
+// volume mounts (overlayLayout.create), as every record is.
 
 // MaxFallbacks is how many fallbacks a volume may name.
 const MaxFallbacks = 5
@@ -56,9 +56,9 @@ func (o MountOptions) validateFallbacks() error {
 	if len(o.Fallbacks) > MaxFallbacks {
 		return fmt.Errorf("volume of cache %s names %d fallbacks: use at most %d", o.Cache, len(o.Fallbacks), MaxFallbacks)
 	}
-	if o.Layout.orDefault() == LayoutSnapshot {
+	if !o.Layout.seeds() {
 		return fmt.Errorf("volume of cache %s names fallbacks %v, but the %s layout cannot start from a fallback yet: remove the fallbacks or use the %s layout",
-			o.Cache, o.Fallbacks, LayoutSnapshot, LayoutOverlay)
+			o.Cache, o.Fallbacks, o.Layout, LayoutOverlay)
 	}
 	for _, f := range o.Fallbacks {
 		if err := f.Validate(); err != nil {

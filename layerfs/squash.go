@@ -50,8 +50,7 @@ func (s *Store) squash(ctx context.Context, cache CacheRef, maxLayers int) (res 
 	if err != nil {
 		return res, fmt.Errorf("squash cache %s: %w", cache, err)
 	}
-	// A snapshot cache has one generation: nothing to squash.
-	if len(h.Layers) <= maxLayers || h.Layout == LayoutSnapshot {
+	if len(h.Layers) <= maxLayers || !s.layoutOf(h.Layout).squashes() {
 		return res, nil
 	}
 	old := h.Layers[len(h.Layers)-squashRun(h.Layers):]

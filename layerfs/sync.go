@@ -49,7 +49,7 @@ func (s *Store) Sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 		opts.Parallel = defaultSyncParallel
 	}
 	if h, err := s.readHead(cache); err == nil {
-		if err := errIfSnapshot(h, "sync"); err != nil {
+		if err := s.refuseRegistry(h, "sync"); err != nil {
 			return SyncResult{}, err
 		}
 	}

@@ -35,7 +35,7 @@ func TestVolatileMarkerClearedAtRemount(t *testing.T) {
 			writeFile(t, filepath.Join(merged, "half-written"), "?")
 			must(t, unix.Unmount(merged, 0))
 			// As the kernel leaves it (it does so on a clean unmount too).
-			must(t, os.MkdirAll(s.volatileMarker("v"), 0o700))
+			must(t, os.MkdirAll(overlayLayout{s}.volatileMarker("v"), 0o700))
 			if tt.reboot {
 				r, err := s.readVolume("v")
 				must(t, err)
@@ -82,7 +82,7 @@ func TestRolledBackCommitAfterRebootIsNotTorn(t *testing.T) {
 	writeFile(t, filepath.Join(merged, "synced"), "x")
 	r, err := s.readVolume("v")
 	must(t, err)
-	_, err = s.seal(r) // unmounts, syncs
+	_, err = overlayLayout{s}.seal(r) // unmounts, syncs
 	must(t, err)
 	r.BootID = "an-earlier-boot"
 	must(t, ondisk.WriteJSONAtomic(s.volumePath("v"), r))

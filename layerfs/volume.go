@@ -51,13 +51,8 @@ func (s *Store) mergedDir(id string) string  { return filepath.Join(s.volumeDir(
 // being inside the layer.
 func (s *Store) controlAside(id string) string { return filepath.Join(s.volumeDir(id), "control") }
 
-// upperDir is the volume's upper directory.
-func (s *Store) upperDir(r *volumeRecord) string {
-	if r.Layout == LayoutSnapshot {
-		return s.snapshots.VolumePath(r.ID)
-	}
-	return s.layerDir(r.Upper)
-}
+// upperDir is where the volume's build writes.
+func (s *Store) upperDir(r *volumeRecord) string { return s.layoutOf(r.Layout).upperDir(r) }
 
 func (s *Store) volumeSpec(r *volumeRecord) mountSpec {
 	return mountSpec{
@@ -201,10 +196,7 @@ func (s *Store) MountCommand(ctx context.Context, volumeID string) (string, erro
 	if err != nil {
 		return "", err
 	}
-	if r.Layout == LayoutSnapshot {
-		return s.snapshots.MountCommand(r.ID, r.MergedPath, bindFlags(r)), nil
-	}
-	return s.volumeSpec(r).command(r.MergedPath), nil
+	return s.layoutOf(r.Layout).mountCommand(r), nil
 }
 
 // resetDir empties dir, keeping dir itself. It reads dirChunk names at a

@@ -19,12 +19,44 @@ import (
 // commit will make of it, so a landed commit is recognised as overlay's
 // are (landedIn). The subvolumes themselves are package snapshot's; this
 // file keeps the records and heads that name them. A subvolume exists iff
-// a head or a volume record names it; the sweep (sweepSnapshots) deletes
+// a head or a volume record names it; the sweep (snapshotLayout.sweep) deletes
 // the rest, which is how a crash between two steps is undone.
 
 // DefaultSnapshotImageBytes is the size of the sparse btrfs image made
 // for snapshot caches on a root that is not btrfs.
 const DefaultSnapshotImageBytes = snapshot.DefaultImageBytes
+
+// snapshotLayout is the snapshot layout of a store (see volumeLayout).
+type snapshotLayout struct{ *Store }
+
+// sealsUnlocked is false: a generation's size sums its cache's lineage,
+// which the head under the cache's lock tells.
+func (s snapshotLayout) sealsUnlocked() bool { return false }
+
+// push makes layer the one generation that holds the whole cache.
+func (s snapshotLayout) push(h *head, layer LayerInfo, r *volumeRecord) {
+	h.push(layer, r)
+	h.Layers = h.Layers[:1]
+	h.Qgroups = s.snapshots.Lineage(h.Qgroups, r.SubvolID)
+}
+
+func (s snapshotLayout) upperDir(r *volumeRecord) string { return s.snapshots.VolumePath(r.ID) }
+
+func (s snapshotLayout) changed(r *volumeRecord) (bool, error) {
+	return s.snapshots.Changed(r.ID, r.RootDigest)
+}
+
+func (s snapshotLayout) mountCommand(r *volumeRecord) string {
+	return s.snapshots.MountCommand(r.ID, r.MergedPath, bindFlags(r))
+}
+
+// space is the btrfs area's filesystem: the image's own when the root is
+// not btrfs. An image runs short on its own, however much the host has
+// free, and only its caches can help.
+func (s snapshotLayout) space() string { return s.snapshots.Dir() }
+
+// squashes is false: a snapshot cache has one generation.
+func (s snapshotLayout) squashes() bool { return false }
 
 // ensureSnapshotArea prepares the btrfs area (snapshot.Area.Prepare).
 // Cheap once done; safe across processes (its own lock: callers may hold
@@ -41,23 +73,11 @@ func (s *Store) ensureSnapshotArea(ctx context.Context) error {
 	return s.snapshots.Prepare()
 }
 
-// checkMountLayout refuses to mount a cache with a layout other than its
-// own.
-func (s *Store) checkMountLayout(t *txn, opts MountOptions) error {
-	switch {
-	case t.Head != nil:
-		return checkLayout(opts.Cache, t.Head.Layout, opts.Layout)
-	case t.Volume != nil:
-		return checkLayout(opts.Cache, t.Volume.Layout, opts.Layout)
-	}
-	return nil
-}
-
-// newSnapshotVolume snapshots the head generation (or makes an empty
+// create snapshots the head generation (or makes an empty
 // subvolume for a new cache), records the volume and bind-mounts it. The
 // subvolume comes before the record: a crash between leaves a subvolume
 // nothing names, which the sweep deletes.
-func (s *Store) newSnapshotVolume(t *txn, id string, opts MountOptions) (err error) {
+func (s snapshotLayout) create(t *txn, id string, opts MountOptions) (err error) {
 	if err := s.ensureSnapshotArea(t.ctx); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
@@ -125,11 +145,11 @@ func bindFlags(r *volumeRecord) snapshot.MountFlags {
 	return snapshot.MountFlags{AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices}
 }
 
-// ensureSnapshotMounted mounts a snapshot volume again (after a reboot or
+// remount mounts a snapshot volume again (after a reboot or
 // a failed commit). A volume that was mounted in an earlier boot is torn,
 // as overlay volumes are: its build was cut short, so it gets a fresh
 // snapshot of the cache and is never committed.
-func (s *Store) ensureSnapshotMounted(t *txn) error {
+func (s snapshotLayout) remount(t *txn) error {
 	r := t.Volume
 	if err := s.ensureSnapshotArea(t.ctx); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
@@ -171,9 +191,9 @@ func (s *Store) ensureSnapshotMounted(t *txn) error {
 // and the old generation are named by nothing, and the sweep deletes
 // them. Either way the cache is the old or the new generation.
 
-// sealSnapshot readies the volume's next generation; nil for a volume
+// seal readies the volume's next generation; nil for a volume
 // without changes.
-func (s *Store) sealSnapshot(r *volumeRecord) (*LayerInfo, error) {
+func (s snapshotLayout) seal(r *volumeRecord) (*LayerInfo, error) {
 	if err := ondisk.Unmount(r.MergedPath); err != nil {
 		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
@@ -237,11 +257,11 @@ func (s *Store) moveSnapshotControlAside(id, path string) error {
 	return stripControlDir(path)
 }
 
-// endSnapshotVolume deletes what an ended snapshot volume leaves: its
+// end deletes what an ended snapshot volume leaves: its
 // subvolume and, after a commit, the generation the head no longer names
 // (btrfs snapshots are independent, so nothing else needs it). Best
 // effort: the sweep deletes whatever a failure or a crash leaves.
-func (s *Store) endSnapshotVolume(r *volumeRecord, oldGeneration string) {
+func (s snapshotLayout) end(r *volumeRecord, oldGeneration string, _ bool) {
 	s.snapshots.DeleteVolume(r.ID)
 	if oldGeneration == "" {
 		return
@@ -252,11 +272,11 @@ func (s *Store) endSnapshotVolume(r *volumeRecord, oldGeneration string) {
 	s.snapshots.DeleteGeneration(oldGeneration)
 }
 
-// sweepSnapshots deletes every subvolume that no head and no volume
+// sweep deletes every subvolume that no head and no volume
 // record names (snapshot.Area.Sweep). It holds the store lock
 // exclusively, as the layer sweep does: mounts and commits create
 // subvolumes under it shared.
-func (s *Store) sweepSnapshots(ctx context.Context) (sweepResult, error) {
+func (s snapshotLayout) sweep(ctx context.Context) (sweepResult, error) {
 	var res sweepResult
 	if !ondisk.Exists(s.snapshots.GenerationsDir()) {
 		return res, nil // no snapshot cache was ever made here
@@ -304,11 +324,8 @@ func (s *Store) snapshotRefs() (gens, vols map[string]bool, err error) {
 	return gens, vols, nil
 }
 
-// errIfSnapshot refuses the overlay-only operations (registry export and
-// sync) for a snapshot cache.
-func errIfSnapshot(h *head, what string) error {
-	if h == nil || h.Layout != LayoutSnapshot {
-		return nil
-	}
+// refuseRegistry refuses registry export and sync: a snapshot cache
+// stays on its node.
+func (s snapshotLayout) refuseRegistry(h *head, what string) error {
 	return fmt.Errorf("%s of cache %s: %w: a snapshot cache stays on its node (no registry sync); use the overlay layout for caches shared across nodes", what, h.Cache, ErrSnapshotUnsupported)
 }
