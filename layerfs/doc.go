@@ -28,7 +28,9 @@
 // that replaces the head (whole-volume last writer wins); size limits are
 // qgroup limits, enforced as the build writes. Subvolumes and qgroups are
 // made with ioctls (package layerfs/snapshot); snapshot caches have
-// no registry sync (ErrSnapshotUnsupported) and nothing to squash.
+// no registry sync (ErrSnapshotUnsupported) and nothing to squash. Each
+// layout is a volumeLayout (layouts.go); the store picks a cache's in one
+// place (layoutOf) and asks it for everything the layouts do differently.
 //
 // The directories are root-only (0700): layer roots may be world-writable
 // and their paths are public in /proc/*/mountinfo.

@@ -43,7 +43,7 @@ func (s snapshotLayout) push(h *head, layer LayerInfo, r *volumeRecord) {
 func (s snapshotLayout) upperDir(r *volumeRecord) string { return s.snapshots.VolumePath(r.ID) }
 
 func (s snapshotLayout) changed(r *volumeRecord) (bool, error) {
-	return s.snapshots.Changed(r.ID, r.RootDigest)
+	return s.snapshots.Changed(r.ID, r.Subvolume)
 }
 
 func (s snapshotLayout) mountCommand(r *volumeRecord) string {
@@ -137,7 +137,7 @@ func (s *Store) makeVolumeSubvolume(r *volumeRecord, h *head) error {
 	if err != nil {
 		return err
 	}
-	r.SubvolID, r.RootDigest = sub.ID, sub.RootDigest
+	r.Subvolume = sub
 	return nil
 }
 
@@ -200,7 +200,7 @@ func (s snapshotLayout) seal(r *volumeRecord) (*LayerInfo, error) {
 	if err := s.moveSnapshotControlAside(r.ID, s.upperDir(r)); err != nil {
 		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
-	changed, err := s.snapshots.Changed(r.ID, r.RootDigest)
+	changed, err := s.snapshots.Changed(r.ID, r.Subvolume)
 	if err != nil || !changed {
 		if err != nil {
 			err = fmt.Errorf("commit volume %q: find its changes: %w", r.ID, err)

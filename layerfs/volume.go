@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/snapshot"
 )
 
 // volumeRecord is volumes/<id>/volume.json.
@@ -29,11 +30,9 @@ type volumeRecord struct {
 	// BootID is the kernel boot the volume was last mounted in; a volatile
 	// mount marker found after another boot means a possibly torn upper.
 	BootID string `json:"bootID,omitempty"`
-	// RootDigest is what a snapshot volume's root listed when it was
-	// made (snapshot.Subvolume), to tell a build's changes from none.
-	RootDigest string `json:"rootDigest,omitempty"`
-	// SubvolID is a snapshot volume's subvolume (and qgroup) id.
-	SubvolID uint64 `json:"subvolID,omitempty"`
+	// Subvolume is a snapshot volume's btrfs subvolume; its fields are
+	// the record's (subvolID, rootDigest), empty for an overlay volume.
+	snapshot.Subvolume
 	// SeedLayers are the fallback's layers (as Layers, with their sizes)
 	// that a seeded volume's commit puts under its layer when it creates
 	// the cache: the fallback may be squashed or removed meanwhile, and

@@ -23,10 +23,10 @@ import (
 // volume's birth (Subvolume.RootDigest).
 
 // Changed tells whether volume id's subvolume differs from the generation
-// it was made from in anything but the private entry; rootDigest is the
-// volume's Subvolume.RootDigest. It syncs the filesystem first: btrfs
+// it was made from in anything but the private entry; sub is what
+// MakeVolume made. It syncs the filesystem first: btrfs
 // records changes per transaction.
-func (a *Area) Changed(id, rootDigest string) (bool, error) {
+func (a *Area) Changed(id string, sub Subvolume) (bool, error) {
 	path := a.VolumePath(id)
 	if err := ondisk.SyncFS(path); err != nil {
 		return false, err
@@ -56,7 +56,7 @@ func (a *Area) Changed(id, rootDigest string) (bool, error) {
 		return false, nil
 	}
 	digest, err := a.rootDigest(path)
-	return digest != rootDigest, err
+	return digest != sub.RootDigest, err
 }
 
 // privateInodes are the inode numbers of the private entry and what it

@@ -18,13 +18,14 @@ type Root struct {
 	Mode     os.FileMode
 }
 
-// Subvolume is what the store records of a volume's subvolume.
+// Subvolume is what the store records of a volume's subvolume, as
+// fields of the volume's record.
 type Subvolume struct {
-	// ID is the subvolume's (and its qgroup's) id.
-	ID uint64
+	// SubvolID is the subvolume's (and its qgroup's) id.
+	SubvolID uint64 `json:"subvolID,omitempty"`
 	// RootDigest is what the volume's root listed when it was made, to
 	// tell a build's changes from none (Changed).
-	RootDigest string
+	RootDigest string `json:"rootDigest,omitempty"`
 }
 
 // MakeVolume makes volume id's writable subvolume from generation from
@@ -62,7 +63,7 @@ func (a *Area) MakeVolume(id, from string, root Root, limit int64) (Subvolume, e
 	if err != nil {
 		return Subvolume{}, err
 	}
-	return Subvolume{ID: subvol, RootDigest: digest}, nil
+	return Subvolume{SubvolID: subvol, RootDigest: digest}, nil
 }
 
 // limitVolume sets the size limit of the volume whose subvolume is id.
