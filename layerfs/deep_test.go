@@ -61,7 +61,7 @@ func readDeep(t testing.TB, root string) string {
 }
 
 // Issue 8, item 6: a tree 2,100 directories deep could not be measured
-// ("file name too long" in diskUsage), so its commit failed on every retry,
+// ("file name too long" in tree.DiskUsage), so its commit failed on every retry,
 // and each failure left the volume unmounted. Walks use directory file
 // descriptors now, so depth does not matter: commit, squash (copy), GC
 // and discard (removal) all handle the tree.

@@ -45,7 +45,7 @@
 // lock, and its cache's lock is taken only to write the head; the syncfs
 // that puts a volume's data on disk before its head names it is shared
 // with the commits in flight (one that starts after a commit's writes
-// covers them: syncgroup.go); and a process's waiters for a cache's lock
+// covers them: ondisk.SyncGroup); and a process's waiters for a cache's lock
 // queue in memory ahead of the flock, so the lock passes on at once.
 //
 // Store methods (see store.go and friends):

@@ -27,7 +27,7 @@ func (s *Store) ExportLayer(ctx context.Context, cache CacheRef, layerID string,
 	if err != nil {
 		return err
 	}
-	defer storeLock.unlock()
+	defer storeLock.Unlock()
 	if err := s.checkInHead(ctx, cache, layerID); err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/tree"
 )
 
 // GC removes caches unused for longer than opts.MaxAge, then the least
@@ -154,7 +155,7 @@ func (s *Store) moveUnreferenced(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	refs, err := s.referencedLayers()
 	if err != nil {
 		return nil, err
@@ -176,7 +177,7 @@ func onDisk(path string) int64 {
 	if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
 		return st.Blocks * 512
 	}
-	bytes, _, _ := diskUsage(path)
+	bytes, _, _ := tree.DiskUsage(path)
 	return bytes
 }
 

@@ -74,7 +74,7 @@ func (s *Store) remountImages(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	refs, err := s.referencedLayers()
 	if err != nil {
 		return err

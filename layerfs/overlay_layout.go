@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/tree"
 )
 
 // The overlay layout: a cache is a stack of overlay layers (layers/<id>),
@@ -36,7 +37,7 @@ func (s overlayLayout) end(r *volumeRecord, _ string, landed bool) {
 func (s overlayLayout) upperDir(r *volumeRecord) string { return s.layerDir(r.Upper) }
 
 func (s overlayLayout) mountCommand(r *volumeRecord) string {
-	return s.volumeSpec(r).command(r.MergedPath)
+	return s.volumeSpec(r).Command(r.MergedPath)
 }
 
 // space is the store root's filesystem, where layers live.
@@ -55,13 +56,13 @@ func (s overlayLayout) remount(t *txn) error {
 	}
 	// A volatile overlay leaves a marker in its work directory, and the
 	// kernel refuses to mount over it until it is reset.
-	if err := resetDir(s.workDir(r.ID)); err != nil {
+	if err := tree.Empty(s.workDir(r.ID)); err != nil {
 		return fmt.Errorf("remount volume %q: reset work directory: %w", r.ID, err)
 	}
 	if err := s.readyLayers(r.Layers); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
-	if err := s.withReserve(func() error { return s.volumeSpec(r).mount(r.MergedPath) }); err != nil {
+	if err := s.withReserve(func() error { return s.volumeSpec(r).Mount(r.MergedPath) }); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
 	r.Mounted = true
@@ -90,7 +91,7 @@ func (s overlayLayout) checkTorn(t *txn) error {
 	if err := t.save(); err != nil {
 		return fmt.Errorf("record that its upper layer may be torn: %w", err)
 	}
-	if err := resetDir(s.upperDir(r)); err != nil {
+	if err := tree.Empty(s.upperDir(r)); err != nil {
 		return fmt.Errorf("empty its possibly torn upper layer: %w", err)
 	}
 	return nil
@@ -139,7 +140,7 @@ func (s overlayLayout) create(t *txn, id string, opts MountOptions) (err error) 
 	if err := s.readyLayers(r.Layers); err != nil {
 		return fmt.Errorf("mount volume %q: %w", id, err)
 	}
-	if err := s.volumeSpec(r).mount(r.MergedPath); err != nil {
+	if err := s.volumeSpec(r).Mount(r.MergedPath); err != nil {
 		return fmt.Errorf("mount volume %q: %w", id, err)
 	}
 	r.Mounted = true
@@ -183,13 +184,13 @@ func (s overlayLayout) seal(r *volumeRecord) (layer *LayerInfo, err error) {
 	// before the head points at it. One syncfs beats an fsync per file
 	// for the thousands of small files a build writes, and concurrent
 	// commits share it.
-	if err := s.syncs.sync(upper); err != nil {
+	if err := s.syncs.Sync(upper); err != nil {
 		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
 	if err := s.clearVolatileMarker(r.ID); err != nil {
 		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
 	}
-	bytes, files, err := diskUsage(upper)
+	bytes, files, err := tree.DiskUsage(upper)
 	if err != nil {
 		return nil, fmt.Errorf("commit volume %q: measure upper layer: %w", r.ID, err)
 	}

@@ -90,7 +90,7 @@ func (s *Store) removeTemp(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	var leftovers []string
 	for _, dir := range []string{s.layersDir(), s.volumesDir()} {
 		entries, err := os.ReadDir(dir)

@@ -473,7 +473,7 @@ func TestSeedWaitsForTheFallbacksLockOnlySoLong(t *testing.T) {
 	commitFile(t, s, "ns/main", "main.txt", "main")
 	l, err := s.lockCache(ctx, mustRef(t, "ns/main"))
 	must(t, err)
-	defer l.unlock()
+	defer l.Unlock()
 	start := time.Now()
 	v := mountSeeded(t, s, "pr", "ns/pr-1", "ns/main")
 	if took := time.Since(start); took < fallbackLockWait || took > 3*fallbackLockWait {

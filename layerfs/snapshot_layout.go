@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/layercache/layercache/layerfs/flock"
 	"github.com/layercache/layercache/layerfs/ondisk"
 	"github.com/layercache/layercache/layerfs/snapshot"
+	"github.com/layercache/layercache/layerfs/tree"
 )
 
 // The snapshot layout: a cache is one read-only btrfs subvolume, its head
@@ -65,11 +67,11 @@ func (s *Store) ensureSnapshotArea(ctx context.Context) error {
 	if s.snapshots.Ready() {
 		return nil
 	}
-	l, err := lockFile(ctx, filepath.Join(s.locksDir(), "snapshot-area"), false)
+	l, err := flock.Acquire(ctx, filepath.Join(s.locksDir(), "snapshot-area"), false)
 	if err != nil {
 		return err
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	return s.snapshots.Prepare()
 }
 
@@ -244,7 +246,7 @@ func (s *Store) moveSnapshotControlAside(id, path string) error {
 		if err := os.Mkdir(tmp, 0o700); err != nil {
 			return err
 		}
-		if err := copyTree(dir, tmp, nil); err != nil {
+		if err := tree.Copy(dir, tmp, nil); err != nil {
 			return fmt.Errorf("copy the control directory %s aside: %w", ControlDir, err)
 		}
 		if err := ondisk.SyncFS(tmp); err != nil {
@@ -288,7 +290,7 @@ func (s snapshotLayout) sweep(ctx context.Context) (sweepResult, error) {
 	if err != nil {
 		return res, err
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	gens, vols, err := s.snapshotRefs()
 	if err != nil {
 		return res, err

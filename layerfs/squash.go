@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/overlay"
+	"github.com/layercache/layercache/layerfs/tree"
 )
 
 // Squash merges a cache's layers into one when the head is deeper than
@@ -42,7 +44,7 @@ func (s *Store) squash(ctx context.Context, cache CacheRef, maxLayers int) (res 
 	if err != nil {
 		return res, err
 	}
-	defer storeLock.unlock()
+	defer storeLock.Unlock()
 	if err := s.endLandedVolumes(ctx, cache); err != nil {
 		return res, fmt.Errorf("squash cache %s: %w", cache, err)
 	}
@@ -129,7 +131,7 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 	if err := s.readyLayers(ids); err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
-	if err := (mountSpec{Lower: s.lowerDirs(ids)}).mount(view); err != nil {
+	if err := (overlay.Spec{Lower: s.lowerDirs(ids)}).Mount(view); err != nil {
 		return layer, fmt.Errorf("squash %s: mount its layers read-only: %w", cache, err)
 	}
 	defer ondisk.Unmount(view)
@@ -146,7 +148,7 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 	report := func(done int64) {
 		s.progress(Progress{Op: "squash", Cache: cache.String(), Done: done})
 	}
-	if err := copyTree(view, tmp, report); err != nil {
+	if err := tree.Copy(view, tmp, report); err != nil {
 		return layer, fmt.Errorf("squash %s: copy merged view: %w", cache, err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -155,7 +157,7 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 	if err := ondisk.SyncFS(tmp); err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
-	bytes, files, err := diskUsage(tmp)
+	bytes, files, err := tree.DiskUsage(tmp)
 	if err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}

@@ -10,7 +10,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/layercache/layercache/layerfs/flock"
 	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/overlay"
 	"github.com/layercache/layercache/layerfs/snapshot"
 )
 
@@ -20,10 +22,10 @@ type Store struct {
 	opts Options
 	// snapshots is the btrfs area of the snapshot layout (snapshot.go).
 	snapshots *snapshot.Area
-	// syncs shares syncfs between concurrent commits (syncgroup.go).
-	syncs syncGroup
-	// cacheGates queues this process's waiters for a cache's lock (lock.go).
-	cacheGates lockGates
+	// syncs shares syncfs between concurrent commits.
+	syncs ondisk.SyncGroup
+	// cacheGates queues this process's waiters for a cache's lock.
+	cacheGates flock.Gates
 }
 
 // Open prepares the store's directories under opts.Root and proves with a
@@ -47,8 +49,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.SnapshotImageBytes < 0 {
 		return nil, fmt.Errorf("snapshot image size %d is negative: use a number of bytes, or 0 for the default %d", opts.SnapshotImageBytes, int64(DefaultSnapshotImageBytes))
 	}
-	if opts.MaxLayers >= maxOverlayDepth {
-		return nil, fmt.Errorf("max layers %d is too deep: overlayfs stacks at most %d layers; use a value below that", opts.MaxLayers, maxOverlayDepth)
+	if opts.MaxLayers >= overlay.MaxDepth {
+		return nil, fmt.Errorf("max layers %d is too deep: overlayfs stacks at most %d layers; use a value below that", opts.MaxLayers, overlay.MaxDepth)
 	}
 	opts.Root = root
 	s := &Store{root: root, opts: opts}
@@ -107,9 +109,9 @@ func (s *Store) probe(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	proof := probeProof{Kernel: kernelRelease(), Filesystem: ondisk.FSTypeName(s.root)}
-	err = probeOverlay(ctx, s.tmpDir())
+	err = overlay.Probe(ctx, s.tmpDir())
 	var earlier probeProof
 	switch {
 	case err == nil:
@@ -164,17 +166,17 @@ func (s *Store) headPath(c CacheRef) string { return filepath.Join(s.cacheDir(c)
 // layers (mount, commit, squash) and exclusive for the sweep that deletes
 // unreferenced layers, so a layer is never deleted between being created or
 // chosen and being recorded. Order: store, volume, cache.
-func (s *Store) lockStore(ctx context.Context, exclusive bool) (*fileLock, error) {
-	return lockFile(ctx, filepath.Join(s.locksDir(), "store"), !exclusive)
+func (s *Store) lockStore(ctx context.Context, exclusive bool) (*flock.Lock, error) {
+	return flock.Acquire(ctx, filepath.Join(s.locksDir(), "store"), !exclusive)
 }
 
-func (s *Store) lockVolume(ctx context.Context, id string) (*fileLock, error) {
-	return lockFile(ctx, filepath.Join(s.locksDir(), "volume-"+id), false)
+func (s *Store) lockVolume(ctx context.Context, id string) (*flock.Lock, error) {
+	return flock.Acquire(ctx, filepath.Join(s.locksDir(), "volume-"+id), false)
 }
 
-func (s *Store) lockCache(ctx context.Context, c CacheRef) (*fileLock, error) {
+func (s *Store) lockCache(ctx context.Context, c CacheRef) (*flock.Lock, error) {
 	// '_' cannot occur in a DNS-1123 label, so the name is unambiguous.
-	return s.cacheGates.lock(ctx, filepath.Join(s.locksDir(), "cache-"+c.Namespace+"_"+c.Name))
+	return s.cacheGates.Acquire(ctx, filepath.Join(s.locksDir(), "cache-"+c.Namespace+"_"+c.Name))
 }
 
 func (s *Store) progress(p Progress) {

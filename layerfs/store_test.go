@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/overlay"
 )
 
 func TestCommitsStackPerFile(t *testing.T) {
@@ -367,8 +369,8 @@ func TestOpenRefusesRootThatCannotHostOverlay(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	spec := mountSpec{Lower: []string{filepath.Join(base, "l")}, Upper: filepath.Join(base, "u"), Work: filepath.Join(base, "w")}
-	if err := spec.mount(filepath.Join(base, "m")); err != nil {
+	spec := overlay.Spec{Lower: []string{filepath.Join(base, "l")}, Upper: filepath.Join(base, "u"), Work: filepath.Join(base, "w")}
+	if err := spec.Mount(filepath.Join(base, "m")); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unmountAll(base) })

@@ -117,7 +117,7 @@ func (s *Store) sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 	if err != nil {
 		return res, err
 	}
-	defer storeLock.unlock()
+	defer storeLock.Unlock()
 	// A sync may take layers out of the head, as a squash does.
 	if err := s.endLandedVolumes(ctx, cache); err != nil {
 		return res, fmt.Errorf("sync cache %s: %w", cache, err)

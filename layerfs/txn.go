@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/layercache/layercache/layerfs/flock"
 	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
@@ -76,7 +77,7 @@ func (t *txn) lockAndRead(ctx context.Context, sc scope) (err error) {
 		if err != nil {
 			return err
 		}
-		t.locks = append(t.locks, l.unlock)
+		t.locks = append(t.locks, l.Unlock)
 	}
 	if sc.volume != "" {
 		l, err := t.s.lockVolume(ctx, sc.volume)
@@ -127,12 +128,12 @@ func (t *txn) snapshot() (err error) {
 	return err
 }
 
-func unlockUnless(l *fileLock, keep bool) {
+func unlockUnless(l *flock.Lock, keep bool) {
 	if keep {
-		l.unlock()
+		l.Unlock()
 		return
 	}
-	l.removeAndUnlock()
+	l.RemoveAndUnlock()
 }
 
 // save writes what changed since the last read or save: the head first,

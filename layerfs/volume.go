@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/overlay"
 	"github.com/layercache/layercache/layerfs/snapshot"
 )
 
@@ -53,8 +54,8 @@ func (s *Store) controlAside(id string) string { return filepath.Join(s.volumeDi
 // upperDir is where the volume's build writes.
 func (s *Store) upperDir(r *volumeRecord) string { return s.layoutOf(r.Layout).upperDir(r) }
 
-func (s *Store) volumeSpec(r *volumeRecord) mountSpec {
-	return mountSpec{
+func (s *Store) volumeSpec(r *volumeRecord) overlay.Spec {
+	return overlay.Spec{
 		Lower: s.lowerDirs(r.Layers), Upper: s.upperDir(r), Work: s.workDir(r.ID),
 		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices,
 	}
@@ -196,19 +197,4 @@ func (s *Store) MountCommand(ctx context.Context, volumeID string) (string, erro
 		return "", err
 	}
 	return s.layoutOf(r.Layout).mountCommand(r), nil
-}
-
-// resetDir empties dir, keeping dir itself. It reads dirChunk names at a
-// time (a torn upper layer may hold a huge directory) and removes only
-// names it has read, which readdir returns once each however the directory
-// changes meanwhile.
-func resetDir(dir string) error {
-	d, err := openDir(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return forEachName(d, dir, func(name string) error {
-		return os.RemoveAll(filepath.Join(dir, name))
-	})
 }
