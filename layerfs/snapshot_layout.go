@@ -20,9 +20,9 @@ import (
 // whatever the cache's size. Its record's Upper names the generation a
 // commit will make of it, so a landed commit is recognised as overlay's
 // are (landedIn). The subvolumes themselves are package snapshot's; this
-// file keeps the records and heads that name them. A subvolume exists iff
-// a head or a volume record names it; the sweep (snapshotLayout.sweep) deletes
-// the rest, which is how a crash between two steps is undone.
+// file keeps the records and heads that name them. A subvolume exists
+// iff a head or a volume record names it; the sweep (snapshotLayout.sweep)
+// deletes the rest, which is how a crash between two steps is undone.
 
 // DefaultSnapshotImageBytes is the size of the sparse btrfs image made
 // for snapshot caches on a root that is not btrfs.
