@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/internal/benchsize"
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Each benchmark measures layercache and its baseline in the same run and
@@ -408,7 +409,7 @@ func BenchmarkSync(b *testing.B) {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			b.Fatalf("tar -x: %v\n%s", err, out)
 		}
-		must(b, syncFS(dir))
+		must(b, ondisk.SyncFS(dir))
 	}
 	unix.Sync()
 	for b.Loop() {

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sort"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Remove deletes a cache. Volumes that use it keep their layers until they
@@ -39,7 +41,7 @@ func (s *Store) removeCacheFiles(cache CacheRef) error {
 	if err := os.Remove(s.headPath(cache)); err != nil {
 		return fmt.Errorf("remove cache %s: %w", cache, err)
 	}
-	syncDir(s.cacheDir(cache))
+	ondisk.SyncDir(s.cacheDir(cache))
 	os.RemoveAll(s.cacheDir(cache))
 	os.Remove(filepath.Dir(s.cacheDir(cache))) // the namespace dir, if now empty
 	return nil

@@ -100,7 +100,7 @@ func (s *Store) SetLayerDigest(ctx context.Context, cache CacheRef, layerID, dig
 		if t.Head == nil {
 			return fmt.Errorf("cache %s: %w", cache, ErrNotFound)
 		}
-		if err := errIfSnapshot(t.Head, "publish"); err != nil {
+		if err := s.refuseRegistry(t.Head, "publish"); err != nil {
 			return err
 		}
 		i := t.Head.layerIndex(layerID)

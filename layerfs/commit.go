@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Commit unmounts the volume and makes its upper directory, which already
@@ -25,7 +25,7 @@ func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, erro
 	}
 	var res CommitResult
 	var ended *volumeRecord
-	var oldHead string // a snapshot cache's generation before the commit
+	var replaced string // the head's newest layer before the commit
 	err := s.transact(ctx, scope{store: true, volume: volumeID, cacheLater: true}, func(t *txn) error {
 		r := t.Volume
 		switch {
@@ -49,7 +49,7 @@ func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, erro
 		}
 		ended = t.Volume
 		if t.Head != nil && len(t.Head.Layers) > 0 {
-			oldHead = t.Head.Layers[0].ID
+			replaced = t.Head.Layers[0].ID
 		}
 		res, err = s.commitLocked(t, sealed)
 		return err
@@ -57,12 +57,7 @@ func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, erro
 	if err != nil {
 		return res, err
 	}
-	if ended.Layout == LayoutSnapshot {
-		s.endSnapshotVolume(ended, oldHead)
-	}
-	if res.Layer == "" {
-		os.RemoveAll(s.layerDir(ended.Upper)) // named by nothing now; else the sweep removes it
-	}
+	s.layoutOf(ended.Layout).end(ended, replaced, res.Layer != "")
 	s.sweepIfOrphaned(ended)
 	return res, nil
 }
@@ -73,13 +68,13 @@ type sealResult struct {
 	err   error      // an *overLimitError, the only error that is kept
 }
 
-// sealEarly seals an overlay volume before its cache is locked; nil if
-// this volume is sealed under the cache's lock instead (a snapshot
-// volume, a torn one, one whose layer has landed already). On an error
-// the volume is remounted.
+// sealEarly seals a volume before its cache is locked; nil if this
+// volume is sealed under the cache's lock instead (one whose layout
+// seals under it, a torn one, one whose layer has landed already). On
+// an error the volume is remounted.
 func (s *Store) sealEarly(t *txn) (*sealResult, error) {
 	r := t.Volume
-	if r.Layout == LayoutSnapshot || r.Torn {
+	if !s.layoutOf(r.Layout).sealsUnlocked() || r.Torn {
 		return nil, nil
 	}
 	// Peeked without the cache's lock: only a commit of this volume,
@@ -87,7 +82,7 @@ func (s *Store) sealEarly(t *txn) (*sealResult, error) {
 	if h, err := s.readHead(r.Cache); err == nil && r.landedIn(h) {
 		return nil, nil
 	}
-	layer, err := s.seal(r)
+	layer, err := s.layoutOf(r.Layout).seal(r)
 	var over *overLimitError
 	if err != nil && !errors.As(err, &over) {
 		return nil, s.remountAfter(t, err)
@@ -118,10 +113,8 @@ func (s *Store) commitLocked(t *txn, sealed *sealResult) (CommitResult, error) {
 	switch {
 	case sealed != nil:
 		layer, err = sealed.layer, sealed.err
-	case r.Layout == LayoutSnapshot:
-		layer, err = s.sealSnapshot(r)
 	default:
-		layer, err = s.seal(r)
+		layer, err = s.layoutOf(r.Layout).seal(r)
 	}
 	var over *overLimitError
 	if errors.As(err, &over) {
@@ -138,74 +131,6 @@ func (s *Store) commitLocked(t *txn, sealed *sealResult) (CommitResult, error) {
 		return CommitResult{}, err
 	}
 	return res, nil
-}
-
-// seal unmounts the volume and readies its upper directory to be a layer:
-// the control directory moved aside, the data on disk, the size measured.
-// layer is nil for a volume without changes.
-func (s *Store) seal(r *volumeRecord) (layer *LayerInfo, err error) {
-	if err := unmount(r.MergedPath); err != nil {
-		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
-	}
-	upper := s.upperDir(r)
-	if err := s.moveControlAside(r.ID, upper); err != nil {
-		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
-	}
-	if empty, err := upperIsEmpty(upper); err != nil || empty {
-		return nil, err
-	}
-	// The volume was mounted volatile: its data reaches the disk here,
-	// before the head points at it. One syncfs beats an fsync per file
-	// for the thousands of small files a build writes, and concurrent
-	// commits share it.
-	if err := s.syncs.sync(upper); err != nil {
-		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
-	}
-	if err := s.clearVolatileMarker(r.ID); err != nil {
-		return nil, fmt.Errorf("commit volume %q: %w", r.ID, err)
-	}
-	bytes, files, err := diskUsage(upper)
-	if err != nil {
-		return nil, fmt.Errorf("commit volume %q: measure upper layer: %w", r.ID, err)
-	}
-	if r.LimitBytes > 0 && bytes > r.LimitBytes {
-		return nil, &overLimitError{bytes: bytes, limit: r.LimitBytes}
-	}
-	return &LayerInfo{ID: r.Upper, Bytes: bytes, Files: files, Created: time.Now().UTC()}, nil
-}
-
-// clearVolatileMarker removes the kernel's mark of a volatile mount, once
-// the upper layer is on disk: a remount after a crash from here on must not
-// take the synced layer for torn (see checkTorn).
-func (s *Store) clearVolatileMarker(id string) error {
-	marker := s.volatileMarker(id)
-	if !exists(marker) {
-		return nil
-	}
-	faultPoint()
-	if err := os.RemoveAll(marker); err != nil {
-		return fmt.Errorf("remove the volatile mount marker: %w", err)
-	}
-	return syncDir(filepath.Dir(marker))
-}
-
-// moveControlAside moves the upper directory's control directory next to
-// the volume's record, durably, rather than deleting it: a crash before
-// the head is written leaves the volume with the markers that decided to
-// commit it (HasControlFile still finds them), and none inside the layer.
-// A retry finds the first markers already aside and drops the new ones.
-func (s *Store) moveControlAside(id, upper string) error {
-	dir := filepath.Join(upper, ControlDir)
-	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if !exists(s.controlAside(id)) {
-		if err := renameDurable(dir, s.controlAside(id)); err != nil {
-			return fmt.Errorf("move the control directory %s aside: %w", ControlDir, err)
-		}
-		return nil
-	}
-	return stripControlDir(upper)
 }
 
 // land appends the sealed layer to the head and removes the volume, in one
@@ -229,13 +154,9 @@ func (s *Store) land(t *txn, layer *LayerInfo) (CommitResult, error) {
 		res.Dropped = true
 		return res, t.save()
 	}
-	faultPoint() // the layer is sealed, the head not yet written
+	ondisk.FaultPoint() // the layer is sealed, the head not yet written
 	if layer != nil {
-		h.push(*layer, r)
-		if h.Layout == LayoutSnapshot {
-			h.Layers = h.Layers[:1] // one generation holds the whole cache
-			h.Qgroups = s.lineage(h, r)
-		}
+		s.layoutOf(h.Layout).push(h, *layer, r)
 		res.Layer, res.Bytes = layer.ID, layer.Bytes
 	}
 	res.Generation = h.Generation
@@ -265,7 +186,7 @@ func (h *head) push(layer LayerInfo, r *volumeRecord) {
 // discardInstead ends a volume that may not be committed as Discard does,
 // and sets res.Generation to the cache's as it stands.
 func (s *Store) discardInstead(t *txn, res *CommitResult) error {
-	if err := unmount(t.Volume.MergedPath); err != nil {
+	if err := ondisk.Unmount(t.Volume.MergedPath); err != nil {
 		return fmt.Errorf("discard volume %q: %w", t.Volume.ID, err)
 	}
 	if t.Head != nil {
@@ -292,7 +213,7 @@ func (s *Store) Discard(ctx context.Context, volumeID string) error {
 		if t.Volume == nil {
 			return fmt.Errorf("volume %q: %w", volumeID, ErrNotFound)
 		}
-		if err := unmount(t.Volume.MergedPath); err != nil {
+		if err := ondisk.Unmount(t.Volume.MergedPath); err != nil {
 			return fmt.Errorf("discard volume %q: %w", volumeID, err)
 		}
 		ended, t.Volume = t.Volume, nil
@@ -301,11 +222,7 @@ func (s *Store) Discard(ctx context.Context, volumeID string) error {
 	if err != nil {
 		return err
 	}
-	if ended.Layout == LayoutSnapshot {
-		s.endSnapshotVolume(ended, "")
-	} else if ended.Upper != "" {
-		os.RemoveAll(s.layerDir(ended.Upper)) // named by nothing now; else the sweep removes it
-	}
+	s.layoutOf(ended.Layout).end(ended, "", false)
 	s.sweepIfOrphaned(ended)
 	return nil
 }

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // ControlDir is the directory at a volume's root through which a build
@@ -69,11 +70,11 @@ func stripControlDir(upper string) error {
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove the control directory %s: %w", ControlDir, err)
 	}
-	return syncDir(upper)
+	return ondisk.SyncDir(upper)
 }
 
 // HasChanges tells whether a volume's build has written anything that a
@@ -86,30 +87,5 @@ func (s *Store) HasChanges(ctx context.Context, volumeID string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if r.Layout == LayoutSnapshot {
-		return s.snapshotChanged(r)
-	}
-	empty, err := upperIsEmpty(s.upperDir(r))
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	return !empty, err
-}
-
-// upperIsEmpty reports whether an upper layer holds nothing but the control
-// directory: such a volume commits no layer.
-func upperIsEmpty(upper string) (bool, error) {
-	f, err := os.Open(upper)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	names, err := f.Readdirnames(2)
-	if errors.Is(err, io.EOF) {
-		return true, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return len(names) == 1 && names[0] == ControlDir, nil
+	return s.layoutOf(r.Layout).changed(r)
 }

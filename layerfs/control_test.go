@@ -114,7 +114,7 @@ func TestControlFilesSurviveAnInterruptedCommit(t *testing.T) {
 	writeFile(t, filepath.Join(merged, ControlDir, "commit"), "")
 	r, err := s.readVolume("v")
 	must(t, err)
-	_, err = s.seal(r) // where a crash could stop the commit
+	_, err = overlayLayout{s}.seal(r) // where a crash could stop the commit
 	must(t, err)
 	if _, err := s.Recover(ctx); err != nil {
 		t.Fatal(err)

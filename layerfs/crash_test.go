@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // The crash tests run an operation in a child process (this test binary,
@@ -91,7 +93,7 @@ var crashOps = []crashOp{
 			fixTimes(t, merged)
 			r, err := s.readVolume("pending")
 			must(t, err)
-			_, err = s.seal(r)
+			_, err = overlayLayout{s}.seal(r)
 			must(t, err)
 		},
 		run: func(ctx context.Context, s *Store) error {
@@ -143,7 +145,7 @@ var crashOps = []crashOp{
 func crashChild(opName string) int {
 	at, _ := strconv.Atoi(os.Getenv(envCrashAt))
 	steps := 0
-	faultPoint = func() {
+	ondisk.FaultPoint = func() {
 		steps++
 		if steps == at {
 			unix.Kill(os.Getpid(), unix.SIGKILL)

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // deepDepth nests directories past PATH_MAX (4096): 2,100 levels of "d/".
@@ -59,7 +61,7 @@ func readDeep(t testing.TB, root string) string {
 }
 
 // Issue 8, item 6: a tree 2,100 directories deep could not be measured
-// ("file name too long" in diskUsage), so its commit failed on every retry,
+// ("file name too long" in tree.DiskUsage), so its commit failed on every retry,
 // and each failure left the volume unmounted. Walks use directory file
 // descriptors now, so depth does not matter: commit, squash (copy), GC
 // and discard (removal) all handle the tree.
@@ -70,7 +72,7 @@ func TestDeepTreeCannotBeMeasured(t *testing.T) {
 	mkDeep(t, merged, "bottom")
 	res, err := s.Commit(ctx, "deep")
 	if err != nil {
-		if !isMountPoint(merged) {
+		if !ondisk.IsMountPoint(merged) {
 			t.Error("the failed commit left the volume unmounted")
 		}
 		t.Fatalf("Commit of a %d-deep tree: %v", deepDepth, err)
@@ -113,11 +115,11 @@ func TestFailedCommitLeavesVolumeUnmounted(t *testing.T) {
 	writeFile(t, filepath.Join(merged, "f"), "kept")
 	r, err := s.readVolume("v")
 	must(t, err)
-	must(t, unmount(merged)) // what a commit does before it fails
+	must(t, ondisk.Unmount(merged)) // what a commit does before it fails
 	if err := s.ensureMounted(&txn{s: s, Volume: r, volID: "v"}); err != nil {
 		t.Fatal(err)
 	}
-	if !isMountPoint(merged) || readFile(t, filepath.Join(merged, "f")) != "kept" {
+	if !ondisk.IsMountPoint(merged) || readFile(t, filepath.Join(merged, "f")) != "kept" {
 		t.Fatal("the volume was not remounted with its data")
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Issue 8, item 5: Recover remounted volumes from a list read before it
@@ -31,7 +33,7 @@ func TestRecoverResurrectsDiscardedVolume(t *testing.T) {
 	if err := s.recoverVolume(ctx, recs[0], &res); err != nil {
 		t.Errorf("recover a volume discarded meanwhile: %v, want it skipped", err)
 	}
-	if _, err := s.Volume(ctx, "v"); !errors.Is(err, ErrNotFound) || isMountPoint(merged) {
+	if _, err := s.Volume(ctx, "v"); !errors.Is(err, ErrNotFound) || ondisk.IsMountPoint(merged) {
 		t.Fatalf("a discarded volume was resurrected: %+v (err %v)", res, err)
 	}
 }
@@ -66,7 +68,7 @@ func TestRecoverDiscardConcurrently(t *testing.T) {
 		if discardErr != nil {
 			t.Fatalf("try %d: Discard: %v", i, discardErr)
 		}
-		if _, err := s.Volume(ctx, id); !errors.Is(err, ErrNotFound) || isMountPoint(merged) {
+		if _, err := s.Volume(ctx, id); !errors.Is(err, ErrNotFound) || ondisk.IsMountPoint(merged) {
 			resurrected++
 			s.Discard(ctx, id)
 		}

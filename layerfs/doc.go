@@ -27,8 +27,10 @@
 // volume's merged path, and a commit is a read-only snapshot of the volume
 // that replaces the head (whole-volume last writer wins); size limits are
 // qgroup limits, enforced as the build writes. Subvolumes and qgroups are
-// made with ioctls (btrfs_linux.go, loop_linux.go); snapshot caches have
-// no registry sync (ErrSnapshotUnsupported) and nothing to squash.
+// made with ioctls (package layerfs/snapshot); snapshot caches have
+// no registry sync (ErrSnapshotUnsupported) and nothing to squash. Each
+// layout is a volumeLayout (layouts.go); the store picks a cache's in one
+// place (layoutOf) and asks it for everything the layouts do differently.
 //
 // The directories are root-only (0700): layer roots may be world-writable
 // and their paths are public in /proc/*/mountinfo.
@@ -43,7 +45,7 @@
 // lock, and its cache's lock is taken only to write the head; the syncfs
 // that puts a volume's data on disk before its head names it is shared
 // with the commits in flight (one that starts after a commit's writes
-// covers them: syncgroup.go); and a process's waiters for a cache's lock
+// covers them: ondisk.SyncGroup); and a process's waiters for a cache's lock
 // queue in memory ahead of the flock, so the lock passes on at once.
 //
 // Store methods (see store.go and friends):

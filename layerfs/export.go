@@ -27,7 +27,7 @@ func (s *Store) ExportLayer(ctx context.Context, cache CacheRef, layerID string,
 	if err != nil {
 		return err
 	}
-	defer storeLock.unlock()
+	defer storeLock.Unlock()
 	if err := s.checkInHead(ctx, cache, layerID); err != nil {
 		return err
 	}
@@ -69,7 +69,7 @@ func (s *Store) checkInHead(ctx context.Context, cache CacheRef, layerID string)
 	if err != nil {
 		return fmt.Errorf("export layer %s: cache %s: %w", layerID, cache, err)
 	}
-	if err := errIfSnapshot(h, "export"); err != nil {
+	if err := s.refuseRegistry(h, "export"); err != nil {
 		return err
 	}
 	if !h.hasLayer(layerID) {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Issue 8, item 2: on a full disk Open failed (its probe creates a
@@ -36,13 +38,13 @@ func TestFullDiskStopsStore(t *testing.T) {
 	// The disk fills up between sealing the volume's upper layer and
 	// writing the cache head.
 	var filler string
-	faultPoint = func() {
-		if filler == "" && exists(s.volumePath("keep")) && !isMountPoint(keep) && !exists(s.volatileMarker("keep")) {
+	ondisk.FaultPoint = func() {
+		if filler == "" && ondisk.Exists(s.volumePath("keep")) && !ondisk.IsMountPoint(keep) && !ondisk.Exists(overlayLayout{s}.volatileMarker("keep")) {
 			filler = fillDisk(t, filepath.Dir(root))
 		}
 	}
 	_, err := s.Commit(ctx, "keep")
-	faultPoint = func() {}
+	ondisk.FaultPoint = func() {}
 	if err == nil || !strings.Contains(err.Error(), "no space left") {
 		t.Fatalf("Commit on a full disk: %v, want ENOSPC", err)
 	}
@@ -116,7 +118,7 @@ func TestRecoverStopsAtFirstFailingVolume(t *testing.T) {
 	if len(res.Failed) != 1 || res.Failed[0].Volume != "a-broken" || res.Failed[0].Err == nil {
 		t.Errorf("Failed = %+v, want a-broken", res.Failed)
 	}
-	if !isMountPoint(ok) {
+	if !ondisk.IsMountPoint(ok) {
 		t.Error("b-ok is not mounted")
 	}
 }

@@ -10,11 +10,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/tree"
 )
 
 // GC removes caches unused for longer than opts.MaxAge, then the least
 // recently used caches while the store holds more than opts.MaxBytes or
-// the filesystem they live on (spaceOf) has less free space than
+// the filesystem they live on (volumeLayout.space) has less free space than
 // opts.MinFreeBytes or opts.MinFreePercent, then every layer no cache or
 // volume references.
 // Caches a writable volume uses are kept; that is decided under each
@@ -35,7 +38,7 @@ func (s *Store) GC(ctx context.Context, opts GCOptions) (GCResult, error) {
 	for i, c := range infos {
 		expired := opts.MaxAge > 0 && now.Sub(c.LastUsed) > opts.MaxAge
 		over := opts.MaxBytes > 0 && size.total > opts.MaxBytes
-		low, err := s.lowOnSpace(opts, s.spaceOf(c.Layout))
+		low, err := s.lowOnSpace(opts, s.layoutOf(c.Layout).space())
 		if err != nil {
 			return res, err
 		}
@@ -112,17 +115,6 @@ func (o GCOptions) validate() error {
 	return nil
 }
 
-// spaceOf is where caches of layout take their space: the store root's
-// filesystem, or for snapshot caches the btrfs area, which is the image's
-// own filesystem when the root is not btrfs. An image runs short on its
-// own, however much the host has free, and only its caches can help.
-func (s *Store) spaceOf(layout Layout) string {
-	if layout.orDefault() == LayoutSnapshot {
-		return s.snapshotDir()
-	}
-	return s.root
-}
-
 // lowOnSpace tells whether the filesystem of path has less free space (for
 // root: statfs f_bavail) than opts ask for.
 func (s *Store) lowOnSpace(opts GCOptions, path string) (bool, error) {
@@ -144,31 +136,18 @@ type sweepResult struct {
 	FreedBytes    int64
 }
 
-// sweepLayers removes every directory under layers/ that no head and no
-// volume references, including temp dirs of crashed builds. It holds the
-// store lock exclusively only while it moves them aside; deleting their
-// contents happens after.
+// sweepLayers sweeps every layout (volumeLayout.sweep). One that cannot
+// delete something never keeps the others from deleting theirs.
 func (s *Store) sweepLayers(ctx context.Context) (sweepResult, error) {
 	var res sweepResult
-	trash, err := s.moveUnreferenced(ctx)
-	if err != nil {
-		return res, err
+	var errs []error
+	for _, l := range s.layouts() {
+		swept, err := l.sweep(ctx)
+		res.RemovedLayers += swept.RemovedLayers
+		res.FreedBytes += swept.FreedBytes
+		errs = append(errs, err)
 	}
-	var errs []error // one that cannot go never keeps the rest
-	for i, dir := range trash {
-		bytes := onDisk(dir)
-		if err := os.RemoveAll(dir); err != nil {
-			errs = append(errs, fmt.Errorf("remove unreferenced layer: %w", err))
-			continue
-		}
-		res.RemovedLayers++
-		res.FreedBytes += bytes
-		s.progress(Progress{Op: "gc", Done: int64(i + 1), Total: int64(len(trash))})
-	}
-	snaps, err := s.sweepSnapshots(ctx)
-	res.RemovedLayers += snaps.RemovedLayers
-	res.FreedBytes += snaps.FreedBytes
-	return res, errors.Join(append(errs, err)...)
+	return res, errors.Join(errs...)
 }
 
 func (s *Store) moveUnreferenced(ctx context.Context) ([]string, error) {
@@ -176,7 +155,7 @@ func (s *Store) moveUnreferenced(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	refs, err := s.referencedLayers()
 	if err != nil {
 		return nil, err
@@ -198,7 +177,7 @@ func onDisk(path string) int64 {
 	if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
 		return st.Blocks * 512
 	}
-	bytes, _, _ := diskUsage(path)
+	bytes, _, _ := tree.DiskUsage(path)
 	return bytes
 }
 
@@ -216,11 +195,11 @@ func (s *Store) moveAside(dir string, refs map[string]bool) ([]string, error) {
 			continue
 		}
 		src := filepath.Join(dir, e.Name())
-		if err := unmount(src); err != nil {
+		if err := ondisk.Unmount(src); err != nil {
 			return trash, fmt.Errorf("unmount unreferenced layer %s: %w", e.Name(), err)
 		}
 		dst := filepath.Join(s.tmpDir(), "trash-"+filepath.Base(dir)+"-"+e.Name())
-		faultPoint()
+		ondisk.FaultPoint()
 		if err := os.Rename(src, dst); err != nil {
 			return trash, fmt.Errorf("move unreferenced layer %s aside: %w", e.Name(), err)
 		}

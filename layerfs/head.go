@@ -3,6 +3,8 @@ package layerfs
 import (
 	"os"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // head is a cache's state: caches/<namespace>/<name>/head.json. It is the
@@ -75,7 +77,7 @@ func (s *Store) writeHead(h *head) error {
 	if err := os.MkdirAll(s.cacheDir(h.Cache), 0o711); err != nil {
 		return err
 	}
-	return writeJSONAtomic(s.headPath(h.Cache), h)
+	return ondisk.WriteJSONAtomic(s.headPath(h.Cache), h)
 }
 
 func (s *Store) lowerDirs(ids []string) []string {

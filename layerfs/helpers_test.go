@@ -98,7 +98,7 @@ func assertMissing(t testing.TB, path string) {
 	}
 }
 
-// view mounts a fresh volume of cache, snapshots it and discards it.
+// view mounts a fresh volume of cache, describes its tree and discards it.
 func view(t testing.TB, s *Store, cache string) map[string]string {
 	t.Helper()
 	id := "view-" + randomID()
@@ -107,17 +107,17 @@ func view(t testing.TB, s *Store, cache string) map[string]string {
 		t.Fatalf("Mount(%s, %s): %v", id, cache, err)
 	}
 	merged := v.MergedPath
-	snap := snapshot(t, merged)
+	snap := describeTree(t, merged)
 	if err := s.Discard(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
 	return snap
 }
 
-// snapshot describes every entry of a tree: type, mode, owner, size,
+// describeTree describes every entry of a tree: type, mode, owner, size,
 // content hash, symlink target, device number, xattrs and hardlink group.
-// Two trees are equal for users exactly when their snapshots are.
-func snapshot(t testing.TB, root string) map[string]string {
+// Two trees are equal for users exactly when their descriptions are.
+func describeTree(t testing.TB, root string) map[string]string {
 	t.Helper()
 	snap := map[string]string{}
 	groups := map[uint64]string{} // inode -> first path, for hardlinks

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Issue 8, item 4: GC decided that a cache was unused from a List taken
@@ -39,7 +41,7 @@ func TestGCRemovesCacheInUse(t *testing.T) {
 			for i := range 3 {
 				id := fmt.Sprintf("v%d", i)
 				armed := true
-				faultPoint = func() { // the first durable step of the mount
+				ondisk.FaultPoint = func() { // the first durable step of the mount
 					if !armed {
 						return
 					}
@@ -51,7 +53,7 @@ func TestGCRemovesCacheInUse(t *testing.T) {
 					}
 				}
 				merged := mustMount(t, s, id, "ns/c")
-				faultPoint = func() {}
+				ondisk.FaultPoint = func() {}
 				writeFile(t, filepath.Join(merged, "f"), "x")
 				if res := mustCommit(t, s, id); res.Dropped {
 					t.Fatalf("commit %d was dropped by a %s during its mount; a volume in use must keep its cache", i, rm.name)
@@ -70,8 +72,8 @@ func TestRemoveIfUnusedConcurrentMounts(t *testing.T) {
 			s := newTestStore(t, Options{})
 			// Slow durable steps widen the window between a mount reading
 			// the head and recording its volume.
-			faultPoint = func() { time.Sleep(time.Millisecond) }
-			t.Cleanup(func() { faultPoint = func() {} })
+			ondisk.FaultPoint = func() { time.Sleep(time.Millisecond) }
+			t.Cleanup(func() { ondisk.FaultPoint = func() {} })
 			stop := make(chan struct{})
 			var (
 				wg       sync.WaitGroup

@@ -17,9 +17,9 @@ const (
 	// volume is a writable snapshot of it, so overlay-based storage
 	// (BuildKit, podman, Docker) can live in it, and a size limit is
 	// enforced live (a qgroup). Its subvolumes live in <root>/snapshot
-	// (snapshot_area.go). On a btrfs root, the first snapshot mount turns
+	// (package snapshot). On a btrfs root, the first snapshot mount turns
 	// quotas on for that whole filesystem (simple quotas where the kernel
-	// has them, see enableQuotas); quotas already on keep their mode.
+	// has them); quotas already on keep their mode.
 	LayoutSnapshot Layout = "snapshot"
 )
 
@@ -50,6 +50,11 @@ func (l Layout) orDefault() Layout {
 	}
 	return l
 }
+
+// seeds tells whether a new cache of layout l can start from a
+// fallback's layers (seed.go): they are overlay layers, which only an
+// overlay mount can stack.
+func (l Layout) seeds() bool { return l.orDefault() == LayoutOverlay }
 
 // checkLayout refuses to use a cache of one layout as the other.
 func checkLayout(cache CacheRef, has, want Layout) error {

@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Mount creates volume volumeID as a copy-on-write view of opts.Cache and
@@ -29,11 +30,11 @@ func (s *Store) Mount(ctx context.Context, volumeID string, opts MountOptions) (
 	}
 	var vol Volume
 	err := s.transact(ctx, scope{store: true, volume: volumeID, cache: opts.Cache}, func(t *txn) error {
-		if err := s.checkMountLayout(t, opts); err != nil {
+		if err := checkMountLayout(t, opts); err != nil {
 			return err
 		}
 		if t.Volume == nil {
-			if err := s.newVolume(t, volumeID, opts); err != nil {
+			if err := s.layoutOf(opts.Layout).create(t, volumeID, opts); err != nil {
 				return err
 			}
 		} else if t.Volume.Cache != opts.Cache {
@@ -112,57 +113,11 @@ func unixMode(m os.FileMode) uint32 {
 // unmounted the volume after the record was read.
 func (s *Store) ensureMounted(t *txn) error {
 	r := t.Volume
-	if isMountPoint(r.MergedPath) {
+	if ondisk.IsMountPoint(r.MergedPath) {
 		r.Mounted = true
 		return nil
 	}
-	if r.Layout == LayoutSnapshot {
-		return s.ensureSnapshotMounted(t)
-	}
-	if err := s.checkTorn(t); err != nil {
-		return fmt.Errorf("remount volume %q: %w", r.ID, err)
-	}
-	// A volatile overlay leaves a marker in its work directory, and the
-	// kernel refuses to mount over it until it is reset.
-	if err := resetDir(s.workDir(r.ID)); err != nil {
-		return fmt.Errorf("remount volume %q: reset work directory: %w", r.ID, err)
-	}
-	if err := s.readyLayers(r.Layers); err != nil {
-		return fmt.Errorf("remount volume %q: %w", r.ID, err)
-	}
-	if err := s.withReserve(func() error { return s.volumeSpec(r).mount(r.MergedPath) }); err != nil {
-		return fmt.Errorf("remount volume %q: %w", r.ID, err)
-	}
-	r.Mounted = true
-	return nil
-}
-
-// volatileMarker is what the kernel leaves in a volatile overlay's work
-// directory. It stays after a clean unmount too (Linux 6.18), so it alone
-// does not tell a crash; together with a different boot it does: the node
-// went down while the volume was mounted, and what the kernel had not yet
-// written of the upper layer is lost.
-func (s *Store) volatileMarker(id string) string {
-	return filepath.Join(s.workDir(id), "work", "incompat", "volatile")
-}
-
-// checkTorn finds a volume whose upper layer a crash may have torn, before
-// the remount erases the evidence. It records that first (atomically), then
-// empties the upper layer: the volume stays usable, but is never committed.
-func (s *Store) checkTorn(t *txn) error {
-	r := t.Volume
-	boot := bootID()
-	if r.BootID == boot || !exists(s.volatileMarker(r.ID)) {
-		return nil
-	}
-	r.Torn, r.BootID, r.Mounted = true, boot, false
-	if err := t.save(); err != nil {
-		return fmt.Errorf("record that its upper layer may be torn: %w", err)
-	}
-	if err := resetDir(s.upperDir(r)); err != nil {
-		return fmt.Errorf("empty its possibly torn upper layer: %w", err)
-	}
-	return nil
+	return s.layoutOf(r.Layout).remount(t)
 }
 
 // bootID names the running kernel's boot.
@@ -173,78 +128,6 @@ var bootID = sync.OnceValue(func() string {
 	}
 	return strings.TrimSpace(string(b))
 })
-
-// newVolume creates the volume's directories, its upper directory at its
-// home as a layer, records the volume, then mounts it; on any failure
-// nothing of it remains (a crash leaves what Recover and the sweep remove).
-func (s *Store) newVolume(t *txn, id string, opts MountOptions) (err error) {
-	if opts.Layout.orDefault() == LayoutSnapshot {
-		return s.newSnapshotVolume(t, id, opts)
-	}
-	seed, seedLayers, err := s.seedFor(t, opts)
-	if err != nil {
-		return fmt.Errorf("create volume %q: %w", id, err)
-	}
-	r := &volumeRecord{
-		Volume: Volume{
-			ID: id, Cache: opts.Cache, ReadOnly: opts.ReadOnly, Writer: opts.Writer,
-			Created: time.Now().UTC(), LimitBytes: opts.LimitBytes, MergedPath: s.mergedDir(id),
-			Labels: opts.Labels,
-		},
-		Upper: randomID(), BootID: bootID(),
-		RootMode: opts.Mode, RootUID: opts.UID, RootGID: opts.GID,
-		AllowSetuid: opts.AllowSetuid, AllowDevices: opts.AllowDevices,
-	}
-	if seed != nil {
-		t.seedVolume(r, seed, seedLayers)
-	} else {
-		t.touchHead()
-		r.BaseGeneration, r.Layers, r.CacheUID = t.Head.Generation, t.Head.layerIDs(), t.Head.UID
-	}
-	defer func() {
-		if err != nil {
-			unmount(r.MergedPath)
-			t.Volume = nil
-			t.save() // best effort; Recover removes what is left
-			os.RemoveAll(s.layerDir(r.Upper))
-			os.RemoveAll(s.volumeDir(id))
-		}
-	}()
-	if err := s.makeVolumeDirs(r); err != nil {
-		return fmt.Errorf("create volume %q: %w", id, err)
-	}
-	t.Volume = r
-	if err := t.save(); err != nil {
-		return fmt.Errorf("create volume %q: %w", id, err)
-	}
-	if err := s.readyLayers(r.Layers); err != nil {
-		return fmt.Errorf("mount volume %q: %w", id, err)
-	}
-	if err := s.volumeSpec(r).mount(r.MergedPath); err != nil {
-		return fmt.Errorf("mount volume %q: %w", id, err)
-	}
-	r.Mounted = true
-	return nil
-}
-
-// makeVolumeDirs creates the volume's work and merged directories and its
-// upper directory, which takes the volume root's owner and mode (the
-// merged root shows the upper root's).
-func (s *Store) makeVolumeDirs(r *volumeRecord) error {
-	if err := s.freshVolumeDir(r.ID); err != nil {
-		return err
-	}
-	upper := s.upperDir(r)
-	for _, dir := range []string{s.workDir(r.ID), r.MergedPath, upper} {
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			return err
-		}
-	}
-	if err := os.Chown(upper, r.RootUID, r.RootGID); err != nil {
-		return err
-	}
-	return os.Chmod(upper, r.RootMode)
-}
 
 // lastUsedGranularity is how stale a cache's recorded last use may be.
 const lastUsedGranularity = time.Minute
@@ -265,7 +148,7 @@ func (t *txn) touchHead() {
 // freshVolumeDir creates volumes/<id>, after removing what a crash left of
 // an earlier volume of this name.
 func (s *Store) freshVolumeDir(id string) error {
-	if exists(s.volumeDir(id)) {
+	if ondisk.Exists(s.volumeDir(id)) {
 		if err := unmountAll(s.volumeDir(id)); err != nil {
 			return err
 		}

@@ -5,13 +5,15 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // ErrNotFound is returned (wrapped) for unknown volumes and caches.
 var ErrNotFound = errors.New("not found")
 
 // ErrBusy is returned (wrapped) when a volume's mount is still in use.
-var ErrBusy = errors.New("busy")
+var ErrBusy = ondisk.ErrBusy
 
 // ErrTooLarge is returned (wrapped) by Sync when a layer of the chain is
 // larger than SyncOptions.MaxLayerBytes: nothing of it stays on the node.

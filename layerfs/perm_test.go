@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // asUser runs a shell command as uid/gid 1000 with no supplementary groups
@@ -64,7 +66,7 @@ func TestLayersWorldWritable(t *testing.T) {
 	podDir := filepath.Join(publicDir(t), "volume")
 	must(t, os.Mkdir(podDir, 0o755))
 	must(t, unix.Mount(merged, podDir, "", unix.MS_BIND, ""))
-	t.Cleanup(func() { unmount(podDir) })
+	t.Cleanup(func() { ondisk.Unmount(podDir) })
 	if out, err := asUser(t, "echo from-pod > "+podDir+"/built && cat "+podDir+"/f"); err != nil || out != "x" {
 		t.Fatalf("uid 1000 cannot use the volume through a bind mount: %v: %s", err, out)
 	}
@@ -135,13 +137,13 @@ func TestUnmountAllSpaceInRoot(t *testing.T) {
 	if _, err := s.Recover(ctx); err != nil {
 		t.Fatalf("Recover under a root with a space: %v", err)
 	}
-	if isMountPoint(view) || exists(view) {
+	if ondisk.IsMountPoint(view) || ondisk.Exists(view) {
 		t.Error("the crashed squash's view is still there")
 	}
 	if err := unmountAll(s.Root()); err != nil {
 		t.Fatal(err)
 	}
-	if isMountPoint(s.mergedDir("v")) {
+	if ondisk.IsMountPoint(s.mergedDir("v")) {
 		t.Error("unmountAll left the volume mounted")
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"slices"
 
 	"github.com/moby/sys/mountinfo"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Recover repairs the store after a crash or reboot: it removes temp files
@@ -88,7 +90,7 @@ func (s *Store) removeTemp(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	var leftovers []string
 	for _, dir := range []string{s.layersDir(), s.volumesDir()} {
 		entries, err := os.ReadDir(dir)
@@ -127,11 +129,6 @@ func (s *Store) volumeEnded(id string) bool {
 	return errors.Is(err, ErrNotFound)
 }
 
-func exists(path string) bool {
-	_, err := os.Lstat(path)
-	return err == nil
-}
-
 // atomicWriteLeftovers finds .NAME.tmp-* files next to heads and volume
 // records.
 func (s *Store) atomicWriteLeftovers() []string {
@@ -158,7 +155,7 @@ func unmountAll(dir string) error {
 	// the stable sort keeps, so the last one stacked goes first.
 	slices.SortStableFunc(mounts, func(a, b *mountinfo.Info) int { return len(a.Mountpoint) - len(b.Mountpoint) })
 	for i := len(mounts) - 1; i >= 0; i-- {
-		if err := unmount(mounts[i].Mountpoint); err != nil {
+		if err := ondisk.Unmount(mounts[i].Mountpoint); err != nil {
 			return err
 		}
 	}

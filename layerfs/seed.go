@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Seeding: a cache with no generation on this node may start from a
@@ -18,7 +20,7 @@ import (
 // outlives the removal or squash of either, and the seeded volume's record
 // (Layers and SeedLayers) keeps the seed alive until its commit's head
 // names it. The record, with the seed, is written atomically before the
-// volume mounts (newVolume), as every record is.
+// volume mounts (overlayLayout.create), as every record is.
 
 // MaxFallbacks is how many fallbacks a volume may name.
 const MaxFallbacks = 5
@@ -54,9 +56,9 @@ func (o MountOptions) validateFallbacks() error {
 	if len(o.Fallbacks) > MaxFallbacks {
 		return fmt.Errorf("volume of cache %s names %d fallbacks: use at most %d", o.Cache, len(o.Fallbacks), MaxFallbacks)
 	}
-	if o.Layout.orDefault() == LayoutSnapshot {
+	if !o.Layout.seeds() {
 		return fmt.Errorf("volume of cache %s names fallbacks %v, but the %s layout cannot start from a fallback yet: remove the fallbacks or use the %s layout",
-			o.Cache, o.Fallbacks, LayoutSnapshot, LayoutOverlay)
+			o.Cache, o.Fallbacks, o.Layout, LayoutOverlay)
 	}
 	for _, f := range o.Fallbacks {
 		if err := f.Validate(); err != nil {
@@ -137,7 +139,7 @@ func (s *Store) fallbackHead(ctx context.Context, f CacheRef) (*head, error) {
 		return peek, nil // see fallbackLockWait
 	}
 	h, err := s.readHead(f)
-	unlockUnless(l, exists(s.headPath(f)))
+	unlockUnless(l, ondisk.Exists(s.headPath(f)))
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil
 	}

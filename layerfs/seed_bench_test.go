@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/internal/benchsize"
+	"github.com/layercache/layercache/layerfs/tree"
 )
 
 // Seeding is as constant in the fallback's size as a mount and a commit
@@ -80,7 +81,7 @@ func BenchmarkSeededCommitVsCommit(b *testing.B) {
 		return id
 	}
 	for b.Loop() {
-		before, _, err := diskUsage(s.layersDir())
+		before, _, err := tree.DiskUsage(s.layersDir())
 		must(b, err)
 		var seeded, plain []time.Duration
 		const reps = 21
@@ -101,7 +102,7 @@ func BenchmarkSeededCommitVsCommit(b *testing.B) {
 				seeded = append(seeded, timed(commitSeeded))
 			}
 		}
-		after, _, err := diskUsage(s.layersDir())
+		after, _, err := tree.DiskUsage(s.layersDir())
 		must(b, err)
 		st, pt := median(seeded), median(plain)
 		b.ReportMetric(float64(pt.Microseconds()), "plain-µs")

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // mountSeeded mounts volume id of cache with fallbacks.
@@ -181,7 +183,7 @@ func TestSeededVolumeThatDoesNotCommitCreatesNothing(t *testing.T) {
 			r, err := s.readVolume(id)
 			must(t, err)
 			r.LimitBytes = 1
-			must(t, writeJSONAtomic(s.volumePath(id), r))
+			must(t, ondisk.WriteJSONAtomic(s.volumePath(id), r))
 			res, err := s.Commit(ctx, id)
 			if err == nil && !res.OverLimit {
 				t.Errorf("commit = %+v, want over its limit", res)
@@ -445,7 +447,7 @@ func TestSeedRecordedBeforeMountAndRemounted(t *testing.T) {
 	if _, err := s.GC(ctx, GCOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	must(t, unmount(v.MergedPath)) // what a reboot leaves
+	must(t, ondisk.Unmount(v.MergedPath)) // what a reboot leaves
 	res, err := s.Recover(ctx)
 	must(t, err)
 	if !slices.Contains(res.Remounted, "pr") {
@@ -471,7 +473,7 @@ func TestSeedWaitsForTheFallbacksLockOnlySoLong(t *testing.T) {
 	commitFile(t, s, "ns/main", "main.txt", "main")
 	l, err := s.lockCache(ctx, mustRef(t, "ns/main"))
 	must(t, err)
-	defer l.unlock()
+	defer l.Unlock()
 	start := time.Now()
 	v := mountSeeded(t, s, "pr", "ns/pr-1", "ns/main")
 	if took := time.Since(start); took < fallbackLockWait || took > 3*fallbackLockWait {

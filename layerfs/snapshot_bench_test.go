@@ -116,7 +116,7 @@ func BenchmarkSnapshotReadWrite(b *testing.B) {
 	s := newSnapshotBenchStore(b, mib)
 	fillSnapshotCache(b, s, "ns/big", largeCacheFiles(b), mib)
 	v := mountSnapshot(b, s, "rw", "ns/big", MountOptions{})
-	plain := filepath.Join(s.snapshotDir(), "bench-plain")
+	plain := filepath.Join(s.snapshots.Dir(), "bench-plain")
 	must(b, os.Mkdir(plain, 0o755))
 	b.Cleanup(func() { os.RemoveAll(plain) })
 	data := make([]byte, mib<<20)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/moby/sys/mountinfo"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // testImageBytes is the size of the btrfs images the snapshot tests make:
@@ -132,7 +134,7 @@ func subvolumes(t testing.TB, s *Store) (gens, vols []string) {
 	for _, d := range []struct {
 		dir  string
 		into *[]string
-	}{{s.generationsDir(), &gens}, {s.snapVolumesDir(), &vols}} {
+	}{{s.snapshots.GenerationsDir(), &gens}, {s.snapshots.VolumesDir(), &vols}} {
 		entries, err := os.ReadDir(d.dir)
 		must(t, err)
 		for _, e := range entries {
@@ -146,7 +148,7 @@ func subvolumes(t testing.TB, s *Store) (gens, vols []string) {
 // or a volume record, and every qgroup belongs to a live subvolume.
 func assertNoSnapshotOrphans(t testing.TB, s *Store) {
 	t.Helper()
-	if !exists(s.generationsDir()) {
+	if !ondisk.Exists(s.snapshots.GenerationsDir()) {
 		return
 	}
 	gens, vols, err := s.snapshotRefs()

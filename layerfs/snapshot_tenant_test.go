@@ -75,7 +75,7 @@ func TestSweepGoesOnPastAnEntryItCannotDelete(t *testing.T) {
 	s := newSnapshotStore(t, "image")
 	buildSnapshot(t, s, "a", "ns/gone", map[string]string{"f": "1"})
 	buildSnapshot(t, s, "b", "ns/old", map[string]string{"f": "1"})
-	stuck := filepath.Join(s.generationsDir(), "0000-stuck") // sorts first
+	stuck := filepath.Join(s.snapshots.GenerationsDir(), "0000-stuck") // sorts first
 	writeFile(t, filepath.Join(stuck, "f"), "x")
 	run(t, "chattr", "+i", filepath.Join(stuck, "f"))
 	t.Cleanup(func() { run(t, "chattr", "-i", filepath.Join(stuck, "f")) })

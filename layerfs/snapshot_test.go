@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 func TestParseLayout(t *testing.T) {
@@ -100,7 +102,7 @@ func TestSnapshotVolumeFlags(t *testing.T) {
 		}
 		check("remount")
 		cmd, err := s.MountCommand(ctx, tt.id)
-		if err != nil || !strings.Contains(cmd, "mount --bind "+s.snapVolumePath(tt.id)) {
+		if err != nil || !strings.Contains(cmd, "mount --bind "+s.snapshots.VolumePath(tt.id)) {
 			t.Errorf("MountCommand = %q, %v; want a bind mount of the subvolume", cmd, err)
 		}
 	}
@@ -265,7 +267,7 @@ func headGeneration(t testing.TB, s *Store, cache string) uint64 {
 	t.Helper()
 	h, err := s.readHead(mustRef(t, cache))
 	must(t, err)
-	id, err := subvolumeID(s.generationPath(h.Layers[0].ID))
+	id, err := s.snapshots.GenerationID(h.Layers[0].ID)
 	must(t, err)
 	return id
 }
@@ -277,15 +279,15 @@ func assertQgroupsGone(t testing.TB, s *Store, ids ...uint64) {
 	// BTRFS_IOC_SYNC wakes the cleaner, which frees deleted subvolumes
 	// (else it waits for the next periodic commit, 30 s); `btrfs
 	// subvolume sync` waits until it has.
-	run(t, "btrfs", "filesystem", "sync", s.snapshotDir())
-	run(t, "btrfs", "subvolume", "sync", s.snapshotDir())
+	run(t, "btrfs", "filesystem", "sync", s.snapshots.Dir())
+	run(t, "btrfs", "subvolume", "sync", s.snapshots.Dir())
 	_, err := s.GC(context.Background(), GCOptions{})
 	must(t, err)
-	all, err := qgroups(s.snapshotDir())
+	all, err := s.snapshots.QgroupIDs()
 	must(t, err)
 	for _, q := range all {
 		for _, id := range ids {
-			if q.ID == id {
+			if q == id {
 				t.Errorf("qgroup 0/%d of a deleted subvolume is left", id)
 			}
 		}
@@ -337,7 +339,7 @@ func TestSnapshotWithoutMkfs(t *testing.T) {
 	if _, err := s.Inspect(ctx, mustRef(t, "ns/c")); !errors.Is(err, ErrNotFound) {
 		t.Errorf("a failed snapshot mount left cache ns/c: %v", err)
 	}
-	assertMissing(t, s.snapshotImage())
+	assertMissing(t, s.snapshots.Image())
 	mustMount(t, s, "o", "ns/o")
 	assertNoOrphans(t, s)
 }
@@ -358,8 +360,8 @@ func TestSnapshotBytes(t *testing.T) {
 	mustCommit(t, s, "b")
 	// The kernel frees the replaced generation in the background; the
 	// next commit counts what is left.
-	run(t, "btrfs", "filesystem", "sync", s.snapshotDir())
-	run(t, "btrfs", "subvolume", "sync", s.snapshotDir())
+	run(t, "btrfs", "filesystem", "sync", s.snapshots.Dir())
+	run(t, "btrfs", "subvolume", "sync", s.snapshots.Dir())
 	buildSnapshot(t, s, "c", "ns/c", map[string]string{"other": "y"})
 	info, err := s.Inspect(context.Background(), mustRef(t, "ns/c"))
 	must(t, err)
@@ -378,7 +380,7 @@ func TestSnapshotImageRemountedAtOpen(t *testing.T) {
 	v := mountSnapshot(t, s, "v", "ns/c", MountOptions{})
 	writeFile(t, filepath.Join(v.MergedPath, "g"), "2")
 	must(t, unmountAll(s.Root()))
-	if isBtrfs(s.snapshotDir()) {
+	if ondisk.FSTypeName(s.snapshots.Dir()) == "btrfs" {
 		t.Fatal("the image is still mounted")
 	}
 	for range 2 {
@@ -408,7 +410,7 @@ func TestDamagedSnapshotImageSparesOverlay(t *testing.T) {
 	buildSnapshot(t, s, "base", "ns/snap", map[string]string{"f": "1"})
 	must(t, unmountAll(s.Root()))
 	// Zero the superblock (64 KiB in): the kernel no longer sees btrfs.
-	f, err := os.OpenFile(s.snapshotImage(), os.O_WRONLY, 0)
+	f, err := os.OpenFile(s.snapshots.Image(), os.O_WRONLY, 0)
 	must(t, err)
 	_, err = f.WriteAt(make([]byte, 4096), 64<<10)
 	must(t, errors.Join(err, f.Close()))
@@ -421,8 +423,8 @@ func TestDamagedSnapshotImageSparesOverlay(t *testing.T) {
 	writeFile(t, filepath.Join(merged, "f"), "ok")
 	mustCommit(t, again, "overlay")
 	_, err = again.Mount(ctx, "snap", MountOptions{Cache: CacheRef{"ns", "snap"}, Layout: LayoutSnapshot})
-	if err == nil || !strings.Contains(err.Error(), s.snapshotImage()) {
-		t.Errorf("snapshot mount on a damaged image: %v, want an error naming %s", err, s.snapshotImage())
+	if err == nil || !strings.Contains(err.Error(), s.snapshots.Image()) {
+		t.Errorf("snapshot mount on a damaged image: %v, want an error naming %s", err, s.snapshots.Image())
 	}
 }
 
@@ -442,7 +444,7 @@ func TestSnapshotImageShortOfSpace(t *testing.T) {
 	mustCommit(t, s, "overlay")
 
 	var image, host unix.Statfs_t
-	must(t, unix.Statfs(s.snapshotDir(), &image))
+	must(t, unix.Statfs(s.snapshots.Dir(), &image))
 	must(t, unix.Statfs(s.Root(), &host))
 	imageFree, hostFree := int64(image.Bavail)*image.Bsize, int64(host.Bavail)*host.Bsize
 	if imageFree >= hostFree || imageFree > testImageBytes-(400<<20) {

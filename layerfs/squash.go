@@ -7,6 +7,10 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/overlay"
+	"github.com/layercache/layercache/layerfs/tree"
 )
 
 // Squash merges a cache's layers into one when the head is deeper than
@@ -40,7 +44,7 @@ func (s *Store) squash(ctx context.Context, cache CacheRef, maxLayers int) (res 
 	if err != nil {
 		return res, err
 	}
-	defer storeLock.unlock()
+	defer storeLock.Unlock()
 	if err := s.endLandedVolumes(ctx, cache); err != nil {
 		return res, fmt.Errorf("squash cache %s: %w", cache, err)
 	}
@@ -48,8 +52,7 @@ func (s *Store) squash(ctx context.Context, cache CacheRef, maxLayers int) (res 
 	if err != nil {
 		return res, fmt.Errorf("squash cache %s: %w", cache, err)
 	}
-	// A snapshot cache has one generation: nothing to squash.
-	if len(h.Layers) <= maxLayers || h.Layout == LayoutSnapshot {
+	if len(h.Layers) <= maxLayers || !s.layoutOf(h.Layout).squashes() {
 		return res, nil
 	}
 	old := h.Layers[len(h.Layers)-squashRun(h.Layers):]
@@ -128,10 +131,10 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 	if err := s.readyLayers(ids); err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
-	if err := (mountSpec{Lower: s.lowerDirs(ids)}).mount(view); err != nil {
+	if err := (overlay.Spec{Lower: s.lowerDirs(ids)}).Mount(view); err != nil {
 		return layer, fmt.Errorf("squash %s: mount its layers read-only: %w", cache, err)
 	}
-	defer unmount(view)
+	defer ondisk.Unmount(view)
 
 	tmp, err := os.MkdirTemp(s.layersDir(), "new-")
 	if err != nil {
@@ -145,21 +148,21 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 	report := func(done int64) {
 		s.progress(Progress{Op: "squash", Cache: cache.String(), Done: done})
 	}
-	if err := copyTree(view, tmp, report); err != nil {
+	if err := tree.Copy(view, tmp, report); err != nil {
 		return layer, fmt.Errorf("squash %s: copy merged view: %w", cache, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return layer, err
 	}
-	if err := syncFS(tmp); err != nil {
+	if err := ondisk.SyncFS(tmp); err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
-	bytes, files, err := diskUsage(tmp)
+	bytes, files, err := tree.DiskUsage(tmp)
 	if err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
 	layer = LayerInfo{ID: randomID(), Bytes: bytes, Files: files, Created: time.Now().UTC()}
-	if err := renameDurable(tmp, s.layerDir(layer.ID)); err != nil {
+	if err := ondisk.RenameDurable(tmp, s.layerDir(layer.ID)); err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
 	tmp = ""

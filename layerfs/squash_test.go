@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // fixedTime keeps fixture mtimes equal across runs, so that snapshots of
@@ -151,11 +153,11 @@ func TestVolumesKeepSquashedLayersUntilTheyEnd(t *testing.T) {
 	s := newTestStore(t, Options{})
 	buildChain(t, s, "ns/c", layerSteps)
 	merged := mustMount(t, s, "reader", "ns/c")
-	before := snapshot(t, merged)
+	before := describeTree(t, merged)
 	if _, err := s.Squash(ctx, mustRef(t, "ns/c"), 1); err != nil {
 		t.Fatal(err)
 	}
-	if diff := diffSnapshots(before, snapshot(t, merged)); diff != "" {
+	if diff := diffSnapshots(before, describeTree(t, merged)); diff != "" {
 		t.Fatalf("a mounted volume changed under a squash:\n%s", diff)
 	}
 	must(t, s.Discard(ctx, "reader"))
@@ -272,8 +274,8 @@ func TestSquashEndsLandedVolumes(t *testing.T) {
 	if _, err := s.Squash(ctx, mustRef(t, "ns/c"), 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Volume(ctx, "v"); !errors.Is(err, ErrNotFound) || exists(s.volumeDir("v")) {
-		t.Fatalf("after a squash the landed volume is back: %v (dir exists %v)", err, exists(s.volumeDir("v")))
+	if _, err := s.Volume(ctx, "v"); !errors.Is(err, ErrNotFound) || ondisk.Exists(s.volumeDir("v")) {
+		t.Fatalf("after a squash the landed volume is back: %v (dir exists %v)", err, ondisk.Exists(s.volumeDir("v")))
 	}
 	assertNoOrphans(t, s)
 }

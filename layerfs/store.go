@@ -7,21 +7,25 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/flock"
+	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/overlay"
+	"github.com/layercache/layercache/layerfs/snapshot"
 )
 
 // Store is a layered cache store rooted at one directory.
 type Store struct {
 	root string
 	opts Options
-	// snapReady caches that the snapshot area was prepared (snapshot_area.go).
-	snapReady atomic.Bool
-	// syncs shares syncfs between concurrent commits (syncgroup.go).
-	syncs syncGroup
-	// cacheGates queues this process's waiters for a cache's lock (lock.go).
-	cacheGates lockGates
+	// snapshots is the btrfs area of the snapshot layout (snapshot.go).
+	snapshots *snapshot.Area
+	// syncs shares syncfs between concurrent commits.
+	syncs ondisk.SyncGroup
+	// cacheGates queues this process's waiters for a cache's lock.
+	cacheGates flock.Gates
 }
 
 // Open prepares the store's directories under opts.Root and proves with a
@@ -45,11 +49,14 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.SnapshotImageBytes < 0 {
 		return nil, fmt.Errorf("snapshot image size %d is negative: use a number of bytes, or 0 for the default %d", opts.SnapshotImageBytes, int64(DefaultSnapshotImageBytes))
 	}
-	if opts.MaxLayers >= maxOverlayDepth {
-		return nil, fmt.Errorf("max layers %d is too deep: overlayfs stacks at most %d layers; use a value below that", opts.MaxLayers, maxOverlayDepth)
+	if opts.MaxLayers >= overlay.MaxDepth {
+		return nil, fmt.Errorf("max layers %d is too deep: overlayfs stacks at most %d layers; use a value below that", opts.MaxLayers, overlay.MaxDepth)
 	}
 	opts.Root = root
 	s := &Store{root: root, opts: opts}
+	s.snapshots = snapshot.New(snapshot.Config{
+		Root: root, Tmp: s.tmpDir(), ImageBytes: opts.SnapshotImageBytes, MkfsBtrfs: opts.MkfsBtrfs, Private: ControlDir,
+	})
 	if err := s.makeDirs(); err != nil {
 		return nil, err
 	}
@@ -61,7 +68,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	// A failure here does not fail Open: overlay caches must not go down
 	// with a damaged btrfs image. Every use of a snapshot cache (mount,
 	// commit, Recover, the sweep) tries again and reports the error.
-	if s.hasSnapshotArea() {
+	if s.snapshots.Used() {
 		_ = s.ensureSnapshotArea(ctx)
 	}
 	s.refillReserve()
@@ -102,14 +109,14 @@ func (s *Store) probe(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer l.unlock()
-	proof := probeProof{Kernel: kernelRelease(), Filesystem: fsTypeName(s.root)}
-	err = probeOverlay(ctx, s.tmpDir())
+	defer l.Unlock()
+	proof := probeProof{Kernel: kernelRelease(), Filesystem: ondisk.FSTypeName(s.root)}
+	err = overlay.Probe(ctx, s.tmpDir())
 	var earlier probeProof
 	switch {
 	case err == nil:
 		if readJSON(s.probePath(), &earlier) != nil || earlier != proof {
-			writeJSONAtomic(s.probePath(), proof) // best effort
+			ondisk.WriteJSONAtomic(s.probePath(), proof) // best effort
 		}
 		return nil
 	case isNoSpace(err) && readJSON(s.probePath(), &earlier) == nil && earlier == proof:
@@ -159,17 +166,17 @@ func (s *Store) headPath(c CacheRef) string { return filepath.Join(s.cacheDir(c)
 // layers (mount, commit, squash) and exclusive for the sweep that deletes
 // unreferenced layers, so a layer is never deleted between being created or
 // chosen and being recorded. Order: store, volume, cache.
-func (s *Store) lockStore(ctx context.Context, exclusive bool) (*fileLock, error) {
-	return lockFile(ctx, filepath.Join(s.locksDir(), "store"), !exclusive)
+func (s *Store) lockStore(ctx context.Context, exclusive bool) (*flock.Lock, error) {
+	return flock.Acquire(ctx, filepath.Join(s.locksDir(), "store"), !exclusive)
 }
 
-func (s *Store) lockVolume(ctx context.Context, id string) (*fileLock, error) {
-	return lockFile(ctx, filepath.Join(s.locksDir(), "volume-"+id), false)
+func (s *Store) lockVolume(ctx context.Context, id string) (*flock.Lock, error) {
+	return flock.Acquire(ctx, filepath.Join(s.locksDir(), "volume-"+id), false)
 }
 
-func (s *Store) lockCache(ctx context.Context, c CacheRef) (*fileLock, error) {
+func (s *Store) lockCache(ctx context.Context, c CacheRef) (*flock.Lock, error) {
 	// '_' cannot occur in a DNS-1123 label, so the name is unambiguous.
-	return s.cacheGates.lock(ctx, filepath.Join(s.locksDir(), "cache-"+c.Namespace+"_"+c.Name))
+	return s.cacheGates.Acquire(ctx, filepath.Join(s.locksDir(), "cache-"+c.Namespace+"_"+c.Name))
 }
 
 func (s *Store) progress(p Progress) {

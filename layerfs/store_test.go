@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/overlay"
 )
 
 func TestCommitsStackPerFile(t *testing.T) {
@@ -344,7 +346,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"negative gc bound", func() error { _, err := s.GC(ctx, GCOptions{MinFreeBytes: -1}); return err }, "must not be negative"},
 		{"gc min free of 100%", func() error { _, err := s.GC(ctx, GCOptions{MinFreePercent: 100}); return err }, "out of range"},
 	}
-	before := snapshot(t, s.Root())
+	before := describeTree(t, s.Root())
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.op()
@@ -353,7 +355,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 			}
 		})
 	}
-	if diff := diffSnapshots(before, snapshot(t, s.Root())); diff != "" {
+	if diff := diffSnapshots(before, describeTree(t, s.Root())); diff != "" {
 		t.Errorf("bad input changed the store:\n%s", diff)
 	}
 }
@@ -367,8 +369,8 @@ func TestOpenRefusesRootThatCannotHostOverlay(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	spec := mountSpec{Lower: []string{filepath.Join(base, "l")}, Upper: filepath.Join(base, "u"), Work: filepath.Join(base, "w")}
-	if err := spec.mount(filepath.Join(base, "m")); err != nil {
+	spec := overlay.Spec{Lower: []string{filepath.Join(base, "l")}, Upper: filepath.Join(base, "u"), Work: filepath.Join(base, "w")}
+	if err := spec.Mount(filepath.Join(base, "m")); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unmountAll(base) })
@@ -406,7 +408,7 @@ func TestFullDiskKeepsData(t *testing.T) {
 		}
 	}
 	filler.Close()
-	before := snapshot(t, filepath.Join(root, "caches"))
+	before := describeTree(t, filepath.Join(root, "caches"))
 
 	_, err = s.Mount(ctx, "v2", MountOptions{Cache: mustRef(t, "ns/c")})
 	if err == nil || !strings.Contains(err.Error(), "no space left") {
@@ -419,7 +421,7 @@ func TestFullDiskKeepsData(t *testing.T) {
 	if got := readFile(t, filepath.Join(merged, "data")); got != "precious" {
 		t.Fatalf("failed commit lost data: %q", got)
 	}
-	if diff := diffSnapshots(before, snapshot(t, filepath.Join(root, "caches"))); diff != "" {
+	if diff := diffSnapshots(before, describeTree(t, filepath.Join(root, "caches"))); diff != "" {
 		t.Errorf("failed operations changed caches:\n%s", diff)
 	}
 	// With space back, the same commit succeeds.

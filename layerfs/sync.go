@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // defaultSyncParallel is how many layers a Sync fetches at once.
@@ -47,7 +49,7 @@ func (s *Store) Sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 		opts.Parallel = defaultSyncParallel
 	}
 	if h, err := s.readHead(cache); err == nil {
-		if err := errIfSnapshot(h, "sync"); err != nil {
+		if err := s.refuseRegistry(h, "sync"); err != nil {
 			return SyncResult{}, err
 		}
 	}
@@ -115,7 +117,7 @@ func (s *Store) sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 	if err != nil {
 		return res, err
 	}
-	defer storeLock.unlock()
+	defer storeLock.Unlock()
 	// A sync may take layers out of the head, as a squash does.
 	if err := s.endLandedVolumes(ctx, cache); err != nil {
 		return res, fmt.Errorf("sync cache %s: %w", cache, err)
@@ -294,7 +296,7 @@ func (s *Store) planSwap(t *txn, chain Chain, fetched map[int]LayerInfo, res *Sy
 	if !created && gen == h.Generation && chain.Generation == h.ChainGeneration && slices.EqualFunc(p.layers, h.Layers, sameLayer) {
 		return true, h.layerIDs()
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	h.Layers, h.Generation, h.ChainGeneration, h.LastUsed = p.layers, gen, chain.Generation, now
 	t.Head = h
 	res.Changed = true

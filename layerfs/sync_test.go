@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/overlay"
 )
 
 func mustSync(t testing.TB, s *Store, cache string, chain Chain, fetch Fetch) SyncResult {
@@ -70,7 +72,7 @@ func TestExportSyncRoundTrip(t *testing.T) {
 	}
 	// The store's own whiteout format, not the OCI one, lands on disk.
 	top := b.layerDir(info.Layers[0].ID)
-	if !isWhiteout(filepath.Join(top, "keep.txt")) {
+	if !overlay.IsWhiteout(filepath.Join(top, "keep.txt")) {
 		t.Errorf("keep.txt in the pulled top layer is not an overlay whiteout")
 	}
 	assertMissing(t, filepath.Join(top, ".wh.keep.txt"))

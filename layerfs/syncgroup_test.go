@@ -4,54 +4,11 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
-
-// Every caller returns only after a syncfs that started after it called,
-// and concurrent callers share rounds.
-func TestSyncGroupCoversEachCallerAndCoalesces(t *testing.T) {
-	var started atomic.Int64 // rounds started so far
-	var rounds atomic.Int64
-	g := &syncGroup{syncfs: func(string) error {
-		started.Add(1)
-		time.Sleep(20 * time.Millisecond)
-		rounds.Add(1)
-		return nil
-	}}
-	dir := t.TempDir()
-	const callers = 40
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Go(func() {
-			before := started.Load() // rounds begun before the call
-			if err := g.sync(dir); err != nil {
-				t.Error(err)
-			}
-			if done := rounds.Load(); done <= before {
-				t.Errorf("sync returned after %d rounds; %d had begun before it was called", done, before)
-			}
-		})
-	}
-	wg.Wait()
-	if n := rounds.Load(); n > callers/4 {
-		t.Errorf("%d concurrent callers cost %d syncfs rounds; want them shared", callers, n)
-	}
-}
-
-// A round's error reaches every caller of that round.
-func TestSyncGroupReportsErrors(t *testing.T) {
-	boom := errors.New("EIO")
-	g := &syncGroup{syncfs: func(string) error { return boom }}
-	if err := g.sync(t.TempDir()); !errors.Is(err, boom) {
-		t.Fatalf("sync = %v, want %v", err, boom)
-	}
-	if err := g.sync(filepath.Join(t.TempDir(), "missing")); err == nil {
-		t.Fatal("sync of a missing path succeeded")
-	}
-}
 
 // A waiter for a cache's lock in this process can give up while another
 // holds it, and takes it at once when it is released.
@@ -67,11 +24,11 @@ func TestCacheLockGate(t *testing.T) {
 	}
 	done, cancelDone := context.WithCancel(context.Background())
 	cancelDone()
-	held.unlock()
+	held.Unlock()
 	for range 20 { // a free lock is taken even with a context done
 		l, err := s.lockCache(done, c)
 		must(t, err)
-		l.unlock()
+		l.Unlock()
 	}
 	held, err = s.lockCache(context.Background(), c)
 	must(t, err)
@@ -80,11 +37,11 @@ func TestCacheLockGate(t *testing.T) {
 		l, err := s.lockCache(context.Background(), c)
 		must(t, err)
 		got <- time.Now()
-		l.unlock()
+		l.Unlock()
 	}()
 	time.Sleep(300 * time.Millisecond) // the flock's poll backs off to 100 ms by now
 	released := time.Now()
-	held.unlock()
+	held.Unlock()
 	if wait := (<-got).Sub(released); wait > 20*time.Millisecond {
 		t.Errorf("the waiter took the lock %v after its release", wait)
 	}
@@ -101,7 +58,7 @@ func TestCommitSealsOutsideCacheLock(t *testing.T) {
 	must(t, err)
 	done := make(chan error)
 	go func() { _, err := s.Commit(context.Background(), "v"); done <- err }()
-	for deadline := time.Now().Add(10 * time.Second); isMountPoint(merged); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); ondisk.IsMountPoint(merged); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the commit did not unmount its volume while another held the cache's lock")
 		}
@@ -111,7 +68,7 @@ func TestCommitSealsOutsideCacheLock(t *testing.T) {
 		t.Fatalf("the commit returned (%v) while another held the cache's lock", err)
 	case <-time.After(50 * time.Millisecond):
 	}
-	held.unlock()
+	held.Unlock()
 	must(t, <-done)
 	if got := readFile(t, filepath.Join(mustMount(t, s, "view", "ns/c"), "f")); got != "x" {
 		t.Fatalf("committed file reads %q", got)
@@ -131,8 +88,8 @@ func TestCommitCancelledAfterSealRemounts(t *testing.T) {
 	if _, err := s.Commit(ctx, "v"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Commit = %v, want the context's deadline", err)
 	}
-	held.unlock()
-	if !isMountPoint(merged) {
+	held.Unlock()
+	if !ondisk.IsMountPoint(merged) {
 		t.Fatal("the volume is not mounted after the commit gave up")
 	}
 	if got := readFile(t, filepath.Join(merged, "f")); got != "x" {

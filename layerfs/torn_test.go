@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Issue 8, item 8: a volatile overlay's upper layer may be torn after a
@@ -33,12 +35,12 @@ func TestVolatileMarkerClearedAtRemount(t *testing.T) {
 			writeFile(t, filepath.Join(merged, "half-written"), "?")
 			must(t, unix.Unmount(merged, 0))
 			// As the kernel leaves it (it does so on a clean unmount too).
-			must(t, os.MkdirAll(s.volatileMarker("v"), 0o700))
+			must(t, os.MkdirAll(overlayLayout{s}.volatileMarker("v"), 0o700))
 			if tt.reboot {
 				r, err := s.readVolume("v")
 				must(t, err)
 				r.BootID = "an-earlier-boot"
-				must(t, writeJSONAtomic(s.volumePath("v"), r))
+				must(t, ondisk.WriteJSONAtomic(s.volumePath("v"), r))
 			}
 			res, err := s.Recover(ctx)
 			must(t, err)
@@ -80,10 +82,10 @@ func TestRolledBackCommitAfterRebootIsNotTorn(t *testing.T) {
 	writeFile(t, filepath.Join(merged, "synced"), "x")
 	r, err := s.readVolume("v")
 	must(t, err)
-	_, err = s.seal(r) // unmounts, syncs
+	_, err = overlayLayout{s}.seal(r) // unmounts, syncs
 	must(t, err)
 	r.BootID = "an-earlier-boot"
-	must(t, writeJSONAtomic(s.volumePath("v"), r))
+	must(t, ondisk.WriteJSONAtomic(s.volumePath("v"), r))
 	v, err := s.Mount(ctx, "v", MountOptions{Cache: mustRef(t, "ns/c")})
 	must(t, err)
 	if v.Torn || readFile(t, filepath.Join(merged, "synced")) != "x" {

@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/layercache/layercache/layerfs/flock"
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // Every change to heads and volume records goes through transact, as every
@@ -74,14 +77,14 @@ func (t *txn) lockAndRead(ctx context.Context, sc scope) (err error) {
 		if err != nil {
 			return err
 		}
-		t.locks = append(t.locks, l.unlock)
+		t.locks = append(t.locks, l.Unlock)
 	}
 	if sc.volume != "" {
 		l, err := t.s.lockVolume(ctx, sc.volume)
 		if err != nil {
 			return err
 		}
-		t.locks = append(t.locks, func() { unlockUnless(l, exists(t.s.volumePath(sc.volume))) })
+		t.locks = append(t.locks, func() { unlockUnless(l, ondisk.Exists(t.s.volumePath(sc.volume))) })
 		if t.Volume, err = t.s.readVolumeRecord(sc.volume); err != nil && !errors.Is(err, ErrNotFound) {
 			return err
 		}
@@ -104,7 +107,7 @@ func (t *txn) lockCache(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	t.locks = append(t.locks, func() { unlockUnless(l, exists(t.s.headPath(t.cache))) })
+	t.locks = append(t.locks, func() { unlockUnless(l, ondisk.Exists(t.s.headPath(t.cache))) })
 	if t.Head, err = t.s.readHead(t.cache); errors.Is(err, ErrNotFound) {
 		t.Head = nil
 	} else if err != nil {
@@ -125,12 +128,12 @@ func (t *txn) snapshot() (err error) {
 	return err
 }
 
-func unlockUnless(l *fileLock, keep bool) {
+func unlockUnless(l *flock.Lock, keep bool) {
 	if keep {
-		l.unlock()
+		l.Unlock()
 		return
 	}
-	l.removeAndUnlock()
+	l.RemoveAndUnlock()
 }
 
 // save writes what changed since the last read or save: the head first,
@@ -177,7 +180,7 @@ func (t *txn) saveVolume() error {
 	if t.Volume == nil {
 		return t.s.removeVolumeDir(t.volID)
 	}
-	write := func() error { return writeJSONAtomic(t.s.volumePath(t.volID), t.Volume) }
+	write := func() error { return ondisk.WriteJSONAtomic(t.s.volumePath(t.volID), t.Volume) }
 	if plain := write; t.savedVolume != nil {
 		write = func() error { return t.s.withReserve(plain) }
 	}

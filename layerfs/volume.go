@@ -7,6 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/overlay"
+	"github.com/layercache/layercache/layerfs/snapshot"
 )
 
 // volumeRecord is volumes/<id>/volume.json.
@@ -27,11 +31,9 @@ type volumeRecord struct {
 	// BootID is the kernel boot the volume was last mounted in; a volatile
 	// mount marker found after another boot means a possibly torn upper.
 	BootID string `json:"bootID,omitempty"`
-	// RootDigest is what a snapshot volume's root listed when it was
-	// made (snapshot_changes.go), to tell a build's changes from none.
-	RootDigest string `json:"rootDigest,omitempty"`
-	// SubvolID is a snapshot volume's subvolume (and qgroup) id.
-	SubvolID uint64 `json:"subvolID,omitempty"`
+	// Subvolume is a snapshot volume's btrfs subvolume; its fields are
+	// the record's (subvolID, rootDigest), empty for an overlay volume.
+	snapshot.Subvolume
 	// SeedLayers are the fallback's layers (as Layers, with their sizes)
 	// that a seeded volume's commit puts under its layer when it creates
 	// the cache: the fallback may be squashed or removed meanwhile, and
@@ -49,16 +51,11 @@ func (s *Store) mergedDir(id string) string  { return filepath.Join(s.volumeDir(
 // being inside the layer.
 func (s *Store) controlAside(id string) string { return filepath.Join(s.volumeDir(id), "control") }
 
-// upperDir is the volume's upper directory.
-func (s *Store) upperDir(r *volumeRecord) string {
-	if r.Layout == LayoutSnapshot {
-		return s.snapVolumePath(r.ID)
-	}
-	return s.layerDir(r.Upper)
-}
+// upperDir is where the volume's build writes.
+func (s *Store) upperDir(r *volumeRecord) string { return s.layoutOf(r.Layout).upperDir(r) }
 
-func (s *Store) volumeSpec(r *volumeRecord) mountSpec {
-	return mountSpec{
+func (s *Store) volumeSpec(r *volumeRecord) overlay.Spec {
+	return overlay.Spec{
 		Lower: s.lowerDirs(r.Layers), Upper: s.upperDir(r), Work: s.workDir(r.ID),
 		AllowSetuid: r.AllowSetuid, AllowDevices: r.AllowDevices,
 	}
@@ -82,7 +79,7 @@ func (s *Store) readVolumeRecord(id string) (*volumeRecord, error) {
 		return nil, err
 	}
 	r.MergedPath = s.mergedDir(id)
-	r.Mounted = isMountPoint(r.MergedPath)
+	r.Mounted = ondisk.IsMountPoint(r.MergedPath)
 	r.Layout = r.Layout.orDefault()
 	return &r, nil
 }
@@ -130,11 +127,11 @@ func (s *Store) endLandedVolumes(ctx context.Context, cache CacheRef) error {
 // removes the rest. Not fsynced: a removal that a crash undoes is replayed
 // by the caller, and every caller's operation is idempotent.
 func (s *Store) removeVolumeDir(id string) error {
-	faultPoint()
+	ondisk.FaultPoint()
 	if err := os.Remove(s.volumePath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove volume %q: %w", id, err)
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	if err := os.RemoveAll(s.volumeDir(id)); err != nil {
 		return fmt.Errorf("remove volume %q: %w", id, err)
 	}
@@ -199,23 +196,5 @@ func (s *Store) MountCommand(ctx context.Context, volumeID string) (string, erro
 	if err != nil {
 		return "", err
 	}
-	if r.Layout == LayoutSnapshot {
-		return bindCommand(s.upperDir(r), r), nil
-	}
-	return s.volumeSpec(r).command(r.MergedPath), nil
-}
-
-// resetDir empties dir, keeping dir itself. It reads dirChunk names at a
-// time (a torn upper layer may hold a huge directory) and removes only
-// names it has read, which readdir returns once each however the directory
-// changes meanwhile.
-func resetDir(dir string) error {
-	d, err := openDir(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return forEachName(d, dir, func(name string) error {
-		return os.RemoveAll(filepath.Join(dir, name))
-	})
+	return s.layoutOf(r.Layout).mountCommand(r), nil
 }

@@ -1,16 +1,16 @@
-package layerfs
+package receive
 
 import (
 	"errors"
 	"io"
 )
 
-// copyPipelined copies src to dst with reading and writing in turns on
+// CopyPipelined copies src to dst with reading and writing in turns on
 // two goroutines, so a pull decompresses the next buffers while the last
 // ones go to disk: on two cores that is the difference between the sum of
 // the two and the larger of them. It returns when both sides have
 // stopped, so src is not read after it returns.
-func copyPipelined(dst io.Writer, src io.Reader, bufSize, depth int) (int64, error) {
+func CopyPipelined(dst io.Writer, src io.Reader, bufSize, depth int) (int64, error) {
 	full := make(chan []byte, depth)
 	free := make(chan []byte, depth+1)
 	for range depth + 1 {

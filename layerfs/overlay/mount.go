@@ -1,4 +1,4 @@
-package layerfs
+package overlay
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
-// maxOverlayDepth is the kernel's limit on lower layers (OVL_MAX_STACK).
-const maxOverlayDepth = 500
+// MaxDepth is the kernel's limit on lower layers (OVL_MAX_STACK).
+const MaxDepth = 500
 
 // overlayFeatures keep every upper directory self-contained, so it can
 // become a lower layer of other mounts: no redirects or metacopy files that
@@ -28,9 +29,9 @@ var overlayFeatures = []string{"index=off", "redirect_dir=off", "metacopy=off"}
 // means waiting for every other pod's writes.
 const volatileFeature = "volatile"
 
-// mountSpec is an overlay mount described as data, so that it can be tested
+// Spec is an overlay mount described as data, so that it can be tested
 // without root and printed for debugging.
-type mountSpec struct {
+type Spec struct {
 	Lower []string // newest (top) first
 	Upper string   // empty for a read-only mount of the lower layers
 	Work  string
@@ -42,7 +43,7 @@ type mountSpec struct {
 
 // flags are the mount flags (mount(2)), the matching new-API attributes
 // (fsmount(2)) and their names for mount(8).
-func (m mountSpec) flags() (flags uintptr, attr int, names []string) {
+func (m Spec) flags() (flags uintptr, attr int, names []string) {
 	if m.Upper == "" {
 		flags, attr, names = flags|unix.MS_RDONLY, attr|unix.MOUNT_ATTR_RDONLY, append(names, "ro")
 	}
@@ -55,7 +56,7 @@ func (m mountSpec) flags() (flags uintptr, attr int, names []string) {
 	return flags, attr, names
 }
 
-func (m mountSpec) options() []string {
+func (m Spec) options() []string {
 	opts := []string{"lowerdir=" + strings.Join(m.Lower, ":")}
 	if m.Upper != "" {
 		opts = append(opts, "upperdir="+m.Upper, "workdir="+m.Work)
@@ -65,7 +66,7 @@ func (m mountSpec) options() []string {
 	return append(opts, m.features()...)
 }
 
-func (m mountSpec) features() []string {
+func (m Spec) features() []string {
 	if m.Upper == "" {
 		return overlayFeatures
 	}
@@ -73,35 +74,35 @@ func (m mountSpec) features() []string {
 }
 
 // data is the option string for mount(2).
-func (m mountSpec) data() string { return strings.Join(m.options(), ",") }
+func (m Spec) data() string { return strings.Join(m.options(), ",") }
 
-// command is the equivalent mount(8) command line.
-func (m mountSpec) command(target string) string {
+// Command is the equivalent mount(8) command line.
+func (m Spec) Command(target string) string {
 	_, _, names := m.flags()
 	return fmt.Sprintf("mount -t overlay overlay -o %s %s", strings.Join(append(names, m.data()), ","), target)
 }
 
-func (m mountSpec) validate() error {
+func (m Spec) validate() error {
 	if len(m.Lower) == 0 {
 		return errors.New("overlay needs at least one lower layer")
 	}
-	if len(m.Lower) > maxOverlayDepth {
-		return fmt.Errorf("%d layers exceed overlayfs's limit of %d; squash the cache (layerfs squash)", len(m.Lower), maxOverlayDepth)
+	if len(m.Lower) > MaxDepth {
+		return fmt.Errorf("%d layers exceed overlayfs's limit of %d; squash the cache (layerfs squash)", len(m.Lower), MaxDepth)
 	}
 	return nil
 }
 
-// mount mounts the overlay at target. mount(2) takes at most one page of
+// Mount mounts the overlay at target. mount(2) takes at most one page of
 // options; longer chains go through the new mount API, which takes one
 // lower layer at a time ("lowerdir+", Linux 6.8+).
-func (m mountSpec) mount(target string) error {
+func (m Spec) Mount(target string) error {
 	if err := m.validate(); err != nil {
 		return err
 	}
 	flags, _, _ := m.flags()
 	if data := m.data(); len(data) < os.Getpagesize() {
 		if err := unix.Mount("overlay", target, "overlay", flags, data); err != nil {
-			return fmt.Errorf("%s: %w", m.command(target), err)
+			return fmt.Errorf("%s: %w", m.Command(target), err)
 		}
 		return nil
 	}
@@ -111,7 +112,7 @@ func (m mountSpec) mount(target string) error {
 	return nil
 }
 
-func (m mountSpec) fsmount(target string) error {
+func (m Spec) fsmount(target string) error {
 	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("fsopen: %w", err)
@@ -166,64 +167,15 @@ func (m mountSpec) fsmount(target string) error {
 	return nil
 }
 
-// unmount removes the mount at target; EBUSY (still in use) is ErrBusy. Not
-// lazily: a layer must never be written after it is committed.
-func unmount(target string) error {
-	for range 8 { // a mount point may carry stacked mounts
-		if !isMountPoint(target) {
-			return nil
-		}
-		faultPoint()
-		if err := unmountOnce(target); err != nil {
-			return err
-		}
-	}
-	if isMountPoint(target) {
-		return fmt.Errorf("unmount %s: still mounted after repeated unmounts", target)
-	}
-	return nil
-}
-
-// busyRetries bound how long unmountOnce waits out a busy mount: about
-// 300 ms in all. Anything that looks up a path on the mount holds it for a
-// moment (the kubelet's filesystem stats, a listing); only a mount busy for
-// longer is in use.
-var busyRetries = []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond, 80 * time.Millisecond, 150 * time.Millisecond}
-
-func unmountOnce(target string) error {
-	for i := 0; ; i++ {
-		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
-		switch {
-		case err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT):
-			return nil
-		case !errors.Is(err, unix.EBUSY):
-			return fmt.Errorf("unmount %s: %w", target, err)
-		case i == len(busyRetries):
-			return fmt.Errorf("unmount %s: the volume is still in use (a process has files open or a bind mount remains): %w", target, ErrBusy)
-		}
-		time.Sleep(busyRetries[i])
-	}
-}
-
-// isMountPoint tells whether something is mounted at path: a mount root has
-// another device than its parent directory (an overlay gets its own).
-func isMountPoint(path string) bool {
-	var st, parent unix.Stat_t
-	if unix.Lstat(path, &st) != nil || unix.Lstat(filepath.Dir(path), &parent) != nil {
-		return false
-	}
-	return st.Dev != parent.Dev
-}
-
-// probeOverlay proves the directory's filesystem can host overlay upper and
+// Probe proves the directory's filesystem can host overlay upper and
 // work directories, including whiteouts, with a real mount.
-func probeOverlay(ctx context.Context, dir string) (err error) {
+func Probe(ctx context.Context, dir string) (err error) {
 	probe, err := os.MkdirTemp(dir, "probe-")
 	if err != nil {
 		return fmt.Errorf("create probe directory: %w", err)
 	}
 	defer os.RemoveAll(probe)
-	spec := mountSpec{Lower: []string{filepath.Join(probe, "l")}, Upper: filepath.Join(probe, "u"), Work: filepath.Join(probe, "w")}
+	spec := Spec{Lower: []string{filepath.Join(probe, "l")}, Upper: filepath.Join(probe, "u"), Work: filepath.Join(probe, "w")}
 	merged := filepath.Join(probe, "m")
 	for _, d := range []string{spec.Lower[0], spec.Upper, spec.Work, merged} {
 		if err := os.Mkdir(d, 0o700); err != nil {
@@ -233,44 +185,28 @@ func probeOverlay(ctx context.Context, dir string) (err error) {
 	if err := os.WriteFile(filepath.Join(spec.Lower[0], "f"), nil, 0o600); err != nil {
 		return fmt.Errorf("write probe file: %w", err)
 	}
-	if err := spec.mount(merged); err != nil {
-		return fmt.Errorf("%w (filesystem %s; use ext4, xfs with ftype=1, btrfs or tmpfs, and run as root)", err, fsTypeName(dir))
+	if err := spec.Mount(merged); err != nil {
+		return fmt.Errorf("%w (filesystem %s; use ext4, xfs with ftype=1, btrfs or tmpfs, and run as root)", err, ondisk.FSTypeName(dir))
 	}
 	defer func() {
-		if uerr := unmount(merged); uerr != nil && err == nil {
+		if uerr := ondisk.Unmount(merged); uerr != nil && err == nil {
 			err = uerr
 		}
 	}()
 	if err := os.Remove(filepath.Join(merged, "f")); err != nil {
 		return fmt.Errorf("delete through the probe overlay: %w", err)
 	}
-	if !isWhiteout(filepath.Join(spec.Upper, "f")) {
-		return fmt.Errorf("deleting a lower file left no whiteout in the upper directory (filesystem %s)", fsTypeName(dir))
+	if !IsWhiteout(filepath.Join(spec.Upper, "f")) {
+		return fmt.Errorf("deleting a lower file left no whiteout in the upper directory (filesystem %s)", ondisk.FSTypeName(dir))
 	}
 	return ctx.Err()
 }
 
-// isWhiteout tells whether path is an overlay whiteout (a 0/0 char device).
-func isWhiteout(path string) bool {
+// IsWhiteout tells whether path is an overlay whiteout (a 0/0 char device).
+func IsWhiteout(path string) bool {
 	var st unix.Stat_t
 	if unix.Lstat(path, &st) != nil {
 		return false
 	}
 	return st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
-}
-
-func fsTypeName(path string) string {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
-		return "unknown"
-	}
-	names := map[int64]string{
-		unix.EXT4_SUPER_MAGIC: "ext4", unix.XFS_SUPER_MAGIC: "xfs", unix.BTRFS_SUPER_MAGIC: "btrfs",
-		unix.TMPFS_MAGIC: "tmpfs", unix.OVERLAYFS_SUPER_MAGIC: "overlay", unix.NFS_SUPER_MAGIC: "nfs",
-		unix.FUSE_SUPER_MAGIC: "fuse",
-	}
-	if n, ok := names[int64(st.Type)]; ok {
-		return n
-	}
-	return fmt.Sprintf("0x%x", st.Type)
 }

@@ -1,4 +1,4 @@
-package layerfs
+package overlay
 
 import (
 	"slices"
@@ -9,25 +9,25 @@ import (
 func TestMountSpecOptions(t *testing.T) {
 	tests := []struct {
 		name  string
-		spec  mountSpec
+		spec  Spec
 		want  string
 		flags string
 	}{
 		{
 			name:  "volume",
-			spec:  mountSpec{Lower: []string{"/r/layers/b", "/r/layers/a"}, Upper: "/r/v/upper", Work: "/r/v/work"},
+			spec:  Spec{Lower: []string{"/r/layers/b", "/r/layers/a"}, Upper: "/r/v/upper", Work: "/r/v/work"},
 			want:  "lowerdir=/r/layers/b:/r/layers/a,upperdir=/r/v/upper,workdir=/r/v/work,index=off,redirect_dir=off,metacopy=off,volatile",
 			flags: "nosuid,nodev",
 		},
 		{
 			name:  "volume of a cache that needs set-id programs and devices",
-			spec:  mountSpec{Lower: []string{"/r/layers/a"}, Upper: "/r/v/upper", Work: "/r/v/work", AllowSetuid: true, AllowDevices: true},
+			spec:  Spec{Lower: []string{"/r/layers/a"}, Upper: "/r/v/upper", Work: "/r/v/work", AllowSetuid: true, AllowDevices: true},
 			want:  "lowerdir=/r/layers/a,upperdir=/r/v/upper,workdir=/r/v/work,index=off,redirect_dir=off,metacopy=off,volatile",
 			flags: "",
 		},
 		{
 			name:  "read-only view for squash",
-			spec:  mountSpec{Lower: []string{"/r/layers/b", "/r/layers/a"}},
+			spec:  Spec{Lower: []string{"/r/layers/b", "/r/layers/a"}},
 			want:  "lowerdir=/r/layers/b:/r/layers/a,index=off,redirect_dir=off,metacopy=off",
 			flags: "ro,nosuid,nodev",
 		},
@@ -37,7 +37,7 @@ func TestMountSpecOptions(t *testing.T) {
 			if got := tt.spec.data(); got != tt.want {
 				t.Errorf("data() = %q, want %q", got, tt.want)
 			}
-			cmd := tt.spec.command("/mnt")
+			cmd := tt.spec.Command("/mnt")
 			opts := tt.want
 			if tt.flags != "" {
 				opts = tt.flags + "," + opts
@@ -52,7 +52,7 @@ func TestMountSpecOptions(t *testing.T) {
 // Options are last-wins in the kernel: the self-containment features must
 // come after everything else.
 func TestMountSpecFeaturesComeLast(t *testing.T) {
-	spec := mountSpec{Lower: []string{"/a"}, Upper: "/u", Work: "/w"}
+	spec := Spec{Lower: []string{"/a"}, Upper: "/u", Work: "/w"}
 	opts, features := spec.options(), spec.features()
 	if !slices.Equal(opts[len(opts)-len(features):], features) {
 		t.Fatalf("options %v do not end with %v", opts, features)
@@ -60,18 +60,18 @@ func TestMountSpecFeaturesComeLast(t *testing.T) {
 }
 
 func TestMountSpecValidate(t *testing.T) {
-	deep := make([]string, maxOverlayDepth+1)
+	deep := make([]string, MaxDepth+1)
 	for i := range deep {
 		deep[i] = "/l"
 	}
 	tests := []struct {
 		name    string
-		spec    mountSpec
+		spec    Spec
 		wantErr string
 	}{
-		{"no layers", mountSpec{}, "at least one lower layer"},
-		{"too deep", mountSpec{Lower: deep}, "squash the cache"},
-		{"at the limit", mountSpec{Lower: deep[1:]}, ""},
+		{"no layers", Spec{}, "at least one lower layer"},
+		{"too deep", Spec{Lower: deep}, "squash the cache"},
+		{"at the limit", Spec{Lower: deep[1:]}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,4 +1,4 @@
-package layerfs
+package tree
 
 import (
 	"cmp"
@@ -11,9 +11,11 @@ import (
 
 	"github.com/containerd/continuity/sysx"
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
-// copyTree copies the tree at src into the existing directory dst, keeping
+// Copy copies the tree at src into the existing directory dst, keeping
 // content, type, mode, owner, xattrs, times, symlinks, device nodes and
 // hardlinks. report is called with the number of entries copied so far.
 //
@@ -22,7 +24,7 @@ import (
 // PATH_MAX, and every path-based call on it fails with ENAMETOOLONG. It
 // holds two open directories per level and reads each directory in chunks
 // of dirChunk entries, so memory does not grow with a directory's size.
-func copyTree(src, dst string, report func(done int64)) error {
+func Copy(src, dst string, report func(done int64)) error {
 	srcDir, err := openDir(src)
 	if err != nil {
 		return err
@@ -37,7 +39,7 @@ func copyTree(src, dst string, report func(done int64)) error {
 	if err := unix.Fstat(int(srcDir.Fd()), &st); err != nil {
 		return fmt.Errorf("stat %s: %w", src, err)
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	if err := copyMeta(srcDir, dstDir, ".", &st); err != nil {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
@@ -75,7 +77,7 @@ func (c *treeCopier) copyDir(src, dst *os.File, rel string) error {
 				return c.link(first, dst, name)
 			}
 		}
-		faultPoint()
+		ondisk.FaultPoint()
 		if err := copyEntryAt(src, dst, name, &st); err != nil {
 			return fmt.Errorf("copy %s: %w", joinRel(rel, name), err)
 		}
@@ -334,12 +336,12 @@ func setTimesAt(dir *os.File, name string, st *unix.Stat_t) error {
 	return nil
 }
 
-// diskUsage sums the allocated bytes and counts the entries of a tree,
+// DiskUsage sums the allocated bytes and counts the entries of a tree,
 // counting each hardlinked inode once. Allocated, not apparent: a sparse
 // file costs the node only its data, and GC bounds what the node pays.
-// Like copyTree it walks directory descriptors in chunks, so neither depth
+// Like Copy it walks directory descriptors in chunks, so neither depth
 // nor directory size matters.
-func diskUsage(dir string) (bytes, files int64, err error) {
+func DiskUsage(dir string) (bytes, files int64, err error) {
 	root, err := openDir(dir)
 	if err != nil {
 		return 0, 0, err
@@ -429,4 +431,19 @@ func openDirAt(dir *os.File, name string) (*os.File, error) {
 		return nil, err
 	}
 	return os.NewFile(uintptr(fd), name), nil
+}
+
+// Empty empties dir, keeping dir itself. It reads dirChunk names at a
+// time (a torn upper layer may hold a huge directory) and removes only
+// names it has read, which readdir returns once each however the directory
+// changes meanwhile.
+func Empty(dir string) error {
+	d, err := openDir(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return forEachName(d, dir, func(name string) error {
+		return os.RemoveAll(filepath.Join(dir, name))
+	})
 }

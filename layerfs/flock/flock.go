@@ -1,4 +1,4 @@
-package layerfs
+package flock
 
 import (
 	"context"
@@ -10,23 +10,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fileLock is an flock on a lock file. flock works across processes, so the
+// Lock is an flock on a lock file. flock works across processes, so the
 // CLI and the node agent can share a store.
-type fileLock struct {
+type Lock struct {
 	f    *os.File
 	path string
 	gate chan struct{} // held with the flock, if it was taken through a gate
 }
 
-// lockGates queues a process's own waiters for an exclusive lock in
+// Gates queues a process's own waiters for an exclusive lock in
 // memory, ahead of the flock: flockContext polls with a backoff of up to
 // 100 ms, which, with many waiters (the commits of one cache when many
 // builds end at once), leaves the lock idle between holders; a gate hands
 // it on at once. Other processes still meet at the flock.
-type lockGates struct{ m sync.Map } // path -> chan struct{} of capacity 1
+type Gates struct{ m sync.Map } // path -> chan struct{} of capacity 1
 
-// lock takes path's gate, then its flock.
-func (g *lockGates) lock(ctx context.Context, path string) (*fileLock, error) {
+// Acquire takes path's gate, then its exclusive flock.
+func (g *Gates) Acquire(ctx context.Context, path string) (*Lock, error) {
 	v, _ := g.m.LoadOrStore(path, make(chan struct{}, 1))
 	gate := v.(chan struct{})
 	select {
@@ -38,7 +38,7 @@ func (g *lockGates) lock(ctx context.Context, path string) (*fileLock, error) {
 			return nil, fmt.Errorf("lock %s: waiting for lock: %w", path, ctx.Err())
 		}
 	}
-	l, err := lockFile(ctx, path, false)
+	l, err := Acquire(ctx, path, false)
 	if err != nil {
 		<-gate
 		return nil, err
@@ -50,11 +50,11 @@ func (g *lockGates) lock(ctx context.Context, path string) (*fileLock, error) {
 // maxLockAttempts bounds the retries when a lock file is replaced under us.
 const maxLockAttempts = 100
 
-// lockFile takes an exclusive (or shared) flock on path, creating the file.
+// Acquire takes an exclusive (or shared) flock on path, creating the file.
 // Lock files of removed objects are unlinked by their last holder, so after
 // taking the lock we check that path still names the locked inode; if not,
 // the object was removed meanwhile and we try again on the new file.
-func lockFile(ctx context.Context, path string, shared bool) (*fileLock, error) {
+func Acquire(ctx context.Context, path string, shared bool) (*Lock, error) {
 	how := unix.LOCK_EX
 	if shared {
 		how = unix.LOCK_SH
@@ -69,7 +69,7 @@ func lockFile(ctx context.Context, path string, shared bool) (*fileLock, error) 
 			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
 		if sameFile(f, path) {
-			return &fileLock{f: f, path: path}, nil
+			return &Lock{f: f, path: path}, nil
 		}
 		f.Close()
 	}
@@ -105,21 +105,21 @@ func sameFile(f *os.File, path string) bool {
 	return held.Dev == named.Dev && held.Ino == named.Ino
 }
 
-// unlock releases the lock.
-func (l *fileLock) unlock() {
+// Unlock releases the lock.
+func (l *Lock) Unlock() {
 	l.f.Close()
 	l.openGate()
 }
 
-func (l *fileLock) openGate() {
+func (l *Lock) openGate() {
 	if l.gate != nil {
 		<-l.gate
 	}
 }
 
-// removeAndUnlock unlinks the lock file of a removed object, then releases
+// RemoveAndUnlock unlinks the lock file of a removed object, then releases
 // it; waiters notice the unlinked inode and retry on a fresh file.
-func (l *fileLock) removeAndUnlock() {
+func (l *Lock) RemoveAndUnlock() {
 	os.Remove(l.path)
 	l.f.Close()
 	l.openGate()

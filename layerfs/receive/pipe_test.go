@@ -1,4 +1,4 @@
-package layerfs
+package receive
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ func TestCopyPipelined(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			n, err := copyPipelined(tt.dst, tt.src, 1<<20, 2)
+			n, err := CopyPipelined(tt.dst, tt.src, 1<<20, 2)
 			if !errors.Is(err, tt.wantErr) || (err != nil) != (tt.wantErr != nil) {
 				t.Fatalf("error %v, want %v", err, tt.wantErr)
 			}

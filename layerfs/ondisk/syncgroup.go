@@ -1,4 +1,4 @@
-package layerfs
+package ondisk
 
 import (
 	"fmt"
@@ -7,16 +7,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// syncGroup shares syncfs calls between the commits of one process: a
+// SyncGroup shares syncfs calls between the commits of one process: a
 // commit needs a syncfs of its filesystem that starts after its writes,
 // and one syncfs covers every write made before it started, whoever made
 // it. So callers that arrive while a syncfs runs wait for it to end and
 // then share the next one: N concurrent commits cost two syncfs, not N
 // (which, besides, each wait on the same writeback of everyone's data).
-type syncGroup struct {
+type SyncGroup struct {
 	mu  sync.Mutex
 	fss map[uint64]*fsSync // by device
-	// syncfs is syncFS but in tests.
+	// syncfs is SyncFS but in tests.
 	syncfs func(path string) error
 }
 
@@ -33,9 +33,9 @@ type syncRound struct {
 	err  error
 }
 
-// sync returns once a syncfs of the filesystem that holds path, started
-// after sync was called, has ended; its error is that syncfs's.
-func (g *syncGroup) sync(path string) error {
+// Sync returns once a syncfs of the filesystem that holds path, started
+// after Sync was called, has ended; its error is that syncfs's.
+func (g *SyncGroup) Sync(path string) error {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		return fmt.Errorf("syncfs %s: %w", path, err)
@@ -63,10 +63,10 @@ func (g *syncGroup) sync(path string) error {
 }
 
 // run runs round r, then the rounds that gathered meanwhile.
-func (g *syncGroup) run(fs *fsSync, r *syncRound) {
+func (g *SyncGroup) run(fs *fsSync, r *syncRound) {
 	syncfs := g.syncfs
 	if syncfs == nil {
-		syncfs = syncFS
+		syncfs = SyncFS
 	}
 	for r != nil {
 		r.err = syncfs(r.path)

@@ -1,4 +1,4 @@
-package layerfs
+package snapshot
 
 import (
 	"encoding/binary"
@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
 // btrfs subvolumes and qgroups through the kernel's ioctls (uapi
@@ -155,7 +157,7 @@ func createSubvolume(path string) error {
 	if err := setName(args.Name[:], filepath.Base(path)); err != nil {
 		return err
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	err := withDir(filepath.Dir(path), func(fd int) error {
 		return btrfsIoctl(fd, btrfsIocSubvolCreate, unsafe.Pointer(&args))
 	})
@@ -176,7 +178,7 @@ func snapshotSubvolume(src, dst string, readOnly bool) error {
 	if readOnly {
 		args.Flags = btrfsSubvolRdonly
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	err := withDir(src, func(srcFd int) error {
 		args.Fd = int64(srcFd)
 		return withDir(filepath.Dir(dst), func(fd int) error {
@@ -205,7 +207,7 @@ func deleteSubvolume(path string) error {
 	if err := setName(args.Name[:], filepath.Base(path)); err != nil {
 		return err
 	}
-	faultPoint()
+	ondisk.FaultPoint()
 	destroy := func() error {
 		return withDir(filepath.Dir(path), func(fd int) error {
 			return btrfsIoctl(fd, btrfsIocSnapDestroy, unsafe.Pointer(&args))

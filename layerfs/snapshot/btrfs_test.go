@@ -1,4 +1,4 @@
-package layerfs
+package snapshot
 
 import (
 	"testing"
