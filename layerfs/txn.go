@@ -113,14 +113,14 @@ func (t *txn) lockCache(ctx context.Context) (err error) {
 	} else if err != nil {
 		return fmt.Errorf("cache %s: %w", t.cache, err)
 	}
-	return t.snapshot()
+	return t.recordRead()
 }
 
-// snapshot records the head as read. A volume whose layer its cache
-// already holds has ended (a crash came between the commit's head and the
-// removal of its record): the transaction sees no volume, and its save
-// removes the record.
-func (t *txn) snapshot() (err error) {
+// recordRead records the head as read, for save to compare with. A
+// volume whose layer its cache already holds has ended (a crash came
+// between the commit's head and the removal of its record): the
+// transaction sees no volume, and its save removes the record.
+func (t *txn) recordRead() (err error) {
 	if t.Volume != nil && t.Volume.landedIn(t.Head) {
 		t.Volume = nil
 	}

@@ -14,13 +14,13 @@ import (
 // owner keeps the wiring in one place: no part makes a queue another
 // part runs.
 type workQueues struct {
-	// reports applies a cache's CacheReplica (maintainer.report); fed by
+	// reports applies a cache's CacheReplica (Maintainer.Report); fed by
 	// provisioning, build ends, sync and maintenance.
 	reports *kit.CacheQueue
-	// squashes merges a deep cache's layers (maintainer.squash); fed by
+	// squashes merges a deep cache's layers (Maintainer.Squash); fed by
 	// commits and syncs that leave a cache deep.
 	squashes *kit.CacheQueue
-	// publishes pushes a cache's new layers (syncer.publish); fed by
+	// publishes pushes a cache's new layers (registrysync.Syncer.Publish); fed by
 	// commits and maintenance.
 	publishes *kit.CacheQueue
 }

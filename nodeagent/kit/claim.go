@@ -94,7 +94,7 @@ type ClassParams struct {
 	Layout   layerfs.Layout
 }
 
-// NeedsPod tells whether parseClaim needs the claim's owning pod.
+// NeedsPod tells whether ParseClaim needs the claim's owning pod.
 func (c ClassParams) NeedsPod(claim *corev1.PersistentVolumeClaim) bool {
 	_, annotated := claim.Annotations[v1alpha1.AnnotationCache]
 	_, fallbacks := claim.Annotations[v1alpha1.AnnotationFallback]

@@ -128,7 +128,7 @@ func (q *KeyQueue) take(key string) (time.Time, bool) {
 type queuedAtKey struct{}
 
 // QueuedAt returns the time the key a worker does was first queued, if
-// the work came from a keyQueue.
+// the work came from a KeyQueue.
 func QueuedAt(ctx context.Context) (time.Time, bool) {
 	at, ok := ctx.Value(queuedAtKey{}).(time.Time)
 	return at, ok

@@ -11,7 +11,7 @@ import (
 
 // A volume's user asks for it with settings (cache, mode, commit,
 // fallback): a claim's annotations, or a CSI inline volume's attributes.
-// Both go through one parser (parseSettings) and one admission
+// Both go through one parser (ParseSettings) and one admission
 // (admitVolume); the terms of each name the settings as its user wrote
 // them, so that a refusal speaks the user's words.
 

@@ -183,7 +183,7 @@ func TestMountOptions(t *testing.T) {
 }
 
 // checkClaimError checks that err is nil when want is "", else a
-// *claimError of the given reason whose message contains want.
+// *kit.ClaimError of the given reason whose message contains want.
 func checkClaimError(t *testing.T, err error, want, reason string) {
 	t.Helper()
 	if want == "" {

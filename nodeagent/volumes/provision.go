@@ -54,18 +54,17 @@ type Provisioner struct {
 	metrics  *kit.Metrics
 	getPod   PodGetter
 	// seen has the outcomes of pods that ended and went away before their
-	// volumes ended; nil when the agent does not watch pods.
+	// volumes ended.
 	seen *outcomes
-	// reports and squashes run off the critical path; nil in tests that
-	// don't look at them.
+	// reports and squashes run off the critical path.
 	reports  *kit.CacheQueue
 	squashes *kit.CacheQueue
 	// sync keeps caches whose class names a registry in step across
 	// nodes.
 	sync RegistrySync
 	// holds holds a build pod before its volume is handed out and
-	// releases it once the volume ended; nil in tests that don't look at
-	// them.
+	// releases it once the volume ended; Core.Watch makes it over the pod
+	// informer, so it is nil in tests that make no pod watch.
 	holds *podHolds
 }
 
@@ -173,7 +172,7 @@ func (p *Provisioner) admit(ctx context.Context, claim *corev1.PersistentVolumeC
 	if err != nil {
 		return kit.VolumeRequest{}, err
 	}
-	// parseClass refuses immediate binding, so a claim gets here with no
+	// kit.ParseClass refuses immediate binding, so a claim gets here with no
 	// selected node only if the class changed under it.
 	if opts.SelectedNodeName == "" {
 		return kit.VolumeRequest{}, &kit.ClaimError{Reason: kit.ReasonInvalidStorageClass,
