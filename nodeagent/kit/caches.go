@@ -125,10 +125,10 @@ type SyncStatus struct {
 	Unpublished int
 }
 
-// ReplicaStatus is this node's state of a cache. Unpublished and
+// replicaStatus is this node's state of a cache. Unpublished and
 // PublishError are reported for a cache that syncs through a registry
 // (synced not nil) only.
-func ReplicaStatus(info layerfs.CacheInfo, synced *SyncStatus) v1alpha1.CacheReplicaStatus {
+func replicaStatus(info layerfs.CacheInfo, synced *SyncStatus) v1alpha1.CacheReplicaStatus {
 	st := v1alpha1.CacheReplicaStatus{
 		Generation: info.Generation, Layers: int32(len(info.Layers)),
 		SizeBytes: info.Bytes, LastWriter: info.LastWriter,
@@ -168,10 +168,10 @@ func (c *Caches) replica(ctx context.Context, ref layerfs.CacheRef) (*v1alpha1.C
 	return &r, nil
 }
 
-// SameStatus tells whether two replica states would be stored alike. The
+// sameStatus tells whether two replica states would be stored alike. The
 // comparison goes through JSON, which keeps times to the second as the API
 // server does.
-func SameStatus(a, b v1alpha1.CacheReplicaStatus) bool {
+func sameStatus(a, b v1alpha1.CacheReplicaStatus) bool {
 	have, err1 := json.Marshal(a)
 	want, err2 := json.Marshal(b)
 	return err1 == nil && err2 == nil && bytes.Equal(have, want)
@@ -182,12 +182,12 @@ func SameStatus(a, b v1alpha1.CacheReplicaStatus) bool {
 // its owner, so the garbage collector deletes it with a Cache whose
 // replicas no node agent is left to delete.
 func (c *Caches) ApplyStatus(ctx context.Context, cache *v1alpha1.Cache, info layerfs.CacheInfo, synced *SyncStatus) error {
-	st := ReplicaStatus(info, synced)
+	st := replicaStatus(info, synced)
 	have, err := c.replica(ctx, info.Cache)
 	if err != nil {
 		return err
 	}
-	if have != nil && SameStatus(have.Status, st) && slices.ContainsFunc(have.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == cache.UID }) {
+	if have != nil && sameStatus(have.Status, st) && slices.ContainsFunc(have.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == cache.UID }) {
 		return nil
 	}
 	b := v1alpha1.CacheReplicaApply(cache.Namespace, cache.Name, cache.UID, c.Node, st)

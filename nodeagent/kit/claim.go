@@ -94,7 +94,8 @@ type ClassParams struct {
 	Layout   layerfs.Layout
 }
 
-// NeedsPod tells whether ParseClaim needs the claim's owning pod.
+// NeedsPod tells whether a claim's settings need its owning pod
+// (ClaimSettings): a template of the class names its cache or fallbacks.
 func (c ClassParams) NeedsPod(claim *corev1.PersistentVolumeClaim) bool {
 	_, annotated := claim.Annotations[v1alpha1.AnnotationCache]
 	_, fallbacks := claim.Annotations[v1alpha1.AnnotationFallback]
@@ -262,9 +263,9 @@ func (s Settings) commit() (v1alpha1.CommitPolicy, error) {
 	return policy, nil
 }
 
-// WriterOf names who will write through the volume: the pod that owns a
+// writerOf names who will write through the volume: the pod that owns a
 // generic ephemeral volume's claim, else the claim itself.
-func WriterOf(claim *corev1.PersistentVolumeClaim) string {
+func writerOf(claim *corev1.PersistentVolumeClaim) string {
 	if pod, ok := podfacts.OwningPod(claim); ok {
 		return claim.Namespace + "/" + pod.Name
 	}

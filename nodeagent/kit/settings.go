@@ -100,19 +100,11 @@ func (s Settings) get(annotation string) (string, bool) {
 // pod that owns the claim, if any, for the class's templates.
 func ClaimSettings(claim *corev1.PersistentVolumeClaim, pod *corev1.Pod) Settings {
 	s := Settings{terms: claimTerms, Namespace: claim.Namespace, values: claim.Annotations,
-		Writer: WriterOf(claim), template: templateData(claim, pod)}
+		Writer: writerOf(claim), template: templateData(claim, pod)}
 	if q, ok := claim.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
 		s.LimitBytes = q.Value()
 	}
 	return s
-}
-
-// ParseClaim validates a claim's annotations against its class and returns
-// what to mount. pod is the pod that owns the claim, if any; it matters only
-// when the class's templates name the cache or its fallbacks. It does not
-// check access to another namespace's cache.
-func ParseClaim(claim *corev1.PersistentVolumeClaim, class ClassParams, pod *corev1.Pod) (VolumeRequest, error) {
-	return ParseSettings(ClaimSettings(claim, pod), class)
 }
 
 // ParseSettings validates a volume's settings against its class and

@@ -91,7 +91,7 @@ func (e *holdEnv) sync(t *testing.T, pod *corev1.Pod) []string {
 
 func TestPodHolds(t *testing.T) {
 	claimPod := func(phase corev1.PodPhase) *corev1.Pod {
-		return ephemeralPod(buildPod, phase, phase == corev1.PodRunning)
+		return kittest.EphemeralPod(buildPod, phase, phase == corev1.PodRunning)
 	}
 	csiPod := func(phase corev1.PodPhase) *corev1.Pod {
 		pod := csiPodObject("csi-build", phase)
@@ -101,7 +101,7 @@ func TestPodHolds(t *testing.T) {
 		return pod
 	}
 	claimUser := func(claim string, phase corev1.PodPhase) *corev1.Pod {
-		pod := ephemeralPod("user-"+claim, phase, phase == corev1.PodRunning)
+		pod := kittest.EphemeralPod("user-"+claim, phase, phase == corev1.PodRunning)
 		pod.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}
 		return pod
 	}
@@ -136,7 +136,7 @@ func TestPodHolds(t *testing.T) {
 		{name: "a standalone claim released on pod exit", mount: mount("pvc-ws"), running: claimUser("ws", corev1.PodRunning),
 			ended: claimUser("ws", corev1.PodSucceeded), release: decide, wantHeld: true},
 		{name: "a standalone claim the manager does not release", mount: mount("pvc-shared"), running: claimUser("shared", corev1.PodRunning)},
-		{name: "a claim of another provisioner", running: ephemeralPod("other", corev1.PodRunning, true)},
+		{name: "a claim of another provisioner", running: kittest.EphemeralPod("other", corev1.PodRunning, true)},
 		{name: "a claim whose volume is not mounted yet", running: claimPod(corev1.PodRunning)},
 	}
 	for _, tt := range tests {
@@ -186,7 +186,7 @@ func TestPodHolds(t *testing.T) {
 func TestPodHoldsSkipsADeletedPod(t *testing.T) {
 	e := newHoldEnv(t)
 	mountFake(t, e.store, "pvc-1", nil)
-	pod := ephemeralPod(buildPod, corev1.PodRunning, true)
+	pod := kittest.EphemeralPod(buildPod, corev1.PodRunning, true)
 	now := metav1.Now()
 	pod.DeletionTimestamp = &now
 	e.setPod(t, pod)

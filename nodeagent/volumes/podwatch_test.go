@@ -7,42 +7,24 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 	"github.com/layercache/layercache/podfacts"
 )
 
 const (
-	buildPod   = "build-7x2k"
+	buildPod   = kittest.BuildPod
 	buildClaim = "ci/" + buildPod + "-cache"
 )
 
-// ephemeralPod is a pod on node-a with a generic ephemeral volume "cache",
-// whose claim testClaim names build-7x2k-cache after this pod.
-func ephemeralPod(name string, phase corev1.PodPhase, running bool) *corev1.Pod {
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ci", Name: name, UID: types.UID("uid-" + name)},
-		Spec: corev1.PodSpec{NodeName: "node-a", Volumes: []corev1.Volume{{
-			Name: "cache", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{}},
-		}}},
-		Status: corev1.PodStatus{Phase: phase},
-	}
-	state := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}
-	if running {
-		state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
-	}
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", State: state}}
-	return pod
-}
-
 // sharer is another pod of the node that names the claim directly.
 func sharer(phase corev1.PodPhase, running bool) *corev1.Pod {
-	pod := ephemeralPod("sharer", phase, running)
+	pod := kittest.EphemeralPod("sharer", phase, running)
 	pod.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: buildPod + "-cache"}}
 	return pod
 }
@@ -51,7 +33,7 @@ func sharer(phase corev1.PodPhase, running bool) *corev1.Pod {
 // negative code: still running) while the kubelet still reports it
 // Running, under restartPolicy policy.
 func exited(policy corev1.RestartPolicy, codes ...int32) *corev1.Pod {
-	pod := ephemeralPod("p", corev1.PodRunning, false)
+	pod := kittest.EphemeralPod("p", corev1.PodRunning, false)
 	pod.Spec.RestartPolicy = policy
 	pod.Status.ContainerStatuses = nil
 	pod.Spec.Containers = nil
@@ -85,12 +67,12 @@ func TestPodEnded(t *testing.T) {
 		ended   bool
 		outcome string
 	}{
-		{"running", ephemeralPod("p", corev1.PodRunning, true), false, ""},
-		{"succeeded", ephemeralPod("p", corev1.PodSucceeded, false), true, v1alpha1.OutcomeSucceeded},
-		{"failed", ephemeralPod("p", corev1.PodFailed, false), true, v1alpha1.OutcomeFailed},
+		{"running", kittest.EphemeralPod("p", corev1.PodRunning, true), false, ""},
+		{"succeeded", kittest.EphemeralPod("p", corev1.PodSucceeded, false), true, v1alpha1.OutcomeSucceeded},
+		{"failed", kittest.EphemeralPod("p", corev1.PodFailed, false), true, v1alpha1.OutcomeFailed},
 		// A container still running would write into the layer.
-		{"succeeded with a container still running", ephemeralPod("p", corev1.PodSucceeded, true), false, v1alpha1.OutcomeSucceeded},
-		{"pending", ephemeralPod("p", corev1.PodPending, false), false, ""},
+		{"succeeded with a container still running", kittest.EphemeralPod("p", corev1.PodSucceeded, true), false, v1alpha1.OutcomeSucceeded},
+		{"pending", kittest.EphemeralPod("p", corev1.PodPending, false), false, ""},
 		// The kubelet reports the exits a second before the phase.
 		{"never: every container exited 0", exited(corev1.RestartPolicyNever, 0, 0), true, v1alpha1.OutcomeSucceeded},
 		{"never: one container failed", exited(corev1.RestartPolicyNever, 0, 2), true, v1alpha1.OutcomeFailed},
@@ -179,17 +161,17 @@ func TestBuildEnd(t *testing.T) {
 		event   string   // the Event on the claim
 	}{
 		{name: "owner succeeded: committed", ann: maven, owned: true,
-			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodSucceeded, false)},
+			pods: []*corev1.Pod{kittest.EphemeralPod(buildPod, corev1.PodSucceeded, false)},
 			want: v1alpha1.ResultCommitted, event: "Normal Committed"},
 		{name: "owner failed: discarded", ann: maven, owned: true,
-			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodFailed, false)},
+			pods: []*corev1.Pod{kittest.EphemeralPod(buildPod, corev1.PodFailed, false)},
 			want: v1alpha1.ResultDiscarded, event: "Normal Discarded"},
 		{name: "owner still running: kept", ann: maven, owned: true,
-			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodRunning, true)}},
+			pods: []*corev1.Pod{kittest.EphemeralPod(buildPod, corev1.PodRunning, true)}},
 		{name: "owner ended but a container runs: kept", ann: maven, owned: true,
-			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodSucceeded, true)}},
+			pods: []*corev1.Pod{kittest.EphemeralPod(buildPod, corev1.PodSucceeded, true)}},
 		{name: "another pod of the node still uses the claim: kept", ann: maven, owned: true,
-			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodSucceeded, false), sharer(corev1.PodRunning, true)}},
+			pods: []*corev1.Pod{kittest.EphemeralPod(buildPod, corev1.PodSucceeded, false), sharer(corev1.PodRunning, true)}},
 		{name: "owner went away after it succeeded: committed", ann: maven, owned: true,
 			seen: v1alpha1.OutcomeSucceeded, want: v1alpha1.ResultCommitted, event: "Normal Committed"},
 		{name: "owner went away unseen: outcome unknown, discarded", ann: maven, owned: true,
@@ -197,13 +179,13 @@ func TestBuildEnd(t *testing.T) {
 		{name: "on-marker, marker written, pod deleted at once: committed", ann: onMarker, owned: true,
 			control: []string{"commit"}, want: v1alpha1.ResultCommitted, event: "Normal Committed"},
 		{name: "on-marker, pod failed but wrote the marker: committed", ann: onMarker, owned: true,
-			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodFailed, false)}, control: []string{"commit"},
+			pods: []*corev1.Pod{kittest.EphemeralPod(buildPod, corev1.PodFailed, false)}, control: []string{"commit"},
 			want: v1alpha1.ResultCommitted, event: "Normal Committed"},
 		{name: "on-marker, no marker: discarded", ann: onMarker, owned: true,
-			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodSucceeded, false)},
+			pods: []*corev1.Pod{kittest.EphemeralPod(buildPod, corev1.PodSucceeded, false)},
 			want: v1alpha1.ResultDiscarded, event: "Normal Discarded"},
 		{name: "on-marker, abort wins: discarded", ann: onMarker, owned: true,
-			pods: []*corev1.Pod{ephemeralPod(buildPod, corev1.PodSucceeded, false)}, control: []string{"commit", "abort"},
+			pods: []*corev1.Pod{kittest.EphemeralPod(buildPod, corev1.PodSucceeded, false)}, control: []string{"commit", "abort"},
 			want: v1alpha1.ResultDiscarded, event: "Normal Discarded"},
 		{name: "standalone claim: ends at release, not here", ann: maven,
 			pods: []*corev1.Pod{sharer(corev1.PodSucceeded, false)}},
@@ -256,7 +238,7 @@ func TestBuildEnd(t *testing.T) {
 // A pod that goes away queues its volume with the outcome it last showed,
 // and Delete, when the claim follows the pod, ends the volume the same way.
 func TestBuildEndPodGoneThenReleased(t *testing.T) {
-	pod := ephemeralPod(buildPod, corev1.PodSucceeded, false)
+	pod := kittest.EphemeralPod(buildPod, corev1.PodSucceeded, false)
 	env := newBuildEndEnv(t, map[string]string{v1alpha1.AnnotationCache: "maven"}, true)
 	env.ends.handlers().OnDelete(cache.DeletedFinalStateUnknown{Key: "ci/" + buildPod, Obj: pod})
 	if env.ends.queue.Len() != 1 {
@@ -275,7 +257,7 @@ func TestBuildEndPodGoneThenReleased(t *testing.T) {
 // volume was not ended until something else touched the pod. Pod events
 // only queue the claim; the worker looks it up.
 func TestBuildEndPodSeenBeforeItsClaim(t *testing.T) {
-	pod := ephemeralPod(buildPod, corev1.PodSucceeded, false)
+	pod := kittest.EphemeralPod(buildPod, corev1.PodSucceeded, false)
 	env := newBuildEndEnv(t, map[string]string{v1alpha1.AnnotationCache: "maven"}, true, pod)
 	must(t, env.claimIdx.Delete(env.claim))
 	must(t, env.pvIdx.Delete(env.pv))

@@ -17,6 +17,7 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 )
 
 func TestShouldProvision(t *testing.T) {
@@ -78,10 +79,10 @@ func TestShouldDelete(t *testing.T) {
 
 // provisionOptions is a claim of namespace ns placed on node-a.
 func provisionOptions(ns string, ann map[string]string, params map[string]string) controller.ProvisionOptions {
-	claim := testClaim(ns, ann)
+	claim := kittest.Claim(ns, ann)
 	claim.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}
 	return controller.ProvisionOptions{
-		StorageClass: testClass(params), PVName: "pvc-" + string(claim.UID), PVC: claim, SelectedNodeName: "node-a",
+		StorageClass: kittest.Class(params), PVName: "pvc-" + string(claim.UID), PVC: claim, SelectedNodeName: "node-a",
 	}
 }
 

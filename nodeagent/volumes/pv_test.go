@@ -12,16 +12,17 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 )
 
 func TestBuildPV(t *testing.T) {
 	retain := corev1.PersistentVolumeReclaimRetain
 	fs := corev1.PersistentVolumeFilesystem
-	claim := testClaim("ci", nil)
+	claim := kittest.Claim("ci", nil)
 	claim.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOncePod}
 	claim.Spec.VolumeMode = &fs
 	claim.Spec.Resources.Requests = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("10Gi")}
-	class := testClass(nil)
+	class := kittest.Class(nil)
 	class.ReclaimPolicy = &retain
 	req := kit.VolumeRequest{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Mode: "write", Commit: "always"}
 	vol := &layerfs.Volume{ID: "pvc-1", BaseGeneration: 7, MergedPath: "/var/lib/layercache/volumes/pvc-1/merged"}

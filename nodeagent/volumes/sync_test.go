@@ -23,6 +23,7 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 	"github.com/layercache/layercache/nodeagent/registrysync"
 	"github.com/layercache/layercache/remote/registrytest"
 )
@@ -63,7 +64,7 @@ func newSyncCluster(t testing.TB) *syncCluster {
 	reg := registrytest.New(t)
 	c := &syncCluster{client: newCacheClient(t), reg: reg, nodes: map[string]*syncNode{},
 		classes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
-	c.addClass(t, testClass(c.params()))
+	c.addClass(t, kittest.Class(c.params()))
 	c.secret = &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: registrySecret, Namespace: "layercache-system"},
 		Type:       corev1.SecretTypeDockerConfigJson,

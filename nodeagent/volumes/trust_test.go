@@ -20,6 +20,7 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 )
 
 // The tests in this file pin the trust model of the published chain: the
@@ -28,7 +29,7 @@ import (
 
 // namedClass is a registry class of another name than testClass's.
 func namedClass(name string, params map[string]string) *storagev1.StorageClass {
-	c := testClass(params)
+	c := kittest.Class(params)
 	c.Name = name
 	return c
 }
@@ -251,7 +252,7 @@ func TestMaxLayerBound(t *testing.T) {
 		}
 		return p
 	}
-	plain, err := kit.ParseRegistry(testClass(map[string]string{kit.ParamRegistry: "reg.example/c"}))
+	plain, err := kit.ParseRegistry(kittest.Class(map[string]string{kit.ParamRegistry: "reg.example/c"}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package volumes
+package kit
 
 import (
 	"testing"
@@ -7,11 +7,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/layercache/layercache/api/v1alpha1"
-	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 )
 
 func TestCacheTemplate(t *testing.T) {
-	pod := ephemeralPod(buildPod, corev1.PodPending, false)
+	pod := kittest.EphemeralPod(kittest.BuildPod, corev1.PodPending, false)
 	pod.Labels = map[string]string{"app": "runner", "Bad": "Upper"}
 	pod.Annotations = map[string]string{"ci.example/project": "shop"}
 	tests := []struct {
@@ -29,27 +29,27 @@ func TestCacheTemplate(t *testing.T) {
 		{name: "standalone claim: volume is the claim's name", template: "{{ .Volume }}", want: "ci/build-7x2k-cache"},
 		{name: "the claim's annotation wins", template: "{{ .Pod.Labels.app }}", pod: pod,
 			ann: map[string]string{v1alpha1.AnnotationCache: "maven"}, want: "ci/maven"},
-		{name: "missing label", template: "{{ .Pod.Labels.team }}", pod: pod, reason: kit.ReasonCacheTemplate,
+		{name: "missing label", template: "{{ .Pod.Labels.team }}", pod: pod, reason: ReasonCacheTemplate,
 			wantErr: `parameter cache "{{ .Pod.Labels.team }}" cannot name the cache of this claim (pod build-7x2k): template: cache:1:7: executing "cache" at <.Pod.Labels.team>: map has no entry for key "team"; give pod build-7x2k the label or annotation`},
-		{name: "pod label on a standalone claim", template: "{{ .Pod.Labels.app }}", reason: kit.ReasonCacheTemplate,
+		{name: "pod label on a standalone claim", template: "{{ .Pod.Labels.app }}", reason: ReasonCacheTemplate,
 			wantErr: "cannot name the cache of this claim (the claim)"},
-		{name: "invalid result", template: "{{ .Pod.Labels.Bad }}", pod: pod, reason: kit.ReasonCacheTemplate,
+		{name: "invalid result", template: "{{ .Pod.Labels.Bad }}", pod: pod, reason: ReasonCacheTemplate,
 			wantErr: `named the cache "Upper" for this claim, which is not valid`},
-		{name: "empty result", template: "{{ .Claim.Labels.x }}", reason: kit.ReasonCacheTemplate, wantErr: `map has no entry for key "x"`},
+		{name: "empty result", template: "{{ .Claim.Labels.x }}", reason: ReasonCacheTemplate, wantErr: `map has no entry for key "x"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			class, err := kit.ParseClass(testClass(map[string]string{kit.ParamCache: tt.template}))
+			class, err := ParseClass(kittest.Class(map[string]string{ParamCache: tt.template}))
 			must(t, err)
-			claim := testClaim("ci", tt.ann)
-			claim.Name = buildPod + "-cache"
+			claim := kittest.Claim("ci", tt.ann)
+			claim.Name = kittest.BuildPod + "-cache"
 			if tt.pod != nil {
 				claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: tt.pod.Name, UID: tt.pod.UID, Controller: new(true)}}
 			}
 			if needs := class.NeedsPod(claim); needs != (tt.ann == nil) {
 				t.Errorf("needsPod = %v, want %v", needs, tt.ann == nil)
 			}
-			req, err := kit.ParseClaim(claim, class, tt.pod)
+			req, err := parseClaim(claim, class, tt.pod)
 			checkClaimError(t, err, tt.wantErr, tt.reason)
 			if tt.wantErr == "" && req.Cache.String() != tt.want {
 				t.Errorf("cache %s, want %s", req.Cache, tt.want)
@@ -59,6 +59,6 @@ func TestCacheTemplate(t *testing.T) {
 }
 
 func TestCacheTemplateRefusedByClass(t *testing.T) {
-	_, err := kit.ParseClass(testClass(map[string]string{kit.ParamCache: "{{ .Pod.Labels.app "}))
-	checkClaimError(t, err, `parameter cache has value "{{ .Pod.Labels.app ", which is not a valid Go template`, kit.ReasonInvalidStorageClass)
+	_, err := ParseClass(kittest.Class(map[string]string{ParamCache: "{{ .Pod.Labels.app "}))
+	checkClaimError(t, err, `parameter cache has value "{{ .Pod.Labels.app ", which is not a valid Go template`, ReasonInvalidStorageClass)
 }

@@ -1,4 +1,4 @@
-package volumes
+package kit
 
 import (
 	"errors"
@@ -13,18 +13,8 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
-	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 )
-
-func testClass(params map[string]string) *storagev1.StorageClass {
-	wffc := storagev1.VolumeBindingWaitForFirstConsumer
-	return &storagev1.StorageClass{
-		ObjectMeta:        metav1.ObjectMeta{Name: "layercache"},
-		Provisioner:       v1alpha1.ProvisionerName,
-		VolumeBindingMode: &wffc,
-		Parameters:        params,
-	}
-}
 
 func TestParseClass(t *testing.T) {
 	immediate := storagev1.VolumeBindingImmediate
@@ -32,16 +22,16 @@ func TestParseClass(t *testing.T) {
 		name    string
 		class   func(*storagev1.StorageClass)
 		params  map[string]string
-		want    kit.ClassParams
+		want    ClassParams
 		wantErr string // substring; "" means success
 	}{
-		{name: "defaults", want: kit.ClassParams{}},
+		{name: "defaults", want: ClassParams{}},
 		{name: "uid gid mode", params: map[string]string{"uid": "1000", "gid": "2000", "mode": "0775"},
-			want: kit.ClassParams{UID: 1000, GID: 2000, Perm: 0o775}},
-		{name: "mode without leading zero", params: map[string]string{"mode": "755"}, want: kit.ClassParams{Perm: 0o755}},
-		{name: "forced read", params: map[string]string{"mode": "read"}, want: kit.ClassParams{ForceRead: true}},
+			want: ClassParams{UID: 1000, GID: 2000, Perm: 0o775}},
+		{name: "mode without leading zero", params: map[string]string{"mode": "755"}, want: ClassParams{Perm: 0o755}},
+		{name: "forced read", params: map[string]string{"mode": "read"}, want: ClassParams{ForceRead: true}},
 		{name: "setuid programs and devices allowed", params: map[string]string{"allowSetuid": "true", "allowDevices": "true"},
-			want: kit.ClassParams{AllowSetuid: true, AllowDevices: true}},
+			want: ClassParams{AllowSetuid: true, AllowDevices: true}},
 		{name: "allowSetuid not a bool", params: map[string]string{"allowSetuid": "yes"}, wantErr: `parameter allowSetuid has value "yes": use "true" or "false"`},
 		{name: "immediate binding", class: func(c *storagev1.StorageClass) { c.VolumeBindingMode = &immediate },
 			wantErr: "volumeBindingMode is Immediate"},
@@ -50,8 +40,8 @@ func TestParseClass(t *testing.T) {
 		{name: "mount options", class: func(c *storagev1.StorageClass) { c.MountOptions = []string{"noatime"} },
 			wantErr: "remove mountOptions"},
 		{name: "unknown parameter", params: map[string]string{"uid": "1", "owner": "me"}, wantErr: `unknown parameters ["owner"]`},
-		{name: "cluster max age", params: map[string]string{"clusterMaxAge": "168h"}, want: kit.ClassParams{}},
-		{name: "cluster max age zero keeps forever", params: map[string]string{"clusterMaxAge": "0s"}, want: kit.ClassParams{}},
+		{name: "cluster max age", params: map[string]string{"clusterMaxAge": "168h"}, want: ClassParams{}},
+		{name: "cluster max age zero keeps forever", params: map[string]string{"clusterMaxAge": "0s"}, want: ClassParams{}},
 		{name: "negative cluster max age", params: map[string]string{"clusterMaxAge": "-1h"},
 			wantErr: `StorageClass "layercache": parameter clusterMaxAge has value "-1h": use a duration of at least 0 such as "720h" (30 days), or "0s" to keep caches forever`},
 		{name: "cluster max age in days", params: map[string]string{"clusterMaxAge": "30d"}, wantErr: `parameter clusterMaxAge has value "30d"`},
@@ -62,20 +52,20 @@ func TestParseClass(t *testing.T) {
 		{name: "mode too big", params: map[string]string{"mode": "17777"}, wantErr: `parameter mode has value "17777"`},
 		{name: "mode zero", params: map[string]string{"mode": "0000"}, wantErr: "lets nobody use the volume"},
 		{name: "setuid", params: map[string]string{"mode": "4755"}, wantErr: "setuid"},
-		{name: "snapshot layout", params: map[string]string{"layout": "snapshot"}, want: kit.ClassParams{Layout: layerfs.LayoutSnapshot}},
-		{name: "overlay layout", params: map[string]string{"layout": "overlay"}, want: kit.ClassParams{Layout: layerfs.LayoutOverlay}},
+		{name: "snapshot layout", params: map[string]string{"layout": "snapshot"}, want: ClassParams{Layout: layerfs.LayoutSnapshot}},
+		{name: "overlay layout", params: map[string]string{"layout": "overlay"}, want: ClassParams{Layout: layerfs.LayoutOverlay}},
 		{name: "unknown layout", params: map[string]string{"layout": "zfs"}, wantErr: `parameter layout has value "zfs": use "overlay" (the default) or "snapshot"`},
 		{name: "snapshot with a registry", params: map[string]string{"layout": "snapshot", "registry": "registry.example/caches"},
 			wantErr: "snapshot caches do not sync through a registry yet; remove registry and registrySecret, or use layout: overlay"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			class := testClass(tt.params)
+			class := kittest.Class(tt.params)
 			if tt.class != nil {
 				tt.class(class)
 			}
-			got, err := kit.ParseClass(class)
-			checkClaimError(t, err, tt.wantErr, kit.ReasonInvalidStorageClass)
+			got, err := ParseClass(class)
+			checkClaimError(t, err, tt.wantErr, ReasonInvalidStorageClass)
 			tt.want.Name = class.Name
 			if tt.wantErr == "" && got != tt.want {
 				t.Errorf("parseClass = %+v, want %+v", got, tt.want)
@@ -84,51 +74,45 @@ func TestParseClass(t *testing.T) {
 	}
 }
 
-func testClaim(namespace string, ann map[string]string) *corev1.PersistentVolumeClaim {
-	return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{
-		Namespace: namespace, Name: "build-cache", UID: "0c5e7a38-6c2d-4a8e-9a1f-1d2b3c4d5e6f", Annotations: ann,
-	}}
-}
-
 func TestParseClaim(t *testing.T) {
 	ref := func(ns, name string) layerfs.CacheRef { return layerfs.CacheRef{Namespace: ns, Name: name} }
 	tests := []struct {
 		name    string
 		ann     map[string]string
-		class   kit.ClassParams
-		want    kit.VolumeRequest
+		class   ClassParams
+		want    VolumeRequest
 		wantErr string
 	}{
 		{name: "own cache, defaults",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "maven"},
-			want: kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success"}},
+			want: VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success"}},
 		{name: "own cache by full name",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "ci/maven"},
-			want: kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success"}},
+			want: VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success"}},
 		{name: "own cache read, commit always",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationMode: "read", v1alpha1.AnnotationCommit: "always"},
-			want: kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "always"}},
+			want: VolumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "always"}},
 		{name: "other namespace defaults to read",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "trusted/maven"},
-			want: kit.VolumeRequest{Cache: ref("trusted", "maven"), Mode: "read", Commit: "on-success"}},
+			want: VolumeRequest{Cache: ref("trusted", "maven"), Mode: "read", Commit: "on-success"}},
 		{name: "other namespace explicit read",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "trusted/maven", v1alpha1.AnnotationMode: "read", v1alpha1.AnnotationCommit: "never"},
-			want: kit.VolumeRequest{Cache: ref("trusted", "maven"), Mode: "read", Commit: "never"}},
+			want: VolumeRequest{Cache: ref("trusted", "maven"), Mode: "read", Commit: "never"}},
 		{name: "other namespace write refused",
 			ann:     map[string]string{v1alpha1.AnnotationCache: "trusted/maven", v1alpha1.AnnotationMode: "write"},
 			wantErr: `may only read another namespace's cache; set layercache.dev/mode: read`},
 		{name: "class forces read over explicit write",
 			ann:   map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationMode: "write"},
-			class: kit.ClassParams{ForceRead: true},
-			want:  kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "on-success", ForcedRead: true}},
+			class: ClassParams{ForceRead: true},
+			want:  VolumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "on-success", ForcedRead: true}},
 		{name: "class forces read over default",
 			ann:   map[string]string{v1alpha1.AnnotationCache: "maven"},
-			class: kit.ClassParams{ForceRead: true},
-			want:  kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "on-success"}},
+			class: ClassParams{ForceRead: true},
+			want:  VolumeRequest{Cache: ref("ci", "maven"), Mode: "read", Commit: "on-success"}},
 		{name: "class ownership carried",
 			ann:   map[string]string{v1alpha1.AnnotationCache: "maven"},
-			class: kit.ClassParams{UID: 1000, GID: 1000, Perm: 0o750},
-			want:  kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success", UID: 1000, GID: 1000, Perm: 0o750}},
+			class: ClassParams{UID: 1000, GID: 1000, Perm: 0o750},
+			want:  VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-success", UID: 1000, GID: 1000, Perm: 0o750}},
 		{name: "cache missing", ann: nil, wantErr: `annotation layercache.dev/cache is missing and StorageClass "" has no cache parameter`},
 		{name: "cache empty", ann: map[string]string{v1alpha1.AnnotationCache: ""}, wantErr: `has value "": the cache name "" is not valid (it is empty)`},
 		{name: "cache upper case", ann: map[string]string{v1alpha1.AnnotationCache: "Maven"}, wantErr: "upper-case"},
@@ -144,13 +128,13 @@ func TestParseClaim(t *testing.T) {
 			wantErr: `annotation layercache.dev/commit has value "yes": use "on-success", "always", "never" or "on-marker", or remove the annotation (the default is on-success)`},
 		{name: "commit on marker",
 			ann:  map[string]string{v1alpha1.AnnotationCache: "maven", v1alpha1.AnnotationCommit: "on-marker"},
-			want: kit.VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-marker"}},
+			want: VolumeRequest{Cache: ref("ci", "maven"), Mode: "write", Commit: "on-marker"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			claim := testClaim("ci", tt.ann)
-			got, err := kit.ParseClaim(claim, tt.class, nil)
-			checkClaimError(t, err, tt.wantErr, kit.ReasonInvalidAnnotation)
+			claim := kittest.Claim("ci", tt.ann)
+			got, err := parseClaim(claim, tt.class, nil)
+			checkClaimError(t, err, tt.wantErr, ReasonInvalidAnnotation)
 			if tt.wantErr != "" {
 				return
 			}
@@ -163,18 +147,18 @@ func TestParseClaim(t *testing.T) {
 }
 
 func TestWriterOf(t *testing.T) {
-	claim := testClaim("ci", nil)
-	if got := kit.WriterOf(claim); got != "ci/build-cache" {
+	claim := kittest.Claim("ci", nil)
+	if got := writerOf(claim); got != "ci/build-cache" {
 		t.Errorf("standalone claim: writer %q, want ci/build-cache", got)
 	}
 	claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "build-7x2k", Controller: new(true)}}
-	if got := kit.WriterOf(claim); got != "ci/build-7x2k" {
+	if got := writerOf(claim); got != "ci/build-7x2k" {
 		t.Errorf("ephemeral claim: writer %q, want the owning pod ci/build-7x2k", got)
 	}
 }
 
 func TestMountOptions(t *testing.T) {
-	req := kit.VolumeRequest{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Mode: "read", UID: 1, GID: 2, Perm: 0o700, Writer: "ci/p"}
+	req := VolumeRequest{Cache: layerfs.CacheRef{Namespace: "ci", Name: "maven"}, Mode: "read", UID: 1, GID: 2, Perm: 0o700, Writer: "ci/p"}
 	got := req.MountOptions()
 	want := layerfs.MountOptions{Cache: req.Cache, ReadOnly: true, UID: 1, GID: 2, Mode: os.FileMode(0o700), Writer: "ci/p"}
 	if !reflect.DeepEqual(got, want) {
@@ -183,7 +167,7 @@ func TestMountOptions(t *testing.T) {
 }
 
 // checkClaimError checks that err is nil when want is "", else a
-// *kit.ClaimError of the given reason whose message contains want.
+// *ClaimError of the given reason whose message contains want.
 func checkClaimError(t *testing.T, err error, want, reason string) {
 	t.Helper()
 	if want == "" {
@@ -192,7 +176,7 @@ func checkClaimError(t *testing.T, err error, want, reason string) {
 		}
 		return
 	}
-	var ce *kit.ClaimError
+	var ce *ClaimError
 	if !errors.As(err, &ce) {
 		t.Fatalf("error %v (%T), want a claimError containing %q", err, err, want)
 	}
@@ -202,4 +186,19 @@ func checkClaimError(t *testing.T, err error, want, reason string) {
 	if !strings.Contains(ce.Message, want) {
 		t.Errorf("message %q does not contain %q", ce.Message, want)
 	}
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// parseClaim validates a claim's annotations against its class and returns
+// what to mount. pod is the pod that owns the claim, if any; it matters only
+// when the class's templates name the cache or its fallbacks. It does not
+// check access to another namespace's cache.
+func parseClaim(claim *corev1.PersistentVolumeClaim, class ClassParams, pod *corev1.Pod) (VolumeRequest, error) {
+	return ParseSettings(ClaimSettings(claim, pod), class)
 }
