@@ -9,6 +9,7 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -33,17 +34,21 @@ func TestATenantCannotForgeAgentState(t *testing.T) {
 	e.bindWildcardRole(ctx, user)
 	tenant, agent := e.clientFor(e.AsUser(user)), e.clientFor(e.AsLayercache("layercache-node", e.Node.Name))
 
+	// The manager and the agents write the Cache too: a conflict is
+	// theirs, not the policy's answer, so the write is tried again.
 	setPublished := func(as client.Client, repo string) error {
-		var cur v1alpha1.Cache
-		if err := as.Get(ctx, client.ObjectKeyFromObject(c), &cur); err != nil {
-			return err
-		}
-		patch := client.MergeFromWithOptions(cur.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		// A chain without layers: nothing for any agent to fetch, and a
-		// repository that no class names (the agents refuse to touch it
-		// when the Cache goes), on loopback all the same.
-		cur.Status.Published = &v1alpha1.PublishedChain{Repository: repo}
-		return as.Status().Patch(ctx, &cur, patch)
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var cur v1alpha1.Cache
+			if err := as.Get(ctx, client.ObjectKeyFromObject(c), &cur); err != nil {
+				return err
+			}
+			patch := client.MergeFromWithOptions(cur.DeepCopy(), client.MergeFromWithOptimisticLock{})
+			// A chain without layers: nothing for any agent to fetch, and a
+			// repository that no class names (the agents refuse to touch it
+			// when the Cache goes), on loopback all the same.
+			cur.Status.Published = &v1alpha1.PublishedChain{Repository: repo}
+			return as.Status().Patch(ctx, &cur, patch)
+		})
 	}
 	setReaders := func(as client.Client) error {
 		var cur v1alpha1.Cache
