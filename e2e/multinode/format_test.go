@@ -16,6 +16,9 @@ import (
 // build makes crosses nodes as it is, with nothing unpacked or
 // translated on the way.
 
+// hundred sets h to 100 levels of the deep tree, d/d/.../d, in shell.
+const hundred = `h=d; for i in $(seq 99); do h=$h/d; done`
+
 // TestFilesCrossNodesIntact: a socket (as gpg-agent and Gradle daemons
 // leave them), files named like OCI whiteouts, and a tree deeper than
 // PATH_MAX, made on node A, are the same on node B.
@@ -27,17 +30,20 @@ func TestFilesCrossNodesIntact(t *testing.T) {
 	a, b := e.node(0), e.node(1)
 
 	// busybox's syslogd binds its socket where /dev/log points; cd -P
-	// does not build a path past PATH_MAX from $PWD.
+	// does not build a path past PATH_MAX from $PWD. The tree goes down
+	// 100 levels (d/d/.../d) at a time: each cd -P asks for the working
+	// directory, which past PATH_MAX costs a walk up the whole tree, and
+	// 2,100 single steps took minutes on a slow node.
 	script := `mkdir -p /cache/run /cache/img/d
 ln -sf /cache/run/agent.sock /dev/log; syslogd -n -O /dev/null & sleep 1; kill $!; test -S /cache/run/agent.sock
 echo kept > /cache/img/keep; : > /cache/img/.wh.keep; echo opq > /cache/img/d/.wh..wh..opq; echo inside > /cache/img/d/file
-cd /cache; for i in $(seq 2100); do mkdir d; cd -P d; done; echo deep > leaf`
+` + hundred + `; cd /cache; for i in $(seq 21); do mkdir -p $h; cd -P $h; done; echo deep > leaf`
 	e.run(ctx, e.buildPod("make", a, "odd-files", "", script))
 	e.waitPublished(ctx, "odd-files", 1)
 
 	check := `test -S /cache/run/agent.sock && echo socket
 cat /cache/img/keep /cache/img/.wh.keep /cache/img/d/.wh..wh..opq /cache/img/d/file
-cd /cache; for i in $(seq 2100); do cd -P d; done; cat leaf`
+` + hundred + `; cd /cache; for i in $(seq 21); do cd -P $h; done; cat leaf`
 	out := e.run(ctx, e.buildPod("check", b, "odd-files", "", check))
 	if got, want := strings.Fields(out), []string{"socket", "kept", "opq", "inside", "deep"}; strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("node %s sees %q, want %q: the socket, keep beside .wh.keep, d/ with its .wh..wh..opq, and the leaf 2,100 levels down", b, got, want)
