@@ -20,7 +20,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
-	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -99,19 +98,22 @@ func Run(ctx context.Context, opts Options) error {
 	// against the classes without a request per pull.
 	claimInformers := newClaimInformers(clientset, opts.NodeName, controller.DefaultResyncPeriod)
 	hostname := nodeHostname(ctx, clientset, opts.NodeName)
-	a := newAgent(opts, agentParts{
+	a, err := newAgent(opts, agentParts{
 		store: st, caches: &kit.Caches{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Node: opts.NodeName},
 		events: mgr.GetEventRecorder(Component), metrics: m,
 		hostname: hostname,
 		getPod: func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 			return clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		},
-		classes: claimInformers.Storage().V1().StorageClasses().Lister(),
 		secrets: func(ctx context.Context, name string) (*corev1.Secret, error) {
 			return clientset.CoreV1().Secrets(opts.Namespace).Get(ctx, name, metav1.GetOptions{})
 		},
+		kube: clientset, claimInformers: claimInformers,
 	})
-	if err := a.wire(ctx, clientset, claimInformers, crmetrics.Registry); err != nil {
+	if err != nil {
+		return err
+	}
+	if err := a.wire(ctx, clientset, crmetrics.Registry); err != nil {
 		return err
 	}
 
@@ -185,56 +187,59 @@ type agentParts struct {
 	// affinity names (nodeHostname).
 	hostname string
 	getPod   volumes.PodGetter
-	// classes and secrets are the registry sync's (registrysync.Config).
-	classes storagelisters.StorageClassLister
+	// secrets are the registry sync's (registrysync.Config).
 	secrets registrysync.SecretGetter
+	kube    kubernetes.Interface
+	// claimInformers are the cluster's claims and classes (newClaimInformers).
+	claimInformers informers.SharedInformerFactory
 }
 
-func newAgent(opts Options, p agentParts) *agent {
-	queues := newWorkQueues()
-	sync := registrysync.New(registrysync.Config{
+func newAgent(opts Options, p agentParts) (*agent, error) {
+	a := &agent{opts: opts, queues: newWorkQueues(), claimInformers: p.claimInformers}
+	a.watchNode(p.kube)
+	a.sync = registrysync.New(registrysync.Config{
 		Node: opts.NodeName, Store: p.store, Caches: p.caches, Events: p.events, Metrics: p.metrics,
-		Classes: p.classes, Secrets: p.secrets,
+		Classes: p.claimInformers.Storage().V1().StorageClasses().Lister(), Secrets: p.secrets,
 		TmpDir: filepath.Join(opts.Root, "tmp"), Compression: remote.Compression(opts.RegistryCompression),
-		Reports: queues.reports, Squashes: queues.squashes, Publishes: queues.publishes,
+		Reports: a.queues.reports, Squashes: a.queues.squashes, Publishes: a.queues.publishes,
 	})
-	core := volumes.New(volumes.Config{
+	var err error
+	a.core, err = volumes.New(volumes.Config{
 		Node: opts.NodeName, Hostname: p.hostname, Root: opts.Root,
-		Store: p.store, Caches: p.caches, Events: p.events, Metrics: p.metrics, GetPod: p.getPod, Sync: sync,
-		Reports: queues.reports, Squashes: queues.squashes, Publishes: queues.publishes,
+		Store: p.store, Caches: p.caches, Events: p.events, Metrics: p.metrics, GetPod: p.getPod, Sync: a.sync,
+		Reports: a.queues.reports, Squashes: a.queues.squashes, Publishes: a.queues.publishes,
 		GC:         layerfs.GCOptions{MaxAge: opts.GCMaxAge, MaxBytes: opts.GCMaxBytes, MinFreeBytes: opts.GCMinFreeBytes, MinFreePercent: opts.GCMinFreePercent},
 		KubeletDir: opts.KubeletDir, CSILimits: kit.CSILimits{Default: opts.CSIDefaultBytes, Max: opts.CSIMaxBytes},
 		ResyncInterval: opts.ResyncInterval,
+		Kube:           p.kube, Pods: a.podInformers.Core().V1().Pods().Informer(), PVs: a.pvInformers.Core().V1().PersistentVolumes().Informer(),
+		Claims: p.claimInformers.Core().V1().PersistentVolumeClaims().Lister(),
 	})
-	return &agent{opts: opts, core: core, sync: sync, queues: queues}
+	return a, err
 }
 
-// wire builds the provision controller and the build-end watcher on
-// informers the agent shares: the PV and pod informers see only this node's
-// objects (by label and field), which keeps the agent's memory independent
-// of the cluster's size.
-func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, claimInformers informers.SharedInformerFactory, reg prometheus.Registerer) error {
+// watchNode makes the informers of this node's PVs (by label) and pods
+// (by field), which keeps the agent's memory independent of the
+// cluster's size; no cached object keeps its managed fields, which are
+// often its largest part.
+func (a *agent) watchNode(kube kubernetes.Interface) {
 	resync := controller.DefaultResyncPeriod
-	// No cached object keeps its managed fields, which are often its
-	// largest part; claims are the cluster's, so those of other nodes are
-	// left out (nodeClaimInformer).
 	strip := informers.WithTransform(crcache.TransformStripManagedFields())
-	a.claimInformers = claimInformers
-	a.pvInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync, strip,
+	a.pvInformers = informers.NewSharedInformerFactoryWithOptions(kube, resync, strip,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.Set{volumes.LabelNode: a.opts.NodeName}.String()
 		}))
-	a.podInformers = informers.NewSharedInformerFactoryWithOptions(clientset, resync, strip,
+	a.podInformers = informers.NewSharedInformerFactoryWithOptions(kube, resync, strip,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.opts.NodeName).String()
 		}))
-	pvInformer := a.pvInformers.Core().V1().PersistentVolumes()
-	a.pvs = pvInformer.Lister()
-	claimInformer := a.claimInformers.Core().V1().PersistentVolumeClaims()
-	if err := a.core.Watch(clientset, a.podInformers.Core().V1().Pods().Informer(), pvInformer.Informer(), claimInformer.Lister()); err != nil {
-		return err
-	}
+	a.pvs = a.pvInformers.Core().V1().PersistentVolumes().Lister()
+}
 
+// wire builds the provision controller on the informers the agent
+// shares with the core.
+func (a *agent) wire(ctx context.Context, kube kubernetes.Interface, reg prometheus.Registerer) error {
+	pvInformer := a.pvInformers.Core().V1().PersistentVolumes()
+	claimInformer := a.claimInformers.Core().V1().PersistentVolumeClaims()
 	lib := libmetrics.New("controller")
 	for _, c := range []prometheus.Collector{
 		lib.PersistentVolumeClaimProvisionTotal, lib.PersistentVolumeClaimProvisionFailedTotal,
@@ -245,7 +250,7 @@ func (a *agent) wire(ctx context.Context, clientset kubernetes.Interface, claimI
 			return fmt.Errorf("register provisioner library metrics: %w", err)
 		}
 	}
-	a.controller = controller.NewProvisionController(ctx, clientset, v1alpha1.ProvisionerName, a.core.Provisioner(),
+	a.controller = controller.NewProvisionController(ctx, kube, v1alpha1.ProvisionerName, a.core.Provisioner(),
 		controller.LeaderElection(false),
 		controller.ClaimsInformer(claimInformer.Informer()),
 		controller.ClassesInformer(a.claimInformers.Storage().V1().StorageClasses().Informer()),

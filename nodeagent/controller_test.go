@@ -64,11 +64,14 @@ func TestControllerTwoNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 		claimInformers := newClaimInformers(clientset, node, controller.DefaultResyncPeriod)
-		a := newAgent(opts, agentParts{
+		a, err := newAgent(opts, agentParts{
 			store: st, caches: &kit.Caches{Client: cacheClient, Reader: cacheClient, Node: node}, events: recorder, metrics: metrics,
-			hostname: node, classes: claimInformers.Storage().V1().StorageClasses().Lister(),
+			hostname: node, kube: clientset, claimInformers: claimInformers,
 		})
-		if err := a.wire(ctx, clientset, claimInformers, prometheus.NewRegistry()); err != nil {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.wire(ctx, clientset, prometheus.NewRegistry()); err != nil {
 			t.Fatal(err)
 		}
 		go func() {

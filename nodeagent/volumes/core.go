@@ -56,6 +56,13 @@ type Config struct {
 	// ResyncInterval is how often the CSI volumes are swept for pods that
 	// ended unseen.
 	ResyncInterval time.Duration
+	// Kube is the API the doors write pods' holds through; Pods and PVs
+	// are the agent's informers of this node's pods and PVs, and Claims
+	// its lister of claims. New adds its index and handlers to them.
+	Kube   kubernetes.Interface
+	Pods   cache.SharedIndexInformer
+	PVs    cache.SharedIndexInformer
+	Claims corelisters.PersistentVolumeClaimLister
 }
 
 // Core owns a volume's life on one node, admit, mount and end, for each
@@ -72,20 +79,32 @@ type Core struct {
 	csiEnds *csiEnds
 }
 
-// New makes the core of cfg.Node; Watch connects its doors to the
-// agent's informers.
-func New(cfg Config) *Core {
-	return &Core{
-		cfg: cfg,
-		prov: &Provisioner{
-			node: cfg.Node, hostname: cfg.Hostname, store: cfg.Store, gateRoot: cfg.Root, caches: cfg.Caches, events: cfg.Events,
-			metrics: cfg.Metrics, getPod: cfg.GetPod, reports: cfg.Reports, squashes: cfg.Squashes, seen: newOutcomes(), sync: cfg.Sync,
-		},
-		maint: &Maintainer{
-			node: cfg.Node, store: cfg.Store, caches: cfg.Caches, events: cfg.Events, metrics: cfg.Metrics, gc: cfg.GC,
-			reports: cfg.Reports, publishes: cfg.Publishes, sync: cfg.Sync,
-		},
+// New makes the core of cfg.Node and connects its doors to the agent's
+// informers: it indexes this node's pods by claim, and watches them and
+// the PVs for build ends, pod holds and, with a kubelet directory, the
+// ends of CSI volumes.
+func New(cfg Config) (*Core, error) {
+	if err := cfg.Pods.AddIndexers(cache.Indexers{indexClaim: podClaims}); err != nil {
+		return nil, fmt.Errorf("index pods by claim: %w", err)
 	}
+	pods, pvs := cfg.Pods.GetIndexer(), corelisters.NewPersistentVolumeLister(cfg.PVs.GetIndexer())
+	c := &Core{cfg: cfg, holds: newPodHolds(cfg.Store, cfg.Kube, pods, cfg.Claims, pvs)}
+	c.prov = &Provisioner{
+		node: cfg.Node, hostname: cfg.Hostname, store: cfg.Store, gateRoot: cfg.Root, caches: cfg.Caches, events: cfg.Events,
+		metrics: cfg.Metrics, getPod: cfg.GetPod, reports: cfg.Reports, squashes: cfg.Squashes, seen: newOutcomes(), sync: cfg.Sync,
+		holds: c.holds,
+	}
+	c.maint = &Maintainer{
+		node: cfg.Node, store: cfg.Store, caches: cfg.Caches, events: cfg.Events, metrics: cfg.Metrics, gc: cfg.GC,
+		reports: cfg.Reports, publishes: cfg.Publishes, sync: cfg.Sync,
+	}
+	c.ends = &buildEnds{prov: c.prov, kube: cfg.Kube, pods: pods, claims: cfg.Claims, pvs: pvs, queue: kit.NewKeyQueue("build-end"), seen: c.prov.seen}
+	if cfg.KubeletDir != "" {
+		locks := newVolumeLocks()
+		c.csiEnds = newCSIEnds(c.prov, locks, pods)
+		c.csi = newCSIDriver(c.prov, c.csiEnds, locks, cfg.KubeletDir, cfg.CSILimits)
+	}
+	return c, c.watch()
 }
 
 // Provisioner is the door of claims, which the provision controller
@@ -96,36 +115,23 @@ func (c *Core) Provisioner() *Provisioner { return c.prov }
 // squashes, the periodic pass and the cleanup of deleted Caches.
 func (c *Core) Maintainer() *Maintainer { return c.maint }
 
-// Watch indexes this node's pods by claim and connects the doors that
-// watch them and the PVs: build ends, pod holds and, with a kubelet
-// directory, the ends of CSI volumes.
-func (c *Core) Watch(kube kubernetes.Interface, pods, pvs cache.SharedIndexInformer, claims corelisters.PersistentVolumeClaimLister) error {
-	if err := pods.AddIndexers(cache.Indexers{indexClaim: podClaims}); err != nil {
-		return fmt.Errorf("index pods by claim: %w", err)
-	}
-	c.ends = &buildEnds{
-		prov: c.prov, kube: kube, pods: pods.GetIndexer(), claims: claims,
-		pvs: corelisters.NewPersistentVolumeLister(pvs.GetIndexer()), queue: kit.NewKeyQueue("build-end"), seen: c.prov.seen,
-	}
-	if _, err := pods.AddEventHandler(c.ends.handlers()); err != nil {
+// watch adds the doors' handlers to the informers.
+func (c *Core) watch() error {
+	if _, err := c.cfg.Pods.AddEventHandler(c.ends.handlers()); err != nil {
 		return fmt.Errorf("watch this node's pods: %w", err)
 	}
-	c.holds = newPodHolds(c.cfg.Store, kube, pods.GetIndexer(), claims, c.ends.pvs)
-	c.prov.holds = c.holds
-	if _, err := pods.AddEventHandler(c.holds.handlers()); err != nil {
+	if _, err := c.cfg.Pods.AddEventHandler(c.holds.handlers()); err != nil {
 		return fmt.Errorf("watch this node's pods to hold them: %w", err)
 	}
-	if _, err := pvs.AddEventHandler(c.holds.volumeHandlers()); err != nil {
+	if _, err := c.cfg.PVs.AddEventHandler(c.holds.volumeHandlers()); err != nil {
 		return fmt.Errorf("watch this node's PVs to release held pods: %w", err)
 	}
-	if c.cfg.KubeletDir != "" {
-		c.csi = newCSIDriver(c.prov, c.cfg.KubeletDir, c.cfg.CSILimits)
-		c.csiEnds = newCSIEnds(c.prov, c.csi, pods.GetIndexer())
-		if _, err := pods.AddEventHandler(c.csiEnds.handlers()); err != nil {
+	if c.csiEnds != nil {
+		if _, err := c.cfg.Pods.AddEventHandler(c.csiEnds.handlers()); err != nil {
 			return fmt.Errorf("watch this node's pods for CSI volumes: %w", err)
 		}
 	}
-	_, err := pvs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, err := c.cfg.PVs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
@@ -181,7 +187,7 @@ func (c *Core) Remount(ctx context.Context, pvs []*corev1.PersistentVolume) {
 func (c *Core) Serve(ctx context.Context, stop context.CancelCauseFunc) {
 	go c.ends.run(ctx, buildEndWorkers)
 	go c.holds.run(ctx, buildEndWorkers)
-	if c.csi == nil {
+	if c.csiEnds == nil {
 		return
 	}
 	go c.csiEnds.run(ctx, buildEndWorkers, c.cfg.ResyncInterval)

@@ -57,13 +57,14 @@ type csiDriver struct {
 	// limits bound every volume's size attribute (Options.CSIDefaultBytes
 	// and CSIMaxBytes).
 	limits kit.CSILimits
-	locks  volumeLocks
-	// ends ends CSI volumes whose pods ended; nil in tests without it.
-	ends *csiEnds
+	// locks are shared with ends, which ends CSI volumes whose pods
+	// ended.
+	locks *volumeLocks
+	ends  *csiEnds
 }
 
-func newCSIDriver(prov *Provisioner, kubeletDir string, limits kit.CSILimits) *csiDriver {
-	return &csiDriver{prov: prov, kubeletDir: kubeletDir, limits: limits, locks: volumeLocks{m: map[string]*volumeLock{}}}
+func newCSIDriver(prov *Provisioner, ends *csiEnds, locks *volumeLocks, kubeletDir string, limits kit.CSILimits) *csiDriver {
+	return &csiDriver{prov: prov, ends: ends, locks: locks, kubeletDir: kubeletDir, limits: limits}
 }
 
 // GetPluginInfo names the driver.
@@ -224,9 +225,6 @@ func (d *csiDriver) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublis
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "read volume %s: %v", id, err)
 	}
-	if d.ends == nil {
-		return &csi.NodeUnpublishVolumeResponse{}, nil
-	}
 	if err := d.ends.endIfDecided(ctx, vol, triggerUnpublish); err != nil {
 		return nil, status.Errorf(codes.Internal, "end volume %s of cache %s (its changes are kept; the kubelet retries): %v", id, vol.Cache, err)
 	}
@@ -345,6 +343,8 @@ type volumeLocks struct {
 	mu sync.Mutex
 	m  map[string]*volumeLock
 }
+
+func newVolumeLocks() *volumeLocks { return &volumeLocks{m: map[string]*volumeLock{}} }
 
 type volumeLock struct {
 	sync.Mutex

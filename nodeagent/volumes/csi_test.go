@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -51,19 +52,22 @@ var testCSILimits = kit.CSILimits{Default: 10 << 30, Max: 100 << 30}
 func newCSIEnv(t *testing.T, objs ...client.Object) *csiEnv {
 	t.Helper()
 	ci := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ci", Labels: map[string]string{v1alpha1.LabelCSI: v1alpha1.CSIEnabled}}}
-	env, st := newRealEnv(t, 8, append([]client.Object{ci}, objs...)...)
-	e := &csiEnv{testEnv: env, store: st, kubeletDir: t.TempDir(),
-		pods: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
-	t.Cleanup(func() { unmountUnder(t, e.kubeletDir) })
-	e.driver = newCSIDriver(env.prov, e.kubeletDir, testCSILimits)
-	e.ends = newCSIEnds(env.prov, e.driver, e.pods)
-	env.prov.getPod = func(_ context.Context, ns, name string) (*corev1.Pod, error) {
-		obj, ok, _ := e.pods.GetByKey(ns + "/" + name)
+	st := openRealStore(t, 8)
+	c := newCacheClient(t, append([]client.Object{ci}, objs...)...)
+	events := events.NewFakeRecorder(100)
+	parts := testNodeParts(t, "node-a", "", st, c, events)
+	parts.core.KubeletDir = t.TempDir()
+	pods := parts.core.Pods.GetIndexer()
+	parts.core.GetPod = func(_ context.Context, ns, name string) (*corev1.Pod, error) {
+		obj, ok, _ := pods.GetByKey(ns + "/" + name)
 		if !ok {
 			return nil, apierrors.NewNotFound(corev1.Resource("pods"), name)
 		}
 		return obj.(*corev1.Pod), nil
 	}
+	env := newTestEnvOf(t, parts, c, events)
+	e := &csiEnv{testEnv: env, store: st, kubeletDir: parts.core.KubeletDir, pods: pods, driver: env.core.csi, ends: env.core.csiEnds}
+	t.Cleanup(func() { unmountUnder(t, e.kubeletDir) })
 	return e
 }
 
@@ -364,8 +368,9 @@ func TestCSIVolumeEndsAfterAnAgentRestart(t *testing.T) {
 	target := e.publish(t, "build", map[string]string{kit.AttrCache: "maven"})
 	writeTestFile(t, filepath.Join(target, "built.txt"), "yes")
 
-	restarted := newCSIDriver(e.prov, e.kubeletDir, testCSILimits)
-	ends := newCSIEnds(e.prov, restarted, e.pods)
+	locks := newVolumeLocks()
+	ends := newCSIEnds(e.prov, locks, e.pods)
+	restarted := newCSIDriver(e.prov, ends, locks, e.kubeletDir, testCSILimits)
 	// The kubelet publishes again after its own restart: nothing stacks.
 	if _, err := restarted.NodePublishVolume(ctx, e.publishRequest("build", map[string]string{kit.AttrCache: "maven"})); err != nil {
 		t.Fatal(err)

@@ -28,8 +28,10 @@ import (
 // comes first. The store ends a volume once: after a commit or discard it
 // is gone, and every later attempt finds nothing to do.
 type csiEnds struct {
-	prov   *Provisioner
-	driver *csiDriver
+	prov *Provisioner
+	// locks are the CSI driver's: an end and the kubelet's calls for the
+	// same volume take turns.
+	locks *volumeLocks
 	// pods is the informer's store of this node's pods.
 	pods  cache.Indexer
 	queue *kit.KeyQueue
@@ -38,11 +40,8 @@ type csiEnds struct {
 	seen *outcomes
 }
 
-func newCSIEnds(prov *Provisioner, driver *csiDriver, pods cache.Indexer) *csiEnds {
-	e := &csiEnds{prov: prov, driver: driver, pods: pods, seen: newOutcomes(),
-		queue: kit.NewKeyQueue("csi-end")}
-	driver.ends = e
-	return e
+func newCSIEnds(prov *Provisioner, locks *volumeLocks, pods cache.Indexer) *csiEnds {
+	return &csiEnds{prov: prov, locks: locks, pods: pods, seen: newOutcomes(), queue: kit.NewKeyQueue("csi-end")}
 }
 
 // handlers queue the pods that end or go away. Pods without a layercache
@@ -162,7 +161,7 @@ func (e *csiEnds) csiVolumes(ctx context.Context) ([]layerfs.Volume, error) {
 // endLocked ends one volume under its lock, read again there: the
 // kubelet's unpublish may have ended it meanwhile.
 func (e *csiEnds) endLocked(ctx context.Context, id, trigger string) error {
-	unlock := e.driver.locks.lock(id)
+	unlock := e.locks.lock(id)
 	defer unlock()
 	vol, err := e.prov.store.Volume(ctx, id)
 	if errors.Is(err, layerfs.ErrNotFound) {
@@ -231,9 +230,6 @@ const (
 // ended tells, from the informer, whether pod p's build has ended: its
 // containers stopped for good, or it went away after that.
 func (e *csiEnds) ended(p kit.CSIPod) bool {
-	if e == nil {
-		return false
-	}
 	if obj, ok, _ := e.pods.GetByKey(p.Key()); ok {
 		if pod := obj.(*corev1.Pod); pod.UID == p.UID && podfacts.Ended(pod) {
 			return true

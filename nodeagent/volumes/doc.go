@@ -1,8 +1,8 @@
 // Package volumes is the node agent's core: it owns a volume's life on
 // one node, admit, mount and end, for each of its doors, and the upkeep
 // of the node's caches. New makes it from a Config with every part
-// given; the agent (package nodeagent) connects its doors to the
-// informers (Watch) and runs them (Recover, Remount, Serve).
+// given, the agent's informers included, to which it connects its doors;
+// the agent (package nodeagent) runs them (Recover, Remount, Serve).
 //
 //   - the PV provisioner (provision.go, pv.go, gate.go): the sig-storage
 //     library's Provisioner. It provisions the layercache claims the

@@ -9,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/informers"
+	kubefake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -49,6 +51,7 @@ func testMetrics(t testing.TB) *kit.Metrics {
 
 // testEnv is a provisioner for node-a over a fake store and a fake API.
 type testEnv struct {
+	core   *Core
 	prov   *Provisioner
 	maint  *Maintainer
 	sync   *registrysync.Syncer
@@ -59,17 +62,22 @@ type testEnv struct {
 
 func newTestEnv(t testing.TB, st kit.Store, objs ...client.Object) *testEnv {
 	t.Helper()
-	fs, _ := st.(*kittest.FakeStore)
 	if st == nil {
-		fs = kittest.NewFakeStore()
-		st = fs
+		st = kittest.NewFakeStore()
 	}
 	c := newCacheClient(t, objs...)
 	events := events.NewFakeRecorder(100)
 	// The fake store's volumes are nowhere: no mount gate (gate_test.go
 	// tests it on a tmpfs of its own).
-	core, sync := testNodeParts(t, "node-a", "", st, c, events).build()
-	return &testEnv{prov: core.prov, maint: core.maint, sync: sync, store: fs, client: c, events: events}
+	return newTestEnvOf(t, testNodeParts(t, "node-a", "", st, c, events), c, events)
+}
+
+// newTestEnvOf is the node parts make, over the API c.
+func newTestEnvOf(t testing.TB, parts nodeParts, c client.Client, events *events.FakeRecorder) *testEnv {
+	t.Helper()
+	fs, _ := parts.core.Store.(*kittest.FakeStore)
+	core, sync := parts.build(t)
+	return &testEnv{core: core, prov: core.prov, maint: core.maint, sync: sync, store: fs, client: c, events: events}
 }
 
 // nodeParts are what a test node's core and registry sync are made of;
@@ -82,16 +90,21 @@ type nodeParts struct {
 // testNodeParts are the parts of node over st and the API c, with the
 // node agent's defaults, whose hostname is its name and whose mount gate
 // is under root ("" for none); its registry sync trusts no class until a
-// test gives it some.
+// test gives it some. Its informers of pods, PVs and claims are never
+// started: a test puts what they would see in their stores.
 func testNodeParts(t testing.TB, node, root string, st kit.Store, c client.Client, events events.EventRecorder) nodeParts {
 	caches := &kit.Caches{Client: c, Reader: c, Node: node}
 	m := testMetrics(t)
 	reports, squashes, publishes := kit.NewCacheQueue("report", 1), kit.NewCacheQueue("squash", 1), kit.NewCacheQueue("publish", 1)
+	kube := kubefake.NewClientset()
+	informers := informers.NewSharedInformerFactory(kube, 0)
 	return nodeParts{
 		core: Config{
 			Node: node, Hostname: node, Root: root, Store: st, Caches: caches, Events: events, Metrics: m,
 			Reports: reports, Squashes: squashes, Publishes: publishes,
 			GC: layerfs.GCOptions{MinFreePercent: 15}, CSILimits: testCSILimits, ResyncInterval: time.Minute,
+			Kube: kube, Pods: informers.Core().V1().Pods().Informer(), PVs: informers.Core().V1().PersistentVolumes().Informer(),
+			Claims: informers.Core().V1().PersistentVolumeClaims().Lister(),
 		},
 		sync: registrysync.Config{
 			Node: node, Store: st, Caches: caches, Events: events, Metrics: m,
@@ -103,10 +116,15 @@ func testNodeParts(t testing.TB, node, root string, st kit.Store, c client.Clien
 
 // build makes the node as the agent does: its registry sync, then its
 // core over it.
-func (p nodeParts) build() (*Core, *registrysync.Syncer) {
+func (p nodeParts) build(t testing.TB) (*Core, *registrysync.Syncer) {
+	t.Helper()
 	sync := registrysync.New(p.sync)
 	p.core.Sync = sync
-	return New(p.core), sync
+	core, err := New(p.core)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return core, sync
 }
 
 // setStore makes st the store of both parts.

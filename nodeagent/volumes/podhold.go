@@ -72,9 +72,7 @@ func (h *podHolds) handlers() cache.ResourceEventHandler {
 
 // released asks for a pod's release once one of its volumes has ended.
 func (h *podHolds) released(namespace, name string) {
-	if h != nil {
-		h.queue.Add(namespace + "/" + name)
-	}
+	h.queue.Add(namespace + "/" + name)
 }
 
 // volumeHandlers ask for the release of a standalone claim's pods once
@@ -200,9 +198,6 @@ func (h *podHolds) openVolumes(ctx context.Context, pod *corev1.Pod) (bool, erro
 
 // hold holds pod namespace/name, unless the informer shows it held.
 func (h *podHolds) hold(ctx context.Context, namespace, name string, uid types.UID) error {
-	if h == nil {
-		return nil
-	}
 	if obj, ok, _ := h.pods.GetByKey(namespace + "/" + name); ok {
 		if pod := obj.(*corev1.Pod); pod.UID == uid && held(pod) {
 			return nil
@@ -214,9 +209,6 @@ func (h *podHolds) hold(ctx context.Context, namespace, name string, uid types.U
 // podUID is the UID of pod key (namespace/name) as this node's informer
 // has it, if it has the pod.
 func (h *podHolds) podUID(key string) (types.UID, bool) {
-	if h == nil {
-		return "", false
-	}
 	obj, ok, _ := h.pods.GetByKey(key)
 	if !ok {
 		return "", false

@@ -63,8 +63,7 @@ type Provisioner struct {
 	// nodes.
 	sync RegistrySync
 	// holds holds a build pod before its volume is handed out and
-	// releases it once the volume ended; Core.Watch makes it over the pod
-	// informer, so it is nil in tests that make no pod watch.
+	// releases it once the volume ended.
 	holds *podHolds
 }
 

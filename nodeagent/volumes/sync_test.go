@@ -112,7 +112,7 @@ func (c *syncCluster) startAgentWith(t testing.TB, name string, st *layerfs.Stor
 	parts.sync.Secrets = c.getSecret
 	parts.sync.Classes = storagelisters.NewStorageClassLister(c.classes)
 	change(&parts)
-	core, sync := parts.build()
+	core, sync := parts.build(t)
 	n := &syncNode{name: name, prov: core.prov, maint: core.maint, sync: sync, store: st, caches: parts.core.Caches, metrics: parts.core.Metrics, events: events}
 	c.nodes[name] = n
 	return n
