@@ -13,6 +13,8 @@
 //	layers/<id>/                         layers in overlay format: immutable
 //	                                     once a head names them, the upper
 //	                                     directory of the volume that names it
+//	images/<id>                          pulled layers' EROFS images, mounted
+//	                                     at layers/<id>
 //	caches/<namespace>/<name>/head.json  generation and layer list
 //	volumes/<id>/{work,merged,volume.json,control}
 //	locks/                               flock files
@@ -48,34 +50,16 @@
 // covers them: ondisk.SyncGroup); and a process's waiters for a cache's lock
 // queue in memory ahead of the flock, so the lock passes on at once.
 //
-// Store methods (see store.go and friends):
-//
-//	Open(ctx, Options) (*Store, error)
-//	Mount(ctx, volumeID, MountOptions) (*Volume, error)
-//	Commit(ctx, volumeID) (CommitResult, error)
-//	Discard(ctx, volumeID) error
-//	Volume(ctx, volumeID) (*Volume, error) / Volumes(ctx) ([]Volume, error)
-//	Squash(ctx, CacheRef, maxLayers) (SquashResult, error)
-//	GC(ctx, GCOptions) (GCResult, error)
-//	Remove(ctx, CacheRef) error
-//	RemoveIfUnused(ctx, CacheRef) (removed bool, err error)
-//	List(ctx) ([]CacheInfo, error) / Inspect(ctx, CacheRef) (CacheInfo, error)
-//	Recover(ctx) (RecoverResult, error)
-//
-// Across nodes, through an OCI registry (chain.go, export.go, sync.go;
-// the registry client is the caller's):
-//
-//	ExportLayer(ctx, CacheRef, layerID, io.Writer) error
-//	SetLayerDigest(ctx, CacheRef, layerID, digest) error
-//	Sync(ctx, CacheRef, Chain, Fetch, SyncOptions) (SyncResult, error)
-//
-// A layer is published once it has a Digest (LayerInfo.Digest) in the
-// cache's own repository; a squash of published layers lists theirs in
-// LayerInfo.Covers and counts as published too. A layer seeded from a
-// fallback may keep the fallback's digest with LayerInfo.MountFrom, its
-// repository: unpublished, until SetLayerDigest records it as the
-// cache's. Sync makes a head the cluster-wide chain with the
-// node's unpublished layers on top.
+// Across nodes, layers travel through an OCI registry (ExportLayer,
+// SetLayerDigest, Sync; the registry client is the caller's), as EROFS
+// images that a node keeps and mounts as they are (package
+// layerfs/images). A layer is published once it has a Digest
+// (LayerInfo.Digest) in the cache's own repository; a squash of
+// published layers lists theirs in LayerInfo.Covers and counts as
+// published too. A layer seeded from a fallback may keep the fallback's
+// digest with LayerInfo.MountFrom, its repository: unpublished, until
+// SetLayerDigest records it as the cache's. Sync makes a head the
+// cluster-wide chain with the node's unpublished layers on top.
 //
 // Errors: ErrNotFound (errors.Is) for unknown volumes and caches,
 // *InvalidNameError for bad names, ErrBusy when a mount is still in use.

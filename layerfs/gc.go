@@ -161,7 +161,7 @@ func (s *Store) moveUnreferenced(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	var trash []string
-	for _, dir := range []string{s.layersDir(), s.imagesDir()} {
+	for _, dir := range []string{s.layersDir(), s.images().Images} {
 		moved, err := s.moveAside(dir, refs)
 		trash = append(trash, moved...)
 		if err != nil {

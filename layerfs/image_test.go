@@ -56,7 +56,7 @@ func TestSweepRemovesPulledImages(t *testing.T) {
 	_, err := b.GC(ctx, GCOptions{})
 	must(t, err)
 	assertMissing(t, b.layerDir(id))
-	assertMissing(t, b.imagePath(id))
+	assertMissing(t, b.images().Path(id))
 	assertNoOrphans(t, b)
 }
 
@@ -139,7 +139,7 @@ func TestPulledImageIsSparse(t *testing.T) {
 	chain := publish(t, a, reg, "ns/c")
 	mustSync(t, b, "ns/c", chain, reg.fetch)
 	var st unix.Stat_t
-	must(t, unix.Stat(b.imagePath(headIDs(t, b, "ns/c")[0]), &st))
+	must(t, unix.Stat(b.images().Path(headIDs(t, b, "ns/c")[0]), &st))
 	if used := st.Blocks * 512; used > 1<<20 || used >= st.Size {
 		t.Errorf("the image of a 64 GiB sparse file takes %d bytes of its %d on the node, want at most 1 MiB and holes", used, st.Size)
 	}

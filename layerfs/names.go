@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/layercache/layercache/layerfs/images"
 	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
@@ -17,7 +18,7 @@ var ErrBusy = ondisk.ErrBusy
 
 // ErrTooLarge is returned (wrapped) by Sync when a layer of the chain is
 // larger than SyncOptions.MaxLayerBytes: nothing of it stays on the node.
-var ErrTooLarge = errors.New("layer too large")
+var ErrTooLarge = images.ErrTooLarge
 
 // ErrNoSpace is returned (wrapped) by Sync when the layers a chain adds
 // do not fit in the store's free space: nothing is fetched.
@@ -28,7 +29,7 @@ var ErrNoSpace = errors.New("not enough free space")
 // xattr out of bounds, a cycle, overlayfs's own xattrs): it is never
 // mounted, and nothing of it stays on the node. The chain's publisher is
 // not trusted for it; retrying fetches the same bytes.
-var ErrInvalidImage = errors.New("invalid layer image")
+var ErrInvalidImage = images.ErrInvalidImage
 
 // ErrUnpublishable is returned (wrapped) by ExportLayer when the layer
 // holds something its image cannot carry (the error names the path and

@@ -86,7 +86,7 @@ func (s *Store) makeDirs() error {
 	if err := os.MkdirAll(s.root, 0o711); err != nil {
 		return fmt.Errorf("create store root: %w", err)
 	}
-	for _, dir := range []string{s.layersDir(), s.imagesDir(), s.cachesDir(), s.volumesDir(), s.locksDir(), s.tmpDir(), s.emptyLayer()} {
+	for _, dir := range []string{s.layersDir(), s.images().Images, s.cachesDir(), s.volumesDir(), s.locksDir(), s.tmpDir(), s.emptyLayer()} {
 		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("create store directory: %w", err)
 		}

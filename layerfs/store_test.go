@@ -297,7 +297,7 @@ func assertNoOrphans(t *testing.T, s *Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, dir := range []string{s.layersDir(), s.imagesDir()} {
+	for _, dir := range []string{s.layersDir(), s.images().Images} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
 			if !refs[e.Name()] {
