@@ -12,6 +12,8 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/layercache/layercache/layerfs/loop"
+
 	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
@@ -163,7 +165,7 @@ func (a *Area) makeImage() (err error) {
 // mountImage attaches snapshot.img to a loop device (autoclear) and
 // mounts it at the area's directory.
 func (a *Area) mountImage() error {
-	dev, f, err := attachLoop(a.Image())
+	dev, f, err := loop.Attach(a.Image(), false)
 	if err != nil {
 		return fmt.Errorf("%w (the snapshot layout on a root that is not btrfs needs loop devices: modprobe loop, and run the agent privileged with /dev)", err)
 	}

@@ -11,7 +11,7 @@
 // A volume is a writable snapshot of its cache's generation, bind-mounted
 // where the store wants it; a commit is a read-only snapshot of the volume;
 // size limits are qgroup limits, enforced as the build writes. Everything
-// at run time is an ioctl (btrfs_linux.go, loop_linux.go).
+// at run time is an ioctl (btrfs_linux.go, and package layerfs/loop).
 //
 // The package knows subvolumes, not caches: which generation a head names
 // and which volumes exist is the store's (layerfs), which records it and
