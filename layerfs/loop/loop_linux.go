@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -143,4 +145,17 @@ func ChangeFile(dev, image string) error {
 		return fmt.Errorf("switch loop device %s to %s (the device must be read-only and the file of its size): %w", dev, image, err)
 	}
 	return nil
+}
+
+// BackingFile is the file loop device dev reads, as the kernel names it;
+// "" for a device that is free.
+func BackingFile(dev string) (string, error) {
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the backing file of loop device %s: %w", dev, err)
+	}
+	return strings.TrimSpace(string(b)), nil
 }

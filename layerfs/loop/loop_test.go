@@ -60,11 +60,12 @@ func TestChangeFile(t *testing.T) {
 	}
 	remote, local, other := write("remote", 1<<20), write("local", 1<<20), write("other", 2<<20)
 	backing := func(dev string) string {
-		b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+		t.Helper()
+		file, err := BackingFile(dev)
 		if err != nil {
-			return ""
+			t.Fatal(err)
 		}
-		return strings.TrimSpace(string(b))
+		return file
 	}
 
 	dev, f, err := Attach(remote, true)

@@ -1,0 +1,151 @@
+// Package lazyfs serves layer images to the kernel before their bytes are
+// on the node: a FUSE file system of read-only files, one per image, whose
+// reads come from an Image (package layerfs/lazy fills one on demand from
+// the registry). The kernel cannot mount EROFS file-backed from a FUSE
+// file ("file-backed mounts cannot be applied to stacked fses"), so a
+// layer's image is mounted through a read-only loop device over its file
+// here (Mount); once the image is complete on local disk, the device
+// switches to that file (Settle) and reads no longer pass through user
+// space. The kernel's EROFS still does all filesystem work.
+//
+// The package knows neither the registry nor the store's records: the
+// store names the images and the layer directories.
+package lazyfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Image is an image's bytes by range; a read may wait for bytes that are
+// not here yet, and fails once they cannot come.
+type Image interface {
+	Size() int64
+	ReadAt(ctx context.Context, p []byte, off int64) (int, error)
+}
+
+// Server is a mounted lazyfs: its directory holds one file per image
+// added.
+type Server struct {
+	dir  string
+	fuse *fuse.Server
+	root *fs.Inode
+	log  logr.Logger
+
+	mu     sync.Mutex
+	images map[string]*imageNode
+}
+
+// Serve mounts a lazyfs at dir, which must exist, and serves it until
+// Close. Only root reads it: the files are the images of every tenant's
+// layers, and only the store's loop devices open them.
+func Serve(dir string, log logr.Logger) (*Server, error) {
+	s := &Server{dir: dir, log: log, images: map[string]*imageNode{}}
+	root := &fs.Inode{}
+	srv, err := fs.Mount(dir, root, &fs.Options{
+		MountOptions: fuse.MountOptions{
+			// No fusermount: the agent runs as root and mounts directly.
+			DirectMount: true, DirectMountStrict: true,
+			FsName: "layercache", Name: "lazyfs",
+			Options:      []string{"ro", "default_permissions"},
+			MaxReadAhead: 1 << 20,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mount lazyfs at %s (the kernel needs FUSE: modprobe fuse, and the agent /dev/fuse): %w", dir, err)
+	}
+	s.fuse, s.root = srv, root
+	return s, nil
+}
+
+// Path is where image name's file is.
+func (s *Server) Path(name string) string { return s.dir + "/" + name }
+
+// Add serves img as the file name; adding a name again replaces nothing
+// and fails.
+func (s *Server) Add(name string, img Image) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.images[name]; ok {
+		return fmt.Errorf("lazyfs: image %s is served already", name)
+	}
+	n := &imageNode{img: img, log: s.log.WithValues("image", name)}
+	child := s.root.NewPersistentInode(context.Background(), n, fs.StableAttr{Mode: syscall.S_IFREG})
+	if !s.root.AddChild(name, child, false) {
+		return fmt.Errorf("lazyfs: image %s is served already", name)
+	}
+	s.images[name] = n
+	return nil
+}
+
+// Remove stops serving image name: a device that still reads it gets
+// errors, so remove an image only once its device reads the local copy
+// (Settle) or is gone.
+func (s *Server) Remove(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.images[name]; !ok {
+		return
+	}
+	delete(s.images, name)
+	s.root.RmChild(name)
+	// The kernel may still cache the entry; tell it to forget.
+	_ = s.root.NotifyEntry(name)
+}
+
+// Close unmounts the file system. Devices over its files then read
+// errors: settle or unmount them first.
+func (s *Server) Close() error {
+	if err := s.fuse.Unmount(); err != nil {
+		return fmt.Errorf("unmount lazyfs at %s: %w", s.dir, err)
+	}
+	return nil
+}
+
+// imageNode is one image's file.
+type imageNode struct {
+	fs.Inode
+	img Image
+	log logr.Logger
+}
+
+var (
+	_ fs.NodeGetattrer = (*imageNode)(nil)
+	_ fs.NodeOpener    = (*imageNode)(nil)
+	_ fs.NodeReader    = (*imageNode)(nil)
+)
+
+func (n *imageNode) Getattr(_ context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o400
+	out.Size = uint64(n.img.Size())
+	out.Blocks = (out.Size + 511) / 512
+	return 0
+}
+
+// Open allows reads only; the page cache keeps what was read across
+// opens, as the image never changes.
+func (n *imageNode) Open(_ context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// Read waits for the bytes; one that cannot come is an I/O error for the
+// reader (the image said why, and the store reports it).
+func (n *imageNode) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	got, err := n.img.ReadAt(ctx, dest, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		n.log.Error(err, "Read of a lazily fetched image failed", "offset", off, "bytes", len(dest))
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:got]), 0
+}

@@ -1,0 +1,117 @@
+package lazyfs
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/go-logr/logr/testr"
+	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/erofs"
+)
+
+// countingImage is an image file whose reads are counted, as the
+// registry's range requests would be.
+type countingImage struct {
+	f    *os.File
+	size int64
+	read atomic.Int64
+}
+
+func (c *countingImage) Size() int64 { return c.size }
+
+func (c *countingImage) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
+	n, err := c.f.ReadAt(p, off)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+// writeImage writes an EROFS image of a tree with a small file and a
+// large one (8 MiB of random bytes) and returns the image's path and the
+// large file's bytes.
+func writeImage(t *testing.T) (string, []byte) {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "src")
+	must(t, os.MkdirAll(src, 0o755))
+	must(t, os.WriteFile(filepath.Join(src, "small.txt"), []byte("hello\n"), 0o644))
+	big := make([]byte, 8<<20)
+	_, _ = rand.Read(big)
+	must(t, os.WriteFile(filepath.Join(src, "big.bin"), big, 0o644))
+	img := filepath.Join(t.TempDir(), "layer.erofs")
+	f, err := os.Create(img)
+	must(t, err)
+	defer f.Close()
+	if _, err := erofs.Write(context.Background(), src, f); err != nil {
+		t.Fatal(err)
+	}
+	return img, big
+}
+
+// TestMountReadSettle: a layer image served here mounts at once; reading
+// one small file reads a fraction of the image through the server; once
+// settled on the local copy, the whole layer reads right and nothing
+// more passes through the server. Needs root (FUSE, loop devices,
+// mounts).
+func TestMountReadSettle(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: FUSE, loop devices and mounts; run `make test` as root")
+	}
+	path, big := writeImage(t)
+	f, err := os.Open(path)
+	must(t, err)
+	defer f.Close()
+	st, err := f.Stat()
+	must(t, err)
+	img := &countingImage{f: f, size: st.Size()}
+
+	dir, target := t.TempDir(), t.TempDir()
+	s, err := Serve(dir, testr.New(t))
+	must(t, err)
+	t.Cleanup(func() {
+		_ = unix.Unmount(target, unix.MNT_DETACH)
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	must(t, s.Add("layer-1", img))
+	if err := s.Add("layer-1", img); err == nil {
+		t.Error("added image layer-1 twice")
+	}
+	must(t, s.Mount("layer-1", target))
+
+	got, err := os.ReadFile(filepath.Join(target, "small.txt"))
+	if err != nil || string(got) != "hello\n" {
+		t.Fatalf("small.txt = %q, %v", got, err)
+	}
+	if read := img.read.Load(); read >= img.size/2 {
+		t.Errorf("reading one small file read %d of the image's %d bytes through the server; want a fraction", read, img.size)
+	}
+
+	must(t, s.Settle("layer-1", target, path))
+	before := img.read.Load()
+	got, err = os.ReadFile(filepath.Join(target, "big.bin"))
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("big.bin after the switch: %d bytes, %v; want the 8 MiB written", len(got), err)
+	}
+	if after := img.read.Load(); after != before {
+		t.Errorf("after the switch %d more bytes passed through the server; want none", after-before)
+	}
+	if _, err := os.Stat(s.Path("layer-1")); err == nil {
+		t.Error("the settled image is still served")
+	}
+	if err := s.Settle("layer-1", target, path); err == nil {
+		t.Error("settled an image that is not served")
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
