@@ -54,6 +54,7 @@
 //	Mount(ctx, volumeID, MountOptions) (*Volume, error)
 //	Commit(ctx, volumeID) (CommitResult, error)
 //	Discard(ctx, volumeID) error
+//	End(ctx, volumeID, EndOptions) (EndResult, error)
 //	Volume(ctx, volumeID) (*Volume, error) / Volumes(ctx) ([]Volume, error)
 //	Squash(ctx, CacheRef, maxLayers) (SquashResult, error)
 //	GC(ctx, GCOptions) (GCResult, error)
