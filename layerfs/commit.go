@@ -19,48 +19,94 @@ import (
 // under its own lock only; the cache's lock is taken after, for the head's
 // write alone, so that the commits of one cache do not queue behind each
 // other's syncs (issue 18).
-func (s *Store) Commit(ctx context.Context, volumeID string) (CommitResult, error) {
-	if err := ValidateName("volume", volumeID); err != nil {
-		return CommitResult{}, err
-	}
-	var res CommitResult
-	var ended *volumeRecord
-	var replaced string // the head's newest layer before the commit
-	err := s.transact(ctx, scope{store: true, volume: volumeID, cacheLater: true}, func(t *txn) error {
-		r := t.Volume
-		switch {
-		case r == nil:
-			return fmt.Errorf("volume %q: %w", volumeID, ErrNotFound)
-		case r.ReadOnly:
-			return fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
+func (s *Store) Commit(ctx context.Context, volumeID string) (res CommitResult, err error) {
+	err = s.endVolume(ctx, commitScope(volumeID), func(t *txn) (e ending, err error) {
+		r, err := s.liveVolume(t)
+		if err == nil && r.ReadOnly {
+			err = fmt.Errorf("volume %q is a read-only view of cache %s and cannot be committed; discard it", volumeID, r.Cache)
 		}
-		sealed, err := s.sealEarly(t)
 		if err != nil {
-			return err
+			return e, err
 		}
-		if err := t.lockCache(ctx); err != nil {
-			if sealed != nil {
-				err = s.remountAfter(t, err)
-			}
-			return err
-		}
-		if t.Volume == nil { // it had landed (see snapshot)
-			return fmt.Errorf("volume %q: %w", volumeID, ErrNotFound)
-		}
-		ended = t.Volume
-		if t.Head != nil && len(t.Head.Layers) > 0 {
-			replaced = t.Head.Layers[0].ID
-		}
-		res, err = s.commitLocked(t, sealed)
+		res, e, err = s.commitIn(ctx, t)
+		return e, err
+	})
+	return res, err
+}
+
+// commitScope is what a commit locks first: the store shared, as it
+// creates a layer, and the volume; its cache only once it is sealed.
+func commitScope(volumeID string) scope {
+	return scope{store: true, volume: volumeID, cacheLater: true}
+}
+
+// ending is what a transaction that ended a volume leaves to do after
+// its locks are released (see volumeLayout.end): the volume's record,
+// and for a commit the layer its head replaced and whether it landed.
+type ending struct {
+	r        *volumeRecord
+	replaced string
+	landed   bool
+}
+
+// endVolume runs fn, which ends volume volumeID, in a transaction over
+// sc, then deletes what the volume leaves, without the locks: Commit,
+// Discard and End share it.
+func (s *Store) endVolume(ctx context.Context, sc scope, fn func(t *txn) (ending, error)) error {
+	if err := ValidateName("volume", sc.volume); err != nil {
+		return err
+	}
+	var e ending
+	err := s.transact(ctx, sc, func(t *txn) (err error) {
+		e, err = fn(t)
 		return err
 	})
 	if err != nil {
-		return res, err
+		return err
 	}
-	s.layoutOf(ended.Layout).end(ended, replaced, res.Layer != "")
-	s.sweepIfOrphaned(ended)
-	return res, nil
+	s.layoutOf(e.r.Layout).end(e.r, e.replaced, e.landed)
+	s.sweepIfOrphaned(e.r)
+	return nil
 }
+
+// commitIn commits the live volume (liveVolume) of t, a transaction over
+// commitScope: it seals the volume, locks its cache and lands the layer.
+func (s *Store) commitIn(ctx context.Context, t *txn) (CommitResult, ending, error) {
+	sealed, err := s.sealEarly(t)
+	if err != nil {
+		return CommitResult{}, ending{}, err
+	}
+	if err := t.lockCache(ctx); err != nil {
+		if sealed != nil {
+			err = s.remountAfter(t, err)
+		}
+		return CommitResult{}, ending{}, err
+	}
+	e := ending{r: t.Volume}
+	if e.r == nil { // it had landed (see txn.recordRead)
+		return CommitResult{}, e, volumeGone(t.volID)
+	}
+	if t.Head != nil && len(t.Head.Layers) > 0 {
+		e.replaced = t.Head.Layers[0].ID
+	}
+	res, err := s.commitLocked(t, sealed)
+	e.landed = res.Layer != ""
+	return res, e, err
+}
+
+// liveVolume is t's volume, or ErrNotFound if there is none or its
+// commit landed. The head is peeked at without the cache's lock: only a
+// commit of this volume, which needs the volume's lock t holds, can land
+// its layer.
+func (s *Store) liveVolume(t *txn) (*volumeRecord, error) {
+	if t.Volume == nil || s.landed(t.Volume) {
+		return nil, volumeGone(t.volID)
+	}
+	return t.Volume, nil
+}
+
+// volumeGone is the error of a volume that does not exist or has ended.
+func volumeGone(id string) error { return fmt.Errorf("volume %q: %w", id, ErrNotFound) }
 
 // sealResult is what sealing a volume found, before its cache is locked.
 type sealResult struct {
@@ -68,18 +114,13 @@ type sealResult struct {
 	err   error      // an *overLimitError, the only error that is kept
 }
 
-// sealEarly seals a volume before its cache is locked; nil if this
-// volume is sealed under the cache's lock instead (one whose layout
-// seals under it, a torn one, one whose layer has landed already). On
-// an error the volume is remounted.
+// sealEarly seals a live volume (liveVolume) before its cache is
+// locked; nil if this volume is sealed under the cache's lock instead
+// (one whose layout seals under it, a torn one). On an error the volume
+// is remounted.
 func (s *Store) sealEarly(t *txn) (*sealResult, error) {
 	r := t.Volume
 	if !s.layoutOf(r.Layout).sealsUnlocked() || r.Torn {
-		return nil, nil
-	}
-	// Peeked without the cache's lock: only a commit of this volume,
-	// which needs the volume's lock we hold, can land its layer.
-	if h, err := s.readHead(r.Cache); err == nil && r.landedIn(h) {
 		return nil, nil
 	}
 	layer, err := s.layoutOf(r.Layout).seal(r)
@@ -186,13 +227,12 @@ func (h *head) push(layer LayerInfo, r *volumeRecord) {
 // discardInstead ends a volume that may not be committed as Discard does,
 // and sets res.Generation to the cache's as it stands.
 func (s *Store) discardInstead(t *txn, res *CommitResult) error {
-	if err := ondisk.Unmount(t.Volume.MergedPath); err != nil {
-		return fmt.Errorf("discard volume %q: %w", t.Volume.ID, err)
+	if _, err := s.discardIn(t); err != nil {
+		return err
 	}
 	if t.Head != nil {
 		res.Generation = t.Head.Generation
 	}
-	t.Volume = nil
 	return t.save()
 }
 
@@ -205,26 +245,21 @@ func (e *overLimitError) Error() string {
 
 // Discard unmounts and removes the volume; its changes are lost.
 func (s *Store) Discard(ctx context.Context, volumeID string) error {
-	if err := ValidateName("volume", volumeID); err != nil {
-		return err
+	return s.endVolume(ctx, scope{volume: volumeID}, s.discardIn)
+}
+
+// discardIn unmounts and removes the volume of t, whose cache is locked
+// (a volume whose commit landed reads as none).
+func (s *Store) discardIn(t *txn) (ending, error) {
+	r := t.Volume
+	if r == nil {
+		return ending{}, volumeGone(t.volID)
 	}
-	var ended *volumeRecord
-	err := s.transact(ctx, scope{volume: volumeID}, func(t *txn) error {
-		if t.Volume == nil {
-			return fmt.Errorf("volume %q: %w", volumeID, ErrNotFound)
-		}
-		if err := ondisk.Unmount(t.Volume.MergedPath); err != nil {
-			return fmt.Errorf("discard volume %q: %w", volumeID, err)
-		}
-		ended, t.Volume = t.Volume, nil
-		return nil
-	})
-	if err != nil {
-		return err
+	if err := ondisk.Unmount(r.MergedPath); err != nil {
+		return ending{}, fmt.Errorf("discard volume %q: %w", r.ID, err)
 	}
-	s.layoutOf(ended.Layout).end(ended, "", false)
-	s.sweepIfOrphaned(ended)
-	return nil
+	t.Volume = nil
+	return ending{r: r}, nil
 }
 
 // sweepIfOrphaned removes the layers an ended volume was the last user of

@@ -3,6 +3,7 @@ package layerfs_test
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +40,24 @@ func contractHarness() storetest.Harness {
 				t.Fatal(err)
 			}
 			if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		},
+		Make: func(t *testing.T, v *layerfs.Volume, name string, kind fs.FileMode) {
+			p := filepath.Join(v.MergedPath, filepath.FromSlash(name))
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			switch kind {
+			case fs.ModeDir:
+				err = os.Mkdir(p, 0o755)
+			case fs.ModeSymlink:
+				err = os.Symlink(os.Args[0], p) // a regular file outside the volume
+			default:
+				t.Fatalf("Make of kind %v", kind)
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
 		},

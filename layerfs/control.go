@@ -32,8 +32,13 @@ func (s *Store) HasControlFile(ctx context.Context, volumeID, name string) (bool
 	if err != nil {
 		return false, err
 	}
+	return s.wroteControlFile(r, name)
+}
+
+// wroteControlFile is HasControlFile for volume r.
+func (s *Store) wroteControlFile(r *volumeRecord, name string) (bool, error) {
 	// A commit under way may have moved the directory aside.
-	for _, dir := range []string{filepath.Join(s.upperDir(r), ControlDir), s.controlAside(volumeID)} {
+	for _, dir := range []string{filepath.Join(s.upperDir(r), ControlDir), s.controlAside(r.ID)} {
 		if found, err := hasControlFile(dir, name); found || err != nil {
 			return found, err
 		}

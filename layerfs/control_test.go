@@ -52,13 +52,19 @@ func TestControlFiles(t *testing.T) {
 	}
 }
 
-func TestHasControlFileRefusesBadNames(t *testing.T) {
+func TestControlFileBadNamesAreRefused(t *testing.T) {
 	s := newTestStore(t, Options{})
 	mustMount(t, s, "v1", "ns/c")
 	for _, name := range []string{"../../etc", "a/b", ""} {
 		if _, err := s.HasControlFile(context.Background(), "v1", name); err == nil {
 			t.Errorf("HasControlFile(%q) succeeded, want an error", name)
 		}
+		if res, err := s.End(context.Background(), "v1", EndOptions{ControlFiles: []string{name}}); err == nil {
+			t.Errorf("End asking about %q = %+v, want an error", name, res)
+		}
+	}
+	if _, err := s.Volume(context.Background(), "v1"); err != nil {
+		t.Errorf("the volume after Ends that were refused: %v", err)
 	}
 }
 

@@ -45,6 +45,9 @@ type crashOp struct {
 	// lands: the volume "pending" is committed, and once retried after a
 	// crash it must have landed.
 	lands bool
+	// finish, if set, ends the volume "pending" after Recover instead of
+	// finishPending.
+	finish func(t *testing.T, s *Store)
 	// check, if set, is an invariant of the crashed store s (ref is the
 	// store the operation completed in), checked after each crash and
 	// after Recover.
@@ -53,18 +56,25 @@ type crashOp struct {
 
 var crashOps = []crashOp{
 	{
-		name: "commit",
-		setup: func(t testing.TB, s *Store) {
-			buildChain(t, s, "ns/c", layerSteps[:2])
-			merged := mustMount(t, s, "pending", "ns/c")
-			layerSteps[2](t, merged)
-			// A commit marker, which must not land even after a crash.
-			writeFile(t, filepath.Join(merged, ControlDir, "commit"), "")
-			fixTimes(t, merged)
-		},
+		name:  "commit",
+		setup: setupPendingCommit,
 		run: func(ctx context.Context, s *Store) error {
 			_, err := s.Commit(ctx, "pending")
 			return err
+		},
+		lands: true,
+	},
+	{
+		// End commits through Commit's steps, after it read the marker.
+		name:  "end",
+		setup: setupPendingCommit,
+		run:   endOnMarker,
+		// Retried by End too: the marker that decided the commit
+		// outlives the crash, or the retry would discard.
+		finish: func(t *testing.T, s *Store) {
+			if _, err := s.Volume(context.Background(), "pending"); err == nil {
+				must(t, endOnMarker(context.Background(), s))
+			}
 		},
 		lands: true,
 	},
@@ -140,6 +150,30 @@ var crashOps = []crashOp{
 		run:   runSyncCrash,
 		redo:  true,
 	},
+}
+
+// endOnMarker ends volume "pending", kept if its build wrote the commit
+// marker, as the on-marker commit policy does.
+func endOnMarker(ctx context.Context, s *Store) error {
+	res, err := s.End(ctx, "pending", EndOptions{
+		ControlFiles: []string{"commit"},
+		Decide:       func(written map[string]bool) bool { return written["commit"] },
+	})
+	if err == nil && !res.Kept {
+		err = fmt.Errorf("End = %+v, want the volume kept on its commit marker", res)
+	}
+	return err
+}
+
+// setupPendingCommit leaves volume "pending" of cache ns/c, two layers
+// deep, with a third layer's changes and a commit marker, which must not
+// land even after a crash.
+func setupPendingCommit(t testing.TB, s *Store) {
+	buildChain(t, s, "ns/c", layerSteps[:2])
+	merged := mustMount(t, s, "pending", "ns/c")
+	layerSteps[2](t, merged)
+	writeFile(t, filepath.Join(merged, ControlDir, "commit"), "")
+	fixTimes(t, merged)
 }
 
 func crashChild(opName string) int {
@@ -236,7 +270,11 @@ func TestCrashAtEveryStep(t *testing.T) {
 				if op.check != nil {
 					op.check(t, s, ref)
 				}
-				finishPending(t, s)
+				if op.finish != nil {
+					op.finish(t, s)
+				} else {
+					finishPending(t, s)
+				}
 				if got := observe(t, s); op.lands && !got.matches(after) {
 					t.Fatalf("crash at step %d: the retried commit did not land: %+v", at, got)
 				}

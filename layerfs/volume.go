@@ -91,10 +91,17 @@ func (s *Store) readVolume(id string) (*volumeRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	if h, err := s.readHead(r.Cache); err == nil && r.landedIn(h) {
+	if s.landed(r) {
 		return nil, fmt.Errorf("volume %q: committed: %w", id, ErrNotFound)
 	}
 	return r, nil
+}
+
+// landed tells whether r's commit landed, as its cache's head reads
+// now, without the cache's lock.
+func (s *Store) landed(r *volumeRecord) bool {
+	h, err := s.readHead(r.Cache)
+	return err == nil && r.landedIn(h)
 }
 
 // endLandedVolumes removes the records of cache's volumes whose commit

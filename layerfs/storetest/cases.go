@@ -63,21 +63,16 @@ var cases = []testCase{
 		}
 		r.expectShows(t, nil, "f")
 	}},
-	{"control files decide and never land", func(t *testing.T, r *run) {
+	{"control files never land", func(t *testing.T, r *run) {
 		v := r.mount(t, "v", layerfs.MountOptions{})
 		r.h.Write(t, v, controlCommit, "")
-		expectControl(t, r, "v", true, false)
-		if changed, err := r.s.HasChanges(r.ctx, "v"); err != nil || changed {
-			t.Errorf("HasChanges with only a control file = %v, %v; want false", changed, err)
-		}
 		r.h.Write(t, v, "f", "1")
-		if changed, err := r.s.HasChanges(r.ctx, "v"); err != nil || !changed {
-			t.Errorf("HasChanges after a write = %v, %v; want true", changed, err)
-		}
 		r.commit(t, "v")
 		r.expectShows(t, map[string]string{"f": "1"}, controlCommit)
 		r.mount(t, "w", layerfs.MountOptions{})
-		expectControl(t, r, "w", false, false)
+		if res := r.end(t, "w", nil); res.Written[commitMarker] || res.Written["other"] {
+			t.Errorf("End of a new volume of the cache = %+v, want no control file written", res)
+		}
 	}},
 	{"a read-only volume cannot be committed", func(t *testing.T, r *run) {
 		r.mount(t, "v", layerfs.MountOptions{ReadOnly: true})
@@ -94,10 +89,8 @@ var cases = []testCase{
 		expectNotFound(t, "Discard", r.s.Discard(r.ctx, "nope"))
 		_, err = r.s.Volume(r.ctx, "nope")
 		expectNotFound(t, "Volume", err)
-		_, err = r.s.HasControlFile(r.ctx, "nope", commitMarker)
-		expectNotFound(t, "HasControlFile", err)
-		_, err = r.s.HasChanges(r.ctx, "nope")
-		expectNotFound(t, "HasChanges", err)
+		_, err = r.s.End(r.ctx, "nope", layerfs.EndOptions{ControlFiles: endControlFiles})
+		expectNotFound(t, "End", err)
 	}},
 	{squashCase, func(t *testing.T, r *run) {
 		r.build(t, "a", map[string]string{"f": "1", "g": "1"})
@@ -149,15 +142,4 @@ var syncCases = []testCase{
 		}
 		r.expectShows(t, map[string]string{"f": "1"})
 	}},
-}
-
-// expectControl checks what HasControlFile says of the commit marker and
-// of another name.
-func expectControl(t *testing.T, r *run, id string, commit, other bool) {
-	t.Helper()
-	for name, want := range map[string]bool{commitMarker: commit, "other": other} {
-		if got, err := r.s.HasControlFile(r.ctx, id, name); err != nil || got != want {
-			t.Errorf("HasControlFile(%s, %s) = %v, %v; want %v", id, name, got, err, want)
-		}
-	}
 }

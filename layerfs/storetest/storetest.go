@@ -1,7 +1,7 @@
 // Package storetest is the contract of a layer store, as containerd's
 // snapshotter testsuite is that of a snapshotter: Run checks, against any
 // implementation, the behaviour the node agent relies on (mount, commit,
-// discard, control files, changes, squash, removal, sync). layerfs runs it
+// discard, a build's end, squash, removal, sync). layerfs runs it
 // against the real Store; a fake for tests of the agent's decisions can
 // run it too, to prove it behaves as the real one where the agent looks.
 package storetest
@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"path"
 	"slices"
 	"testing"
@@ -28,8 +29,7 @@ type Store interface {
 	Remove(ctx context.Context, cache layerfs.CacheRef) error
 	RemoveIfUnused(ctx context.Context, cache layerfs.CacheRef) (bool, error)
 	Inspect(ctx context.Context, cache layerfs.CacheRef) (layerfs.CacheInfo, error)
-	HasControlFile(ctx context.Context, volumeID, name string) (bool, error)
-	HasChanges(ctx context.Context, volumeID string) (bool, error)
+	End(ctx context.Context, volumeID string, opts layerfs.EndOptions) (layerfs.EndResult, error)
 	Sync(ctx context.Context, cache layerfs.CacheRef, chain layerfs.Chain, fetch layerfs.Fetch, opts layerfs.SyncOptions) (layerfs.SyncResult, error)
 }
 
@@ -40,6 +40,10 @@ type Harness struct {
 	// Write writes content at name (slash-separated, relative to the
 	// volume's root) as a build in volume v would.
 	Write func(t *testing.T, v *layerfs.Volume, name, content string)
+	// Make makes at name (as Write names it) a symlink to a regular
+	// file (kind fs.ModeSymlink) or a directory (fs.ModeDir), as a build
+	// in volume v would: neither is a control file.
+	Make func(t *testing.T, v *layerfs.Volume, name string, kind fs.FileMode)
 	// Read returns the content at name in volume v, and whether it
 	// exists. Nil skips the checks of what a volume shows.
 	Read func(t *testing.T, v *layerfs.Volume, name string) (string, bool)
@@ -68,6 +72,7 @@ func Run(t *testing.T, h Harness) {
 	} else {
 		all = append(all, seedCases...)
 	}
+	all = append(all, endCases()...)
 	if h.NoSync || h.Layout == layerfs.LayoutSnapshot {
 		all = append(all, testCase{"sync is refused", expectSyncRefused})
 	} else {

@@ -12,6 +12,7 @@ type Store interface {
 	Mount(ctx context.Context, volumeID string, opts layerfs.MountOptions) (*layerfs.Volume, error)
 	Commit(ctx context.Context, volumeID string) (layerfs.CommitResult, error)
 	Discard(ctx context.Context, volumeID string) error
+	End(ctx context.Context, volumeID string, opts layerfs.EndOptions) (layerfs.EndResult, error)
 	Volume(ctx context.Context, volumeID string) (*layerfs.Volume, error)
 	Volumes(ctx context.Context) ([]layerfs.Volume, error)
 	Squash(ctx context.Context, cache layerfs.CacheRef, maxLayers int) (layerfs.SquashResult, error)

@@ -140,6 +140,11 @@ func (s *FakeStore) seedFor(opts layerfs.MountOptions) *layerfs.CacheInfo {
 func (s *FakeStore) Commit(_ context.Context, id string) (layerfs.CommitResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.commit(id)
+}
+
+// commit is Commit under s.mu.
+func (s *FakeStore) commit(id string) (layerfs.CommitResult, error) {
 	v, ok := s.VolumeByID[id]
 	if !ok {
 		return layerfs.CommitResult{}, fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
@@ -192,6 +197,11 @@ func (s *FakeStore) Commit(_ context.Context, id string) (layerfs.CommitResult, 
 func (s *FakeStore) Discard(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.discard(id)
+}
+
+// discard is Discard under s.mu.
+func (s *FakeStore) discard(id string) error {
 	v, ok := s.VolumeByID[id]
 	if !ok {
 		return fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
@@ -202,6 +212,33 @@ func (s *FakeStore) Discard(_ context.Context, id string) error {
 		c.Volumes = without(c.Volumes, id)
 	}
 	return nil
+}
+
+// End ends a volume as layerfs.Store.End does: the control files its
+// build wrote are Control's, its changes its writes. Decide and
+// BeforeSeal run under s.mu, as the store's run under the volume's lock:
+// a BeforeSeal that calls the store, which the store forbids, deadlocks.
+func (s *FakeStore) End(_ context.Context, id string, opts layerfs.EndOptions) (layerfs.EndResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.VolumeByID[id]
+	if !ok {
+		return layerfs.EndResult{}, fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
+	}
+	res := layerfs.EndResult{Written: map[string]bool{}}
+	for _, name := range opts.ControlFiles {
+		res.Written[name] = slices.Contains(s.Control[id], name)
+	}
+	res.Kept = !v.ReadOnly && (opts.Decide == nil || opts.Decide(res.Written))
+	if !res.Kept {
+		return res, s.discard(id)
+	}
+	if res.Announced = opts.BeforeSeal != nil && s.Written[id] > 0; res.Announced {
+		opts.BeforeSeal()
+	}
+	var err error
+	res.Commit, err = s.commit(id)
+	return res, err
 }
 
 func (s *FakeStore) Volume(_ context.Context, id string) (*layerfs.Volume, error) {
