@@ -1,7 +1,6 @@
 package layerfs
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -15,27 +14,12 @@ import (
 // layer before a commit, so it never lands in a cache.
 const ControlDir = ".layercache"
 
-// HasControlFile reports whether the build that used the volume wrote the
-// regular file ControlDir/name at the volume's root. Only the volume's own
-// upper layer counts (or, once a commit started, the control directory it
-// moved aside): a control file can never come from the cache, as commits
-// take the control directory out of the layer. Ask after the volume's pods
-// ended.
-func (s *Store) HasControlFile(ctx context.Context, volumeID, name string) (bool, error) {
-	if err := ValidateName("volume", volumeID); err != nil {
-		return false, err
-	}
-	if err := ValidateName("control file", name); err != nil {
-		return false, err
-	}
-	r, err := s.readVolume(volumeID)
-	if err != nil {
-		return false, err
-	}
-	return s.wroteControlFile(r, name)
-}
-
-// wroteControlFile is HasControlFile for volume r.
+// wroteControlFile reports whether the build that used volume r wrote
+// the regular file ControlDir/name at the volume's root. Only the
+// volume's own upper layer counts (or, once a commit started, the control
+// directory it moved aside): a control file can never come from the
+// cache, as commits take the control directory out of the layer. Ask
+// after the volume's pods ended (End does).
 func (s *Store) wroteControlFile(r *volumeRecord, name string) (bool, error) {
 	// A commit under way may have moved the directory aside.
 	for _, dir := range []string{filepath.Join(s.upperDir(r), ControlDir), s.controlAside(r.ID)} {
@@ -80,17 +64,4 @@ func stripControlDir(upper string) error {
 		return fmt.Errorf("remove the control directory %s: %w", ControlDir, err)
 	}
 	return ondisk.SyncDir(upper)
-}
-
-// HasChanges tells whether a volume's build has written anything that a
-// commit would keep (anything but the control directory).
-func (s *Store) HasChanges(ctx context.Context, volumeID string) (bool, error) {
-	if err := ValidateName("volume", volumeID); err != nil {
-		return false, err
-	}
-	r, err := s.readVolume(volumeID)
-	if err != nil {
-		return false, err
-	}
-	return s.layoutOf(r.Layout).changed(r)
 }

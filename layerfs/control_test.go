@@ -2,6 +2,7 @@ package layerfs
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,7 +13,7 @@ func TestControlFiles(t *testing.T) {
 	tests := []struct {
 		name   string
 		write  func(t *testing.T, merged string)
-		commit bool // HasControlFile("commit")
+		commit bool // the build wrote the commit marker
 		layer  bool // the commit adds a layer
 	}{
 		{name: "none", write: func(t *testing.T, m string) { writeFile(t, filepath.Join(m, "f"), "x") }, layer: true},
@@ -33,17 +34,13 @@ func TestControlFiles(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestStore(t, Options{})
 			tc.write(t, mustMount(t, s, "v1", "ns/c"))
-			got, err := s.HasControlFile(ctx, "v1", "commit")
+			end, err := s.End(ctx, "v1", EndOptions{ControlFiles: []string{"commit", "abort"}})
 			must(t, err)
-			if got != tc.commit {
-				t.Errorf("HasControlFile(commit) = %v, want %v", got, tc.commit)
+			if want := map[string]bool{"commit": tc.commit, "abort": false}; !maps.Equal(end.Written, want) {
+				t.Errorf("End read control files %v, want %v", end.Written, want)
 			}
-			if abort, err := s.HasControlFile(ctx, "v1", "abort"); err != nil || abort {
-				t.Errorf("HasControlFile(abort) = %v, %v; want false", abort, err)
-			}
-			res := mustCommit(t, s, "v1")
-			if (res.Layer != "") != tc.layer {
-				t.Errorf("commit = %+v, want a layer: %v", res, tc.layer)
+			if res := end.Commit; !end.Kept || (res.Layer != "") != tc.layer {
+				t.Errorf("End = %+v, want a commit with a layer: %v", end, tc.layer)
 			}
 			if _, ok := view(t, s, "ns/c")[ControlDir]; ok {
 				t.Errorf("the control directory landed in the cache")
@@ -56,9 +53,6 @@ func TestControlFileBadNamesAreRefused(t *testing.T) {
 	s := newTestStore(t, Options{})
 	mustMount(t, s, "v1", "ns/c")
 	for _, name := range []string{"../../etc", "a/b", ""} {
-		if _, err := s.HasControlFile(context.Background(), "v1", name); err == nil {
-			t.Errorf("HasControlFile(%q) succeeded, want an error", name)
-		}
 		if res, err := s.End(context.Background(), "v1", EndOptions{ControlFiles: []string{name}}); err == nil {
 			t.Errorf("End asking about %q = %+v, want an error", name, res)
 		}
@@ -126,8 +120,10 @@ func TestControlFilesSurviveAnInterruptedCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]bool{"commit": true, "abort": false} {
-		if got, err := s.HasControlFile(ctx, "v", name); err != nil || got != want {
-			t.Errorf("HasControlFile(%s) after the interrupted commit = %v, %v; want %v", name, got, err, want)
+		r, err := s.readVolume("v")
+		must(t, err)
+		if got, err := s.wroteControlFile(r, name); err != nil || got != want {
+			t.Errorf("control file %s after the interrupted commit = %v, %v; want %v", name, got, err, want)
 		}
 	}
 	mustCommit(t, s, "v")

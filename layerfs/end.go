@@ -12,7 +12,7 @@ type EndOptions struct {
 	ControlFiles []string
 	// Decide says whether the volume's changes are kept, given which of
 	// ControlFiles the build wrote (regular files only, as
-	// HasControlFile decides). nil keeps them. A read-only volume is
+	// wroteControlFile decides). nil keeps them. A read-only volume is
 	// never kept, whatever Decide says.
 	Decide func(written map[string]bool) bool
 	// BeforeSeal runs once the volume is to be committed and has

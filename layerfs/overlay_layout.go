@@ -218,7 +218,7 @@ func (s overlayLayout) clearVolatileMarker(id string) error {
 // moveControlAside moves the upper directory's control directory next to
 // the volume's record, durably, rather than deleting it: a crash before
 // the head is written leaves the volume with the markers that decided to
-// commit it (HasControlFile still finds them), and none inside the layer.
+// commit it (wroteControlFile still finds them), and none inside the layer.
 // A retry finds the first markers already aside and drops the new ones.
 func (s overlayLayout) moveControlAside(id, upper string) error {
 	dir := filepath.Join(upper, ControlDir)

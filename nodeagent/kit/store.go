@@ -22,8 +22,6 @@ type Store interface {
 	List(ctx context.Context) ([]layerfs.CacheInfo, error)
 	Inspect(ctx context.Context, cache layerfs.CacheRef) (layerfs.CacheInfo, error)
 	Recover(ctx context.Context) (layerfs.RecoverResult, error)
-	HasControlFile(ctx context.Context, volumeID, name string) (bool, error)
-	HasChanges(ctx context.Context, volumeID string) (bool, error)
 	ExportLayer(ctx context.Context, cache layerfs.CacheRef, layerID string, w io.Writer) error
 	SetLayerDigest(ctx context.Context, cache layerfs.CacheRef, layerID, digest string) error
 	Sync(ctx context.Context, cache layerfs.CacheRef, chain layerfs.Chain, fetch layerfs.Fetch, opts layerfs.SyncOptions) (layerfs.SyncResult, error)

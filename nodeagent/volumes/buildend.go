@@ -58,83 +58,95 @@ func (p *Provisioner) end(ctx context.Context, pv *corev1.PersistentVolume, caus
 }
 
 // endVolume ends a volume of the store, of a PV or of a CSI volume, as
-// rec says.
+// rec says: one request to the store, which reads the build's markers,
+// lets shouldCommit decide, and announces a commit with changes before
+// it seals them.
 func (p *Provisioner) endVolume(ctx context.Context, volume string, rec provisioned, cause endCause) (ended, error) {
 	if cause.Outcome != "" {
 		rec.Outcome = cause.Outcome
 	}
-	var err error
-	if rec.Marker, err = p.readMarker(ctx, volume, rec); errors.Is(err, layerfs.ErrNotFound) {
-		return ended{}, nil
-	} else if err != nil {
-		return ended{}, err
-	}
 	logger := log.FromContext(ctx).WithValues("cache", rec.Cache.String(), "mode", rec.Mode, "commit", rec.Commit, "outcome", rec.Outcome)
-	var res ended
-	if rec.shouldCommit() {
-		res, err = p.commit(ctx, logger, volume, rec, cause.Subject)
+	start := time.Now()
+	res, err := p.store.End(ctx, volume, layerfs.EndOptions{
+		ControlFiles: rec.markerFiles(),
+		Decide: func(written map[string]bool) bool {
+			rec.Marker = markerOf(written)
+			return rec.shouldCommit()
+		},
+		// Announced before the commit's seal, which takes seconds for a
+		// large delta, so that a build starting on another node now
+		// waits for it.
+		BeforeSeal: func() { p.sync.Announce(ctx, rec.Cache, volume) },
+	})
+	if res.Announced && (err == nil || errors.Is(err, layerfs.ErrNotFound)) {
+		p.sync.Committed(ctx, rec.Cache, volume, res.Commit.Layer != "")
+	}
+	switch {
+	case errors.Is(err, layerfs.ErrNotFound):
+		logger.Info("Volume already gone; nothing to end")
+		return ended{}, nil
+	case err != nil:
+		return ended{}, p.endFailed(volume, rec, res, cause.Subject, err)
+	}
+	var out ended
+	if res.Kept {
+		p.metrics.CommitSeconds.Observe(time.Since(start).Seconds())
+		out = p.committed(logger, volume, rec, res.Commit, cause.Subject)
 	} else {
-		res, err = p.discard(ctx, logger, volume, rec, cause.Subject)
+		out = p.discarded(logger, volume, rec, cause.Subject)
 	}
-	if err != nil || res.Result == "" {
-		return res, err
-	}
-	res.Outcome = rec.Outcome
-	p.metrics.Ends.WithLabelValues(res.Result, cause.Trigger).Inc()
+	out.Outcome = rec.Outcome
+	p.metrics.Ends.WithLabelValues(out.Result, cause.Trigger).Inc()
 	if at, ok := kit.QueuedAt(ctx); ok && cause.Trigger == triggerPod {
 		p.metrics.EndDelay.Observe(time.Since(at).Seconds())
 	}
 	p.reports.Add(rec.Cache)
-	return res, nil
+	return out, nil
 }
 
-// readMarker reads the build's markers when the commit policy asks for
-// them. The pods have ended, so nothing changes them any more.
-func (p *Provisioner) readMarker(ctx context.Context, volume string, rec provisioned) (marker, error) {
-	if rec.Commit != v1alpha1.CommitOnMarker || rec.Mode != v1alpha1.ModeWrite {
-		return markerNone, nil
+// markerFiles are the control files whose presence decides the volume's
+// fate: the build's markers, under on-marker only.
+func (p provisioned) markerFiles() []string {
+	if p.Commit != v1alpha1.CommitOnMarker || p.Mode != v1alpha1.ModeWrite {
+		return nil
 	}
-	abort, err := p.store.HasControlFile(ctx, volume, v1alpha1.MarkerAbort)
-	if err != nil || abort {
-		return markerAbort, err
-	}
-	commit, err := p.store.HasControlFile(ctx, volume, v1alpha1.MarkerCommit)
-	if err != nil || !commit {
-		return markerNone, err
-	}
-	return markerCommit, nil
+	return []string{v1alpha1.MarkerAbort, v1alpha1.MarkerCommit}
 }
 
-func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume string, rec provisioned, subject runtime.Object) (ended, error) {
-	start := time.Now()
-	// Announced before the commit's sync, which takes seconds for a large
-	// delta, so that a build starting on another node now waits for it.
-	changed, err := p.store.HasChanges(ctx, volume)
-	announced := err == nil && changed
-	if announced {
-		p.sync.Announce(ctx, rec.Cache, volume)
+// markerOf is what the build said: an abort wins over a commit.
+func markerOf(written map[string]bool) marker {
+	switch {
+	case written[v1alpha1.MarkerAbort]:
+		return markerAbort
+	case written[v1alpha1.MarkerCommit]:
+		return markerCommit
 	}
-	res, err := p.store.Commit(ctx, volume)
-	if announced && (err == nil || errors.Is(err, layerfs.ErrNotFound)) {
-		p.sync.Committed(ctx, rec.Cache, volume, res.Layer != "")
-	}
-	if errors.Is(err, layerfs.ErrNotFound) {
-		logger.Info("Volume already gone; nothing to commit")
-		return ended{}, nil
-	}
-	if err != nil {
+	return markerNone
+}
+
+// endFailed reports an end that failed; the store kept the volume and
+// its changes, and the caller retries with backoff.
+func (p *Provisioner) endFailed(volume string, rec provisioned, res layerfs.EndResult, subject runtime.Object, err error) error {
+	switch {
+	case res.Kept:
 		reason := "error"
 		if errors.Is(err, layerfs.ErrBusy) {
 			reason = "busy"
 		}
 		p.metrics.Fail(kit.OpCommit, reason)
-		// The store keeps the upper layer on any failure; the caller
-		// retries with backoff.
 		msg := fmt.Sprintf("commit of volume %s into cache %s failed and is retried; the volume's changes are kept: %v", volume, rec.Cache, err)
 		p.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonCommitFailed, kit.ActionCommit, "%s", msg)
-		return ended{}, fmt.Errorf("commit volume %s into cache %s: %w", volume, rec.Cache, err)
+		return fmt.Errorf("commit volume %s into cache %s: %w", volume, rec.Cache, err)
+	case res.Written != nil: // decided: a discard failed
+		p.metrics.Fail(kit.OpDiscard, "error")
+		p.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonDiscardFailed, kit.ActionDiscard, "discarding volume %s failed and is retried: %v", volume, err)
+		return fmt.Errorf("discard volume %s of cache %s: %w", volume, rec.Cache, err)
 	}
-	p.metrics.CommitSeconds.Observe(time.Since(start).Seconds())
+	return fmt.Errorf("end volume %s of cache %s: %w", volume, rec.Cache, err)
+}
+
+// committed reports what a commit did.
+func (p *Provisioner) committed(logger logr.Logger, volume string, rec provisioned, res layerfs.CommitResult, subject runtime.Object) ended {
 	out := ended{Result: v1alpha1.ResultCommitted, Generation: res.Generation}
 	switch {
 	case res.Torn:
@@ -166,24 +178,15 @@ func (p *Provisioner) commit(ctx context.Context, logger logr.Logger, volume str
 		// A cache without a registry costs the publisher one read.
 		p.sync.QueuePublish(rec.Cache)
 	}
-	return out, nil
+	return out
 }
 
-func (p *Provisioner) discard(ctx context.Context, logger logr.Logger, volume string, rec provisioned, subject runtime.Object) (ended, error) {
-	err := p.store.Discard(ctx, volume)
-	if errors.Is(err, layerfs.ErrNotFound) {
-		logger.Info("Volume already gone; nothing to discard")
-		return ended{}, nil
-	}
-	if err != nil {
-		p.metrics.Fail(kit.OpDiscard, "error")
-		p.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonDiscardFailed, kit.ActionDiscard, "discarding volume %s failed and is retried: %v", volume, err)
-		return ended{}, fmt.Errorf("discard volume %s of cache %s: %w", volume, rec.Cache, err)
-	}
+// discarded reports a discard.
+func (p *Provisioner) discarded(logger logr.Logger, volume string, rec provisioned, subject runtime.Object) ended {
 	why := rec.discardWhy()
 	p.events.Eventf(subject, nil, corev1.EventTypeNormal, kit.ReasonDiscarded, kit.ActionDiscard, "discarded volume %s: %s", volume, why)
 	logger.Info("Discarded", "why", why)
-	return ended{Result: v1alpha1.ResultDiscarded}, nil
+	return ended{Result: v1alpha1.ResultDiscarded}
 }
 
 // marker is what a build said through its volume's control directory.

@@ -262,15 +262,6 @@ func (s *FakeStore) Volumes(context.Context) ([]layerfs.Volume, error) {
 	return vols, nil
 }
 
-func (s *FakeStore) HasControlFile(_ context.Context, id, name string) (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.VolumeByID[id]; !ok {
-		return false, fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
-	}
-	return slices.Contains(s.Control[id], name), nil
-}
-
 func (s *FakeStore) Squash(_ context.Context, ref layerfs.CacheRef, maxLayers int) (layerfs.SquashResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -368,13 +359,4 @@ func (s *FakeStore) SetLayerDigest(context.Context, layerfs.CacheRef, string, st
 
 func (s *FakeStore) Sync(context.Context, layerfs.CacheRef, layerfs.Chain, layerfs.Fetch, layerfs.SyncOptions) (layerfs.SyncResult, error) {
 	return layerfs.SyncResult{}, errFakeStoreSync
-}
-
-func (s *FakeStore) HasChanges(_ context.Context, id string) (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.VolumeByID[id]; !ok {
-		return false, fmt.Errorf("volume %q: %w", id, layerfs.ErrNotFound)
-	}
-	return s.Written[id] > 0, nil
 }
