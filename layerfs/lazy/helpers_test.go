@@ -40,9 +40,15 @@ type registry struct {
 }
 
 func newRegistry(t testing.TB, img []byte, fault func(int64, http.ResponseWriter, *http.Request) bool) *registry {
+	reg := startRegistry(img, fault)
+	t.Cleanup(reg.Close)
+	return reg
+}
+
+// startRegistry is newRegistry outside a test (the crash tests' child).
+func startRegistry(img []byte, fault func(int64, http.ResponseWriter, *http.Request) bool) *registry {
 	reg := &registry{img: img, fault: fault}
 	reg.Server = httptest.NewServer(http.HandlerFunc(reg.serve))
-	t.Cleanup(reg.Close)
 	return reg
 }
 

@@ -1,6 +1,7 @@
 package lazy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,6 +49,15 @@ func TestReopen(t *testing.T) {
 		{"another version", editState(func(s *state) { s.Version++ }), false},
 		{"garbage", func(_ *Options, p string) { os.WriteFile(p, []byte("{"), 0o600) }, false},
 		{"copy replaced", func(o *Options, _ string) { os.Truncate(o.Path, 10) }, false},
+		// What a crash leaves of chunks it did not record (other bytes
+		// where the image has zeros too, chunk 6) is fetched again.
+		{"unrecorded chunks hold other bytes", func(o *Options, _ string) {
+			f, _ := os.OpenFile(o.Path, os.O_WRONLY, 0)
+			defer f.Close()
+			for _, c := range []int64{0, 6, 19} {
+				f.WriteAt(bytes.Repeat([]byte{0xaa}, testChunk), c*testChunk)
+			}
+		}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
