@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -51,11 +52,10 @@ func crashOptions(dir string, reg *registry) Options {
 }
 
 func crashChild(dir string) int {
-	at, _ := strconv.Atoi(os.Getenv(envCrashAt))
-	steps := 0
+	at, _ := strconv.ParseInt(os.Getenv(envCrashAt), 10, 64)
+	var steps atomic.Int64 // Fill's fetches reach fault points at once
 	ondisk.FaultPoint = func() {
-		steps++
-		if steps == at {
+		if steps.Add(1) == at {
 			unix.Kill(os.Getpid(), unix.SIGKILL)
 		}
 	}

@@ -160,6 +160,9 @@ func (f *File) get(ctx context.Context, off int64, buf []byte) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if body == nil {
+		return 0, errors.New("Fetch returned no body and no error")
+	}
 	defer body.Close()
 	got, err := io.ReadFull(io.LimitReader(body, int64(n+1)), buf)
 	switch {

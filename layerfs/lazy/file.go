@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -109,7 +110,12 @@ func (f *File) load() error {
 // bytes that are gone), then empties the copy to Size of holes.
 func (f *File) startOver() error {
 	ondisk.FaultPoint()
-	if err := os.Remove(statePath(f.o.Path)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	switch err := os.Remove(statePath(f.o.Path)); {
+	case err == nil:
+		if err := ondisk.SyncDir(filepath.Dir(f.o.Path)); err != nil {
+			return fmt.Errorf("lazy: forget the untrusted state file of %s: %w", f.o.Path, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("lazy: remove the untrusted state file of %s: %w", f.o.Path, err)
 	}
 	if err := f.f.Truncate(0); err != nil {
