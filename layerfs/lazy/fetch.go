@@ -116,11 +116,19 @@ func (f *File) fetchChunk(ctx context.Context, c int, a *attempt, forRead bool, 
 	unrecorded := int64(f.have.count-f.recorded) * f.o.ChunkSize
 	f.mu.Unlock()
 	close(a.done)
+	if err == nil {
+		wake(f.added)
+	}
 	if unrecorded >= f.o.syncEvery {
-		select {
-		case f.kick <- struct{}{}:
-		default:
-		}
+		wake(f.kick)
+	}
+}
+
+// wake signals c without blocking: one signal pending is enough.
+func wake(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
 	}
 }
 

@@ -29,6 +29,7 @@ type File struct {
 	ops    sync.WaitGroup // ReadAt, Fill and the sync loop: what Close waits for
 	fillMu sync.Mutex     // one Fill at a time
 	kick   chan struct{}  // wakes the sync loop once enough is unrecorded
+	added  chan struct{}  // wakes Fill's digest of the copy: a chunk is in
 
 	mu        sync.Mutex
 	closed    bool
@@ -77,7 +78,7 @@ func Open(opts Options) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lazy: open the copy %s: %w", o.Path, err)
 	}
-	f := &File{o: o, f: fl, chunks: chunkCount(o.Size, o.ChunkSize), kick: make(chan struct{}, 1), inflight: map[int]*attempt{}}
+	f := &File{o: o, f: fl, chunks: chunkCount(o.Size, o.ChunkSize), kick: make(chan struct{}, 1), added: make(chan struct{}, 1), inflight: map[int]*attempt{}}
 	f.bufs.New = func() any { b := make([]byte, o.ChunkSize+1); return &b }
 	if err := f.load(); err != nil {
 		fl.Close()

@@ -4,13 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
-
-	"github.com/layercache/layercache/layerfs/receive"
 )
 
 // Fill fetches every chunk the copy lacks, Options.Prefetch first, then in
@@ -28,14 +25,19 @@ func (f *File) Fill(ctx context.Context) error {
 	defer f.fillMu.Unlock()
 	ctx, stop := f.withClose(ctx)
 	defer stop()
+	sum := f.digestBeside(ctx)
 	err := f.fetchAll(ctx, f.fillOrder())
 	if perr := f.persist(); err == nil {
 		err = perr
 	}
 	if err != nil {
+		stop() // and wait for the digest to stop, before the copy may close
+		if sum != nil {
+			sum()
+		}
 		return err
 	}
-	return f.verify(ctx)
+	return f.verify(sum)
 }
 
 // fillOrder is Prefetch, then every other chunk in order, less what the
@@ -79,20 +81,69 @@ func (f *File) fetchAll(ctx context.Context, order []int) error {
 	return ctx.Err()
 }
 
-// verify checks the complete copy against Options.Digest, once: a copy
-// that matched is recorded so.
-func (f *File) verify(ctx context.Context) error {
+// digestBeside starts hashing the copy in order, beside the fetches, when
+// the image has a digest still to check: each chunk is hashed as soon as
+// it and those before it are in the copy (from the page cache, just
+// written), so the digest is known when the last chunk lands rather than
+// after a second pass over the whole copy. The returned function waits for
+// it.
+func (f *File) digestBeside(ctx context.Context) func() (digest.Digest, error) {
 	f.mu.Lock()
 	done := f.o.Digest == "" || f.verified
 	f.mu.Unlock()
 	if done {
 		return nil
 	}
+	var sum digest.Digest
+	var err error
+	end := make(chan struct{})
+	go func() {
+		defer close(end)
+		sum, err = f.digestInOrder(ctx)
+	}()
+	return func() (digest.Digest, error) { <-end; return sum, err }
+}
+
+// digestInOrder hashes the copy's chunks in order, each once it is in;
+// it ends once all are or ctx is done.
+func (f *File) digestInOrder(ctx context.Context) (digest.Digest, error) {
 	h := sha256.New()
-	if _, err := io.Copy(h, receive.WithContext(ctx, io.NewSectionReader(f.f, 0, f.o.Size))); err != nil {
-		return fmt.Errorf("lazy: read the copy %s to check its digest: %w", f.o.Path, err)
+	bp := f.bufs.Get().(*[]byte)
+	defer f.bufs.Put(bp)
+	for next := 0; next < f.chunks; {
+		f.mu.Lock()
+		in := f.have.has(next)
+		f.mu.Unlock()
+		if !in {
+			select {
+			case <-f.added:
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+			continue
+		}
+		off, n := f.chunkRange(next)
+		if _, err := f.f.ReadAt((*bp)[:n], off); err != nil {
+			return "", fmt.Errorf("lazy: read the copy %s to check its digest: %w", f.o.Path, err)
+		}
+		h.Write((*bp)[:n])
+		next++
 	}
-	if got := digest.NewDigest(digest.SHA256, h); got != f.o.Digest {
+	return digest.NewDigest(digest.SHA256, h), nil
+}
+
+// verify checks the complete copy's digest (sum, nil when there is
+// none to check) against Options.Digest: a copy that matched is recorded
+// so, and never hashed again.
+func (f *File) verify(sum func() (digest.Digest, error)) error {
+	if sum == nil {
+		return nil
+	}
+	got, err := sum()
+	if err != nil {
+		return err
+	}
+	if got != f.o.Digest {
 		return fmt.Errorf("lazy: the complete copy %s is %s, want %s (was the image published with another digest, or its chunks with no digests?): %w", f.o.Path, got, f.o.Digest, ErrCorrupt)
 	}
 	f.mu.Lock()

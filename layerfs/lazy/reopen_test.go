@@ -109,6 +109,7 @@ func TestCloseStopsFill(t *testing.T) {
 	})
 	o := options(t, reg, testChunk)
 	o.Wait, o.Parallel = time.Hour, 1
+	o.Digest = digest.FromBytes(img) // its check, beside the fetches, stops too
 	f, err := Open(o)
 	must(t, err)
 	filled := make(chan error)
@@ -123,7 +124,7 @@ func TestCloseStopsFill(t *testing.T) {
 	if _, err := f.ReadAt(context.Background(), make([]byte, 1), 0); err == nil {
 		t.Error("a read after Close succeeded")
 	}
-	f = open(t, Options{Path: o.Path, Size: o.Size, ChunkSize: o.ChunkSize, Fetch: newRegistry(t, img, nil).fetch})
+	f = open(t, Options{Path: o.Path, Size: o.Size, ChunkSize: o.ChunkSize, Digest: o.Digest, Fetch: newRegistry(t, img, nil).fetch})
 	if n := f.Stats().LocalChunks; n != 3 {
 		t.Errorf("reopened after Close: %d chunks recorded, want the 3 fetched", n)
 	}
