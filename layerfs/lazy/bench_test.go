@@ -2,6 +2,7 @@ package lazy
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/internal/benchsize"
@@ -23,10 +25,23 @@ import (
 // (receive's pipelined copy into its sparse writer, then an fsync). The
 // ratio fill/get-throughput is the background completion (>= 0.8).
 // Full size: 512 MiB (LAZY_BENCH_MIB sets it); smoke: 64 MiB.
-func BenchmarkFill(b *testing.B) {
+func BenchmarkFill(b *testing.B) { benchFill(b, false) }
+
+// BenchmarkFillVerified is BenchmarkFill with the digests checked on both
+// sides: the pull hashes its stream (as the registry client does), Fill
+// checks each chunk's digest and the whole image's. Fill hashes every
+// byte twice, the pull once; on a 2-core node that also serves the blob
+// it is CPU-bound, so this ratio says what the chunk digests cost.
+func BenchmarkFillVerified(b *testing.B) { benchFill(b, true) }
+
+func benchFill(b *testing.B, verified bool) {
 	size := int64(benchsize.Env(b, "LAZY_BENCH_MIB", benchsize.Pick(b, 512, 64), "the image's size in MiB")) << 20
 	img := testImage(size, 12)
 	reg := newRegistry(b, img, nil)
+	o := Options{Size: size, ChunkSize: 1 << 20}
+	if verified {
+		o.ChunkDigests, o.Digest = chunkDigests(img, o.ChunkSize), digest.FromBytes(img)
+	}
 	// A registry client pools a connection per concurrent fetch; the
 	// default client keeps only 2 idle per host.
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
@@ -34,13 +49,14 @@ func BenchmarkFill(b *testing.B) {
 	get := func() {
 		path := filepath.Join(dir, "pulled")
 		defer os.Remove(path)
-		must(b, pull(client, reg.URL+"/blob", path, size))
+		must(b, pull(client, reg.URL+"/blob", path, size, verified))
 	}
 	fill := func() {
 		path := filepath.Join(dir, "lazy")
 		defer os.Remove(path)
 		defer os.Remove(statePath(path))
-		f, err := Open(Options{Path: path, Size: size, Fetch: clientFetch(client, reg.URL+"/blob")})
+		o.Path, o.Fetch = path, clientFetch(client, reg.URL+"/blob")
+		f, err := Open(o)
 		must(b, err)
 		must(b, f.Fill(context.Background()))
 		must(b, f.Close())
@@ -60,8 +76,9 @@ func BenchmarkFill(b *testing.B) {
 	b.ReportMetric(float64(g)/float64(f), "fill/get-throughput")
 }
 
-// pull GETs the whole blob into path as a pull does.
-func pull(client *http.Client, url, path string, size int64) error {
+// pull GETs the whole blob into path as a pull does, hashing it if
+// verified.
+func pull(client *http.Client, url, path string, size int64, verified bool) error {
 	resp, err := client.Get(url)
 	if err != nil {
 		return err
@@ -73,7 +90,11 @@ func pull(client *http.Client, url, path string, size int64) error {
 	}
 	defer out.Close()
 	w := receive.NewSparseWriter(out, 0)
-	n, err := receive.CopyPipelined(w, resp.Body, 1<<20, 4)
+	var body io.Reader = resp.Body
+	if verified {
+		body = io.TeeReader(body, sha256.New())
+	}
+	n, err := receive.CopyPipelined(w, body, 1<<20, 4)
 	if err != nil || n != size {
 		return fmt.Errorf("pulled %d of %d bytes: %v", n, size, err)
 	}
