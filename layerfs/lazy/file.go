@@ -222,6 +222,9 @@ func (f *File) completeLocked() bool {
 	return f.have.full() && (f.o.Digest == "" || f.verified)
 }
 
+// Size is the image's size (Options.Size).
+func (f *File) Size() int64 { return f.o.Size }
+
 // Stats returns what the File fetched and what its reads waited for.
 func (f *File) Stats() Stats {
 	f.mu.Lock()

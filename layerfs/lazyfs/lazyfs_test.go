@@ -4,15 +4,21 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/layerfs/erofs"
+	"github.com/layercache/layercache/layerfs/lazy"
 )
 
 // countingImage is an image file whose reads are counted, as the
@@ -114,4 +120,87 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestLazyLayer: the whole path of a layer mounted before its bytes are
+// here, over a real HTTP server that serves the image by range: the
+// mount and a small file's read fetch a fraction of the image, Fill
+// completes the local copy, and the settled mount reads the layer from
+// it with no more fetches. Needs root.
+func TestLazyLayer(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: FUSE, loop devices and mounts; run `make test` as root")
+	}
+	path, big := writeImage(t)
+	image, err := os.ReadFile(path)
+	must(t, err)
+	var served atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cw := &countingWriter{ResponseWriter: w, n: &served}
+		http.ServeContent(cw, r, "layer.erofs", time.Time{}, bytes.NewReader(image))
+	}))
+	defer srv.Close()
+	local := filepath.Join(t.TempDir(), "copy.erofs")
+	f, err := lazy.Open(lazy.Options{Path: local, Size: int64(len(image)), Fetch: rangeFetch(srv.URL), Wait: 10 * time.Second})
+	must(t, err)
+	defer f.Close()
+
+	dir, target := t.TempDir(), t.TempDir()
+	s, err := Serve(dir, testr.New(t))
+	must(t, err)
+	t.Cleanup(func() {
+		_ = unix.Unmount(target, unix.MNT_DETACH)
+		must(t, s.Close())
+	})
+	must(t, s.Add("layer-1", f))
+	must(t, s.Mount("layer-1", target))
+	if got, err := os.ReadFile(filepath.Join(target, "small.txt")); err != nil || string(got) != "hello\n" {
+		t.Fatalf("small.txt = %q, %v", got, err)
+	}
+	n := served.Load()
+	if n >= int64(len(image))/2 {
+		t.Errorf("the mount and one small file fetched %d of the image's %d bytes; want a fraction", n, len(image))
+	}
+	t.Logf("the mount and one small file fetched %d of the image's %d bytes (%d chunks on demand)", n, len(image), f.Stats().LocalChunks)
+
+	must(t, f.Fill(context.Background()))
+	must(t, s.Settle("layer-1", target, local))
+	before := served.Load()
+	if got, err := os.ReadFile(filepath.Join(target, "big.bin")); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("big.bin from the settled copy: %d bytes, %v; want the 8 MiB written", len(got), err)
+	}
+	if n := served.Load(); n != before {
+		t.Errorf("%d bytes fetched after the copy was complete and settled; want none", n-before)
+	}
+}
+
+// rangeFetch fetches [off, off+n) of url with a Range request.
+func rangeFetch(url string) lazy.Fetch {
+	return func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", off, off+n-1))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode != http.StatusPartialContent {
+			resp.Body.Close()
+			return nil, fmt.Errorf("range %d+%d: %s", off, n, resp.Status)
+		}
+		return resp.Body, nil
+	}
+}
+
+// countingWriter counts the body bytes a handler writes.
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	c.n.Add(int64(len(p)))
+	return c.ResponseWriter.Write(p)
 }
