@@ -113,13 +113,13 @@ scale: $(BIN)/kwok ## the control plane at SCALE_NODES="1000 5000" simulated nod
 .PHONY: bench
 bench: ## layerfs, registry-sync and cross-node handoff benchmarks at full size (1 GiB caches; needs root): each ratio beside its target (hack/bench-targets.txt); fails on clear misses
 	@mkdir -p _output
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./layerfs/ ./remote/ ./nodeagent/volumes/ | tee _output/bench.txt
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./layerfs/ ./layerfs/lazy/ ./remote/ ./nodeagent/volumes/ | tee _output/bench.txt
 	$(GO) run ./hack/benchcheck -size full -targets hack/bench-targets.txt _output/bench.txt
 
 .PHONY: bench-smoke
 bench-smoke: ## every benchmark of make bench at a small size (LAYERCACHE_BENCH_SIZE=smoke, about a minute), each ratio checked against its target with the margin (make test runs it; README figures come from make bench)
 	@mkdir -p _output
-	LAYERCACHE_BENCH_SIZE=smoke $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 15m ./layerfs/ ./remote/ ./nodeagent/volumes/ | tee _output/bench-smoke.txt
+	LAYERCACHE_BENCH_SIZE=smoke $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 15m ./layerfs/ ./layerfs/lazy/ ./remote/ ./nodeagent/volumes/ | tee _output/bench-smoke.txt
 	$(GO) run ./hack/benchcheck -size smoke -targets hack/bench-targets.txt _output/bench-smoke.txt
 
 ##@ Cluster (e2e harness)

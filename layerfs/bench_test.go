@@ -11,7 +11,6 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/internal/benchsize"
+	"github.com/layercache/layercache/internal/benchtime"
 	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
@@ -42,35 +42,6 @@ func largeCacheFiles(b *testing.B) int {
 // at smoke size still give a median that ignores the odd slow sync.
 func mountReps(b *testing.B) int {
 	return benchsize.Pick(b, 51, 21)
-}
-
-// compare runs a and b reps times each, in pairs whose order alternates,
-// and returns the median duration of each. Each operation leaves deferred
-// work (writeback, journal commits) that the next one pays for; alternating
-// spreads it evenly, and medians ignore the odd slow sync.
-func compare(reps int, a, b func()) (time.Duration, time.Duration) {
-	var ta, tb []time.Duration
-	for i := range reps {
-		if i%2 == 0 {
-			ta = append(ta, timed(a))
-			tb = append(tb, timed(b))
-		} else {
-			tb = append(tb, timed(b))
-			ta = append(ta, timed(a))
-		}
-	}
-	return median(ta), median(tb)
-}
-
-func timed(fn func()) time.Duration {
-	start := time.Now()
-	fn()
-	return time.Since(start)
-}
-
-func median(ds []time.Duration) time.Duration {
-	slices.Sort(ds)
-	return ds[len(ds)/2]
 }
 
 func mountDiscard(b *testing.B, s *Store, cache string) func() {
@@ -106,7 +77,7 @@ func BenchmarkMountLargeVsEmptyCache(b *testing.B) {
 	mountDiscard(b, s, "ns/empty")() // create the empty cache
 	unix.Sync()
 	for b.Loop() {
-		empty, large := compare(mountReps(b), mountDiscard(b, s, "ns/empty"), mountDiscard(b, s, "ns/large"))
+		empty, large := benchtime.Compare(mountReps(b), mountDiscard(b, s, "ns/empty"), mountDiscard(b, s, "ns/large"))
 		reportLargeVsEmpty(b, files, large, empty)
 	}
 }
@@ -133,12 +104,12 @@ func BenchmarkCommitVsCopy(b *testing.B) {
 		for range 11 {
 			id := "bench-" + randomID()
 			must(b, os.WriteFile(filepath.Join(mustMount(b, s, id, "ns/big"), "delta"), delta, 0o644))
-			commits = append(commits, timed(func() { mustCommit(b, s, id) }))
+			commits = append(commits, benchtime.Timed(func() { mustCommit(b, s, id) }))
 		}
-		commitTime := median(commits)
+		commitTime := benchtime.Median(commits)
 		// The copy is made durable too, as a commit is.
 		dst := filepath.Join(b.TempDir(), "copy")
-		copyTime := timed(func() {
+		copyTime := benchtime.Timed(func() {
 			must(b, cfs.CopyDir(dst, src))
 			unix.Sync()
 		})
@@ -174,7 +145,7 @@ func BenchmarkMountAfterManyCommits(b *testing.B) {
 	mustCommit(b, s, "one")
 	unix.Sync()
 	for b.Loop() {
-		one, many := compare(mountReps(b), mountDiscard(b, s, "ns/one"), mountDiscard(b, s, "ns/many"))
+		one, many := benchtime.Compare(mountReps(b), mountDiscard(b, s, "ns/one"), mountDiscard(b, s, "ns/many"))
 		b.ReportMetric(float64(one.Microseconds()), "1-commit-µs")
 		b.ReportMetric(float64(many.Microseconds()), fmt.Sprintf("%d-commits-µs", commits))
 		b.ReportMetric(float64(many)/float64(one), fmt.Sprintf("%d/1", commits))
@@ -212,7 +183,7 @@ func BenchmarkReadThroughChain(b *testing.B) {
 	read(direct)()
 	read(layered)() // warm both page caches alike
 	for b.Loop() {
-		d, l := compare(11, read(direct), read(layered))
+		d, l := benchtime.Compare(11, read(direct), read(layered))
 		b.ReportMetric(float64(len(data))/d.Seconds()/(1<<20), "direct-MiB/s")
 		b.ReportMetric(float64(len(data))/l.Seconds()/(1<<20), "chain-MiB/s")
 		b.ReportMetric(float64(d)/float64(l), "chain/direct-throughput")
@@ -372,7 +343,7 @@ func BenchmarkExport(b *testing.B) {
 	export()
 	readAll() // both from the page cache
 	for b.Loop() {
-		e, r := compare(5, export, readAll)
+		e, r := benchtime.Compare(5, export, readAll)
 		b.ReportMetric(float64(total)/e.Seconds()/(1<<20), "export-MiB/s")
 		b.ReportMetric(float64(total)/r.Seconds()/(1<<20), "read-MiB/s")
 		b.ReportMetric(float64(e)/float64(r), "export/read")
@@ -413,7 +384,7 @@ func BenchmarkSync(b *testing.B) {
 	}
 	unix.Sync()
 	for b.Loop() {
-		sy, un := compare(3, sync, untar)
+		sy, un := benchtime.Compare(3, sync, untar)
 		b.ReportMetric(float64(total)/sy.Seconds()/(1<<20), "sync-MiB/s")
 		b.ReportMetric(float64(total)/un.Seconds()/(1<<20), "untar-MiB/s")
 		b.ReportMetric(float64(sy)/float64(un), "sync/untar")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/layercache/layercache/internal/benchsize"
+	"github.com/layercache/layercache/internal/benchtime"
 )
 
 // Commit latency when many builds end at once (issue 18): 50 volumes over 5
@@ -105,11 +106,11 @@ func BenchmarkConcurrentCommits(b *testing.B) {
 		for i := range 3 {
 			id := fmt.Sprintf("alone-%d-%s", i, randomID())
 			build(id, cacheName(i))
-			alone = append(alone, timed(func() { mustCommit(b, s, id) }))
+			alone = append(alone, benchtime.Timed(func() { mustCommit(b, s, id) }))
 		}
 		lat := burst(volumes)
 		queued := burst(4)
-		b.ReportMetric(float64(median(alone).Milliseconds()), "alone-ms")
+		b.ReportMetric(float64(benchtime.Median(alone).Milliseconds()), "alone-ms")
 		b.ReportMetric(float64(p(lat, 50).Milliseconds()), "p50-ms")
 		b.ReportMetric(float64(p(lat, 99).Milliseconds()), "p99-ms")
 		b.ReportMetric(p(lat, 99).Seconds(), "p99-s")

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/internal/benchsize"
+	"github.com/layercache/layercache/internal/benchtime"
 	"github.com/layercache/layercache/layerfs/tree"
 )
 
@@ -50,7 +51,7 @@ func seededMountDiscard(b *testing.B, s *Store) func() {
 func BenchmarkSeededMountVsEmpty(b *testing.B) {
 	s := seedBenchFixture(b)
 	for b.Loop() {
-		empty, seeded := compare(mountReps(b), mountDiscard(b, s, "ns/empty"), seededMountDiscard(b, s))
+		empty, seeded := benchtime.Compare(mountReps(b), mountDiscard(b, s, "ns/empty"), seededMountDiscard(b, s))
 		b.ReportMetric(float64(empty.Microseconds()), "empty-µs")
 		b.ReportMetric(float64(seeded.Microseconds()), "seeded-µs")
 		b.ReportMetric(float64(seeded)/float64(empty), "seeded/empty")
@@ -95,16 +96,16 @@ func BenchmarkSeededCommitVsCommit(b *testing.B) {
 			}
 			commitPlain := func() { mustCommit(b, s, pid) }
 			if i%2 == 0 {
-				seeded = append(seeded, timed(commitSeeded))
-				plain = append(plain, timed(commitPlain))
+				seeded = append(seeded, benchtime.Timed(commitSeeded))
+				plain = append(plain, benchtime.Timed(commitPlain))
 			} else {
-				plain = append(plain, timed(commitPlain))
-				seeded = append(seeded, timed(commitSeeded))
+				plain = append(plain, benchtime.Timed(commitPlain))
+				seeded = append(seeded, benchtime.Timed(commitSeeded))
 			}
 		}
 		after, _, err := tree.DiskUsage(s.layersDir())
 		must(b, err)
-		st, pt := median(seeded), median(plain)
+		st, pt := benchtime.Median(seeded), benchtime.Median(plain)
 		b.ReportMetric(float64(pt.Microseconds()), "plain-µs")
 		b.ReportMetric(float64(st.Microseconds()), "seeded-µs")
 		b.ReportMetric(float64(st)/float64(pt), "seeded/plain")

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/internal/benchsize"
+	"github.com/layercache/layercache/internal/benchtime"
 )
 
 // The snapshot layout's benchmarks, in bench_test.go's style: each
@@ -74,7 +75,7 @@ func BenchmarkSnapshotBuildLargeVsEmpty(b *testing.B) {
 	snapshotBuild(b, s, "ns/empty")()
 	unix.Sync()
 	for b.Loop() {
-		empty, large := compare(21, snapshotBuild(b, s, "ns/empty"), snapshotBuild(b, s, "ns/large"))
+		empty, large := benchtime.Compare(21, snapshotBuild(b, s, "ns/empty"), snapshotBuild(b, s, "ns/large"))
 		reportLargeVsEmpty(b, files, large, empty)
 	}
 }
@@ -94,11 +95,11 @@ func BenchmarkSnapshotCommitVsCopy(b *testing.B) {
 			id := "bench-" + randomID()
 			v := mountSnapshot(b, s, id, "ns/big", MountOptions{})
 			must(b, os.WriteFile(filepath.Join(v.MergedPath, "delta"), delta, 0o644))
-			commits = append(commits, timed(func() { mustCommit(b, s, id) }))
+			commits = append(commits, benchtime.Timed(func() { mustCommit(b, s, id) }))
 		}
-		commitTime := median(commits)
+		commitTime := benchtime.Median(commits)
 		dst := filepath.Join(b.TempDir(), "copy")
-		copyTime := timed(func() {
+		copyTime := benchtime.Timed(func() {
 			must(b, cfs.CopyDir(dst, src))
 			unix.Sync()
 		})
@@ -130,10 +131,10 @@ func BenchmarkSnapshotReadWrite(b *testing.B) {
 		return func() { must(b, readUncached(filepath.Join(dir, "big"), len(data))) }
 	}
 	for b.Loop() {
-		p, w := compare(5, write(plain), write(v.MergedPath))
+		p, w := benchtime.Compare(5, write(plain), write(v.MergedPath))
 		b.ReportMetric(float64(len(data))/w.Seconds()/(1<<20), "volume-write-MiB/s")
 		b.ReportMetric(float64(p)/float64(w), "write/plain")
-		p, w = compare(5, read(plain), read(v.MergedPath))
+		p, w = benchtime.Compare(5, read(plain), read(v.MergedPath))
 		b.ReportMetric(float64(len(data))/w.Seconds()/(1<<20), "volume-read-MiB/s")
 		b.ReportMetric(float64(p)/float64(w), "read/plain")
 	}

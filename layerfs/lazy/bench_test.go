@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/internal/benchsize"
+	"github.com/layercache/layercache/internal/benchtime"
 	"github.com/layercache/layercache/layerfs/receive"
 )
 
@@ -66,11 +66,11 @@ func benchFill(b *testing.B, verified bool) {
 	reps := benchsize.Pick(b, 5, 3)
 	var gets, fills []time.Duration
 	for b.Loop() { // the timer counts the fills only: b.SetBytes gives their MB/s
-		g, f := compare(reps, untimed, fill)
+		g, f := benchtime.Compare(reps, untimed, fill)
 		gets, fills = append(gets, g), append(fills, f)
 	}
 	b.SetBytes(size * int64(reps))
-	g, f := median(gets), median(fills)
+	g, f := benchtime.Median(gets), benchtime.Median(fills)
 	b.ReportMetric(float64(size)/g.Seconds()/(1<<20), "get-MiB/s")
 	b.ReportMetric(float64(size)/f.Seconds()/(1<<20), "fill-MiB/s")
 	b.ReportMetric(float64(g)/float64(f), "fill/get-throughput")
@@ -121,31 +121,4 @@ func clientFetch(client *http.Client, url string) Fetch {
 		}
 		return resp.Body, nil
 	}
-}
-
-// compare runs a and b reps times each, in pairs whose order alternates
-// (each leaves writeback that the next pays for), and returns the median
-// duration of each.
-func compare(reps int, a, b func()) (time.Duration, time.Duration) {
-	var ta, tb []time.Duration
-	for i := range reps {
-		first, second, d1, d2 := a, b, &ta, &tb
-		if i%2 == 1 {
-			first, second, d1, d2 = b, a, &tb, &ta
-		}
-		*d1 = append(*d1, timed(first))
-		*d2 = append(*d2, timed(second))
-	}
-	return median(ta), median(tb)
-}
-
-func timed(fn func()) time.Duration {
-	start := time.Now()
-	fn()
-	return time.Since(start)
-}
-
-func median(ds []time.Duration) time.Duration {
-	slices.Sort(ds)
-	return ds[len(ds)/2]
 }
