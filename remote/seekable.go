@@ -59,12 +59,41 @@ func frameEncoder() (*zstd.Encoder, error) {
 	return zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithWindowSize(encoderWindow))
 }
 
+// hashingEncoder hashes each frame where it is compressed, on the
+// encoding goroutines (one per core): on the goroutine that hands frames
+// out, it cost about a tenth of the push's throughput on two cores
+// (BenchmarkSeekableBlob, 0.82x a stream's, 0.94x here). Frames are told apart
+// by their buffer, which is not reused before the frame is written.
+type hashingEncoder struct {
+	enc  *zstd.Encoder
+	mu   sync.Mutex
+	sums map[*byte][sha256.Size]byte
+}
+
+func (h *hashingEncoder) EncodeAll(src, dst []byte) []byte {
+	sum := sha256.Sum256(src) // src is never empty: seekable skips empty frames
+	h.mu.Lock()
+	h.sums[&src[0]] = sum
+	h.mu.Unlock()
+	return h.enc.EncodeAll(src, dst)
+}
+
+// take returns and forgets the sum of the frame in buf.
+func (h *hashingEncoder) take(buf []byte) [sha256.Size]byte {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sum := h.sums[&buf[0]]
+	delete(h.sums, &buf[0])
+	return sum
+}
+
 // seekableWriter cuts what is written to it into frames of FrameBytes and
 // compresses them in parallel (seekable.Writer.WriteMany, one frame per
 // core), written in order; Close writes the seek table. It records the
-// index on the way: each frame's sha256 as it is handed out, its place in
-// the blob as it is written.
+// index on the way: each frame's sha256 and its place in the blob as it
+// is written.
 type seekableWriter struct {
+	enc    *hashingEncoder
 	buf    []byte
 	frames chan []byte
 	free   chan []byte
@@ -83,12 +112,14 @@ func newSeekableWriter(w io.Writer) (*seekableWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	sw, err := seekable.NewWriter(w, enc)
+	hashing := &hashingEncoder{enc: enc, sums: map[*byte][sha256.Size]byte{}}
+	sw, err := seekable.NewWriter(w, hashing)
 	if err != nil {
 		enc.Close()
 		return nil, err
 	}
 	s := &seekableWriter{
+		enc:     hashing,
 		frames:  make(chan []byte, 2),
 		free:    make(chan []byte, 8),
 		stopped: make(chan struct{}),
@@ -96,16 +127,16 @@ func newSeekableWriter(w io.Writer) (*seekableWriter, error) {
 		index:   Index{FrameBytes: FrameBytes},
 	}
 	s.buf = s.newBuf()
-	go s.run(sw, enc)
+	go s.run(sw)
 	return s, nil
 }
 
-func (s *seekableWriter) run(sw *seekable.Writer, enc *zstd.Encoder) {
+func (s *seekableWriter) run(sw *seekable.Writer) {
 	err := sw.WriteMany(context.Background(), s.next, seekable.WithWriteCallback(s.written))
 	if err == nil {
 		err = sw.Close()
 	}
-	enc.Close()
+	s.enc.enc.Close()
 	s.err = err
 	close(s.stopped)
 }
@@ -125,11 +156,10 @@ func (s *seekableWriter) next() ([]byte, error) {
 	if !ok {
 		return nil, nil
 	}
-	sum := sha256.Sum256(frame)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pending[int64(len(s.index.Frames))] = frame
-	s.index.Frames = append(s.index.Frames, Frame{Digest: "sha256:" + hex.EncodeToString(sum[:])})
+	s.index.Frames = append(s.index.Frames, Frame{})
 	s.index.ImageBytes += int64(len(frame))
 	return frame, nil
 }
@@ -138,10 +168,12 @@ func (s *seekableWriter) next() ([]byte, error) {
 func (s *seekableWriter) written(e seekable.FrameOffsetEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f := &s.index.Frames[e.ID]
-	f.Offset, f.Size = int64(e.CompressedOffset), int64(e.CompressedSize)
 	buf := s.pending[e.ID]
 	delete(s.pending, e.ID)
+	sum := s.enc.take(buf)
+	f := &s.index.Frames[e.ID]
+	f.Offset, f.Size = int64(e.CompressedOffset), int64(e.CompressedSize)
+	f.Digest = "sha256:" + hex.EncodeToString(sum[:])
 	select {
 	case s.free <- buf:
 	default:

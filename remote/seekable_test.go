@@ -339,3 +339,27 @@ func TestSeekableBlobOfWholeFrames(t *testing.T) {
 		})
 	}
 }
+
+type failingWriter struct{ after int }
+
+func (w *failingWriter) Write(p []byte) (int, error) {
+	if w.after -= len(p); w.after < 0 {
+		return 0, errors.New("disk full")
+	}
+	return len(p), nil
+}
+
+// A push whose blob cannot be written fails, and does not hang with
+// frames still to hand out.
+func TestSeekableWriterFailsWithItsSink(t *testing.T) {
+	sw, err := newSeekableWriter(&failingWriter{after: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := imageBytes(20 * FrameBytes)
+	_, err = sw.Write(image)
+	err = errors.Join(err, sw.Close())
+	if err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Errorf("write through a failing sink: %v, want its error", err)
+	}
+}
