@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/BurntSushi/toml v1.4.0
+	github.com/SaveTheRbtz/zstd-seekable-format-go/pkg v0.10.0
 	github.com/container-storage-interface/spec v1.13.0
 	github.com/containerd/continuity v0.4.5
 	github.com/go-logr/logr v1.4.4

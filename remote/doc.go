@@ -3,7 +3,11 @@
 //
 // A cache is one repository (<registry>/<namespace>/<cache>). Each layer is
 // a blob: the layer's EROFS image (layerfs/erofs, see layerfs.ExportLayer),
-// compressed with zstd or gzip. A plain OCI image
+// compressed with zstd or gzip. A zstd blob is in the zstd seekable format
+// (independent 1 MiB frames and a seek table, seekable.go), which a plain
+// zstd decoder reads whole; its Index, a blob of its own, maps each frame
+// to its bytes and sha256, so that a node can read the image by range
+// (OpenIndex, RangeFetch) before it has all of it. A plain OCI image
 // manifest, tagged "latest", lists the chain base-first, so registry
 // garbage collection keeps the blobs and crane or skopeo can inspect a
 // cache. The chain's order is not the registry's to decide: the Cache

@@ -16,3 +16,9 @@ func IsUnauthorized(err error) bool {
 	}
 	return terr.StatusCode == http.StatusUnauthorized || terr.StatusCode == http.StatusForbidden
 }
+
+// ErrCorrupt is a layer blob's frame whose bytes do not match the
+// layer's index: the registry's copy is damaged or not the layer's. A
+// retry of the same read gets the same bytes; the layer must be pushed
+// again, or fetched from elsewhere.
+var ErrCorrupt = errors.New("layer blob does not match its index")

@@ -19,18 +19,40 @@ func (t *Target) Fetch(ctx context.Context, digest string, size int64) (io.ReadC
 	if err != nil {
 		return nil, err
 	}
-	if size > 0 {
-		rc = &boundedReader{rc: rc, left: size, size: size, digest: digest}
+	if size <= 0 {
+		return decompress(rc)
 	}
-	return decompress(rc)
+	bounded := &boundedReader{rc: rc, left: size, size: size, digest: digest}
+	zr, err := decompress(bounded)
+	if err != nil {
+		return nil, err
+	}
+	return overrunFirst{zr, bounded}, nil
+}
+
+// overrunFirst reports a blob longer than its bound as such: a zstd
+// decoder cut off inside a skippable frame (a seekable blob's seek table)
+// says only "unexpected EOF".
+type overrunFirst struct {
+	io.ReadCloser
+	bounded *boundedReader
+}
+
+func (o overrunFirst) Read(p []byte) (int, error) {
+	n, err := o.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && o.bounded.overrun != nil {
+		err = o.bounded.overrun
+	}
+	return n, err
 }
 
 // boundedReader fails a blob that runs past its stated size.
 type boundedReader struct {
-	rc     io.ReadCloser
-	left   int64
-	size   int64
-	digest string
+	rc      io.ReadCloser
+	left    int64
+	size    int64
+	digest  string
+	overrun error
 }
 
 func (b *boundedReader) Read(p []byte) (int, error) {
@@ -39,7 +61,8 @@ func (b *boundedReader) Read(p []byte) (int, error) {
 		var one [1]byte
 		n, err := b.rc.Read(one[:])
 		if n > 0 {
-			return 0, fmt.Errorf("layer blob %s is longer than the %d bytes its chain states: refused", b.digest, b.size)
+			b.overrun = fmt.Errorf("layer blob %s is longer than the %d bytes its chain states: refused", b.digest, b.size)
+			return 0, b.overrun
 		}
 		if err == nil {
 			err = io.ErrNoProgress

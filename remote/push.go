@@ -26,6 +26,11 @@ type Blob struct {
 	MediaType types.MediaType
 	// ImageBytes is the uncompressed image's size, for throughput reports.
 	ImageBytes int64
+	// Index is the digest of the layer's index blob (MediaTypeIndex) and
+	// IndexSize its size, for reads by range (OpenIndex, RangeFetch);
+	// zero for a gzip layer, which is read whole only.
+	Index     v1.Hash
+	IndexSize int64
 }
 
 // Export writes a layer's uncompressed EROFS image to w.
@@ -34,15 +39,20 @@ type Export func(w io.Writer) error
 // PushLayer compresses what export writes into a temp file in tmpDir,
 // hashing both streams on the way, then uploads the blob unless the
 // repository has it already (a retried push of the same layer: exports are
-// deterministic, so the digest is the same).
+// deterministic, so the digest is the same). A zstd layer is a seekable
+// blob (seekable.go), and its index is pushed too, after the blob it maps.
 func (t *Target) PushLayer(ctx context.Context, tmpDir string, export Export) (Blob, error) {
+	return t.pushLayer(ctx, tmpDir, export, t.Compression == Zstd)
+}
+
+func (t *Target) pushLayer(ctx context.Context, tmpDir string, export Export, framed bool) (Blob, error) {
 	f, err := os.CreateTemp(tmpDir, "new-push-*.blob")
 	if err != nil {
 		return Blob{}, fmt.Errorf("create temp file for a layer blob: %w", err)
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	blob, err := t.compressTo(f, export)
+	blob, idx, err := t.compressTo(f, export, framed)
 	if err != nil {
 		return Blob{}, err
 	}
@@ -53,27 +63,59 @@ func (t *Target) PushLayer(ctx context.Context, tmpDir string, export Export) (B
 	if err := ggcr.WriteLayer(t.Repository, layer, t.options(ggcr.WithContext(ctx))...); err != nil {
 		return Blob{}, fmt.Errorf("push layer %s (%d bytes) to %s: %w", blob.Digest, blob.Size, t.Repository, err)
 	}
+	if idx != nil {
+		if blob.Index, blob.IndexSize, err = t.pushIndex(ctx, blob, idx); err != nil {
+			return Blob{}, err
+		}
+	}
 	return blob, nil
 }
 
-func (t *Target) compressTo(f *os.File, export Export) (Blob, error) {
-	compressed := newCounter(sha256.New())
-	zw, err := t.Compression.writer(io.MultiWriter(f, compressed))
+// pushIndex uploads idx as a blob of its own and returns its digest and size.
+func (t *Target) pushIndex(ctx context.Context, blob Blob, idx *Index) (v1.Hash, int64, error) {
+	data, err := json.Marshal(idx)
 	if err != nil {
-		return Blob{}, fmt.Errorf("start %s compression: %w", t.Compression, err)
+		return v1.Hash{}, 0, err
+	}
+	layer := static.NewLayer(data, MediaTypeIndex)
+	if err := ggcr.WriteLayer(t.Repository, layer, t.options(ggcr.WithContext(ctx))...); err != nil {
+		return v1.Hash{}, 0, fmt.Errorf("push the index of layer %s (%d bytes) to %s: %w", blob.Digest, len(data), t.Repository, err)
+	}
+	digest, err := layer.Digest()
+	return digest, int64(len(data)), err
+}
+
+// layerWriter compresses a layer: one stream (gzip, or zstd where a
+// benchmark compares), or seekable frames with an index.
+func (t *Target) layerWriter(w io.Writer, framed bool) (io.WriteCloser, error) {
+	if framed {
+		return newSeekableWriter(w)
+	}
+	return t.Compression.writer(w)
+}
+
+func (t *Target) compressTo(f *os.File, export Export, framed bool) (Blob, *Index, error) {
+	compressed := newCounter(sha256.New())
+	zw, err := t.layerWriter(io.MultiWriter(f, compressed), framed)
+	if err != nil {
+		return Blob{}, nil, fmt.Errorf("start %s compression: %w", t.Compression, err)
 	}
 	uncompressed := newCounter(sha256.New())
 	pw := newPipeWriter(io.MultiWriter(zw, uncompressed), 1<<20, 4)
 	if err := export(pw); err != nil {
 		zw.Close()
-		return Blob{}, fmt.Errorf("export layer: %w", errors.Join(pw.Close(), err))
+		return Blob{}, nil, fmt.Errorf("export layer: %w", errors.Join(pw.Close(), err))
 	}
 	if err := pw.Close(); err != nil {
 		zw.Close()
-		return Blob{}, fmt.Errorf("compress layer: %w", err)
+		return Blob{}, nil, fmt.Errorf("compress layer: %w", err)
 	}
 	if err := zw.Close(); err != nil {
-		return Blob{}, fmt.Errorf("compress layer: %w", err)
+		return Blob{}, nil, fmt.Errorf("compress layer: %w", err)
+	}
+	var idx *Index
+	if sw, ok := zw.(*seekableWriter); ok {
+		idx = sw.Index()
 	}
 	return Blob{
 		Digest:     v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%x", compressed.h.Sum(nil))},
@@ -81,7 +123,7 @@ func (t *Target) compressTo(f *os.File, export Export) (Blob, error) {
 		Size:       compressed.n,
 		ImageBytes: uncompressed.n,
 		MediaType:  t.Compression.mediaType(),
-	}, nil
+	}, idx, nil
 }
 
 // counter hashes and counts what is written through it.

@@ -42,6 +42,8 @@ type Registry struct {
 	refuseMounts  atomic.Bool
 	refuseDeletes atomic.Bool
 	delay         atomic.Int64
+	ignoreRange   atomic.Bool
+	flip          atomic.Pointer[flip]
 	// Requests counts the requests it served, refused ones included.
 	Requests atomic.Int64
 	// Deletes counts the manifests it deleted.
@@ -97,7 +99,52 @@ func (r *Registry) serve(inner http.Handler, rw http.ResponseWriter, req *http.R
 		r.deleteManifest(inner, w, req)
 		return
 	}
+	if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/sha256:") {
+		r.serveBlob(inner, w, req)
+		return
+	}
 	inner.ServeHTTP(w, req)
+}
+
+// serveBlob serves a blob download with the faults the test set: the
+// Range header dropped (the whole blob, 200, as registries and proxies
+// that ignore ranges answer) or one byte flipped on the way.
+func (r *Registry) serveBlob(inner http.Handler, w http.ResponseWriter, req *http.Request) {
+	if r.ignoreRange.Load() {
+		req.Header.Del("Range")
+	}
+	if f := r.flip.Load(); f != nil && strings.HasSuffix(req.URL.Path, "/blobs/"+f.digest) {
+		w = &flipWriter{ResponseWriter: w, at: f.at}
+	}
+	inner.ServeHTTP(w, req)
+}
+
+type flip struct {
+	digest string
+	at     int64
+}
+
+// flipWriter flips the blob's byte at, wherever the response starts in
+// the blob (a 206's Content-Range says where).
+type flipWriter struct {
+	http.ResponseWriter
+	at, pos int64
+}
+
+func (w *flipWriter) WriteHeader(code int) {
+	if code == http.StatusPartialContent {
+		fmt.Sscanf(w.Header().Get("Content-Range"), "bytes %d-", &w.pos)
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *flipWriter) Write(p []byte) (int, error) {
+	if i := w.at - w.pos; i >= 0 && i < int64(len(p)) {
+		p = append([]byte(nil), p...)
+		p[i] ^= 0xff
+	}
+	w.pos += int64(len(p))
+	return w.ResponseWriter.Write(p)
 }
 
 // mount answers a cross-repository blob mount (POST
@@ -217,6 +264,20 @@ func (r *Registry) SetDown(down bool) { r.down.Store(down) }
 // SetDelay makes every request wait d before it is served (a slow or
 // overloaded registry).
 func (r *Registry) SetDelay(d time.Duration) { r.delay.Store(int64(d)) }
+
+// SetIgnoreRange makes blob downloads ignore Range headers and answer
+// 200 with the whole blob, as some registries and proxies do.
+func (r *Registry) SetIgnoreRange(ignore bool) { r.ignoreRange.Store(ignore) }
+
+// SetFlipByte makes downloads of blob digest ("sha256:...") carry byte at
+// of the blob flipped, whatever range they ask for; at < 0 ends it.
+func (r *Registry) SetFlipByte(digest string, at int64) {
+	if at < 0 {
+		r.flip.Store(nil)
+		return
+	}
+	r.flip.Store(&flip{digest: digest, at: at})
+}
 
 // SetCorrupt makes blob downloads return the wrong bytes.
 func (r *Registry) SetCorrupt(corrupt bool) { r.corrupt.Store(corrupt) }
