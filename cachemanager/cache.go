@@ -39,8 +39,12 @@ import (
 type CacheReconciler struct {
 	// Client reads from the informer cache (Nodes as metadata only) and
 	// writes to the API server.
-	Client   client.Client
-	Recorder events.EventRecorder
+	Client client.Client
+	// APIReader confirms, past the informer cache, that a Node is gone
+	// before its replicas are deleted: a Node that just joined may not be
+	// in the cache yet, and its agent may have reported already.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
 
 	// written is when each Cache's summary was last written, so that a
 	// burst of commits to one cache costs one summary write per
@@ -184,8 +188,10 @@ func (r *CacheReconciler) splitGone(ctx context.Context, replicas []v1alpha1.Cac
 		node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
 		err := r.Client.Get(ctx, types.NamespacedName{Name: rep.Spec.Node}, node)
 		switch {
-		case apierrors.IsNotFound(err):
+		case apierrors.IsNotFound(err) && !nodeExists(ctx, r.APIReader, rep.Spec.Node):
 			gone = append(gone, rep)
+		case apierrors.IsNotFound(err): // the cache has yet to see it
+			held = append(held, rep)
 		case err != nil:
 			return nil, nil, fmt.Errorf("looking up Node %s: %w", rep.Spec.Node, err)
 		default:

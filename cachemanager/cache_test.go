@@ -76,8 +76,11 @@ func replicaNodes(t *testing.T, c client.Client) []string {
 func TestCacheReconcile(t *testing.T) {
 	cleanup := []string{v1alpha1.FinalizerCleanup}
 	tests := []struct {
-		name     string
-		nodes    []string
+		name  string
+		nodes []string
+		// joined are Nodes the API server has and the informer cache
+		// has not seen yet.
+		joined   []string
 		cache    *v1alpha1.Cache
 		replicas []*v1alpha1.CacheReplica
 		gone     bool // the Cache no longer exists afterwards
@@ -102,6 +105,14 @@ func TestCacheReconcile(t *testing.T) {
 		status:   v1alpha1.CacheStatus{Generation: 2, Size: "4.0KiB", NodeCount: 1, LastUsed: at(10)},
 		left:     []string{"node-a"},
 		events:   []string{"Normal NodeGone Deleted the CacheReplicas of node-old: the Node no longer exists"},
+	}, {
+		name:     "the replica of a Node that just joined is kept",
+		nodes:    []string{"node-a"},
+		joined:   []string{"node-new"},
+		cache:    cacheObj(cleanup, false),
+		replicas: []*v1alpha1.CacheReplica{replica("node-a", 2, 4096, 10), replica("node-new", 3, 4096, 20)},
+		status:   v1alpha1.CacheStatus{Generation: 3, Size: "8.0KiB", NodeCount: 2, LastUsed: at(20)},
+		left:     []string{"node-a", "node-new"},
 	}, {
 		name:   "last used stays when every node evicted the cache",
 		cache:  withStatus(cacheObj(cleanup, false), v1alpha1.CacheStatus{Generation: 4, Size: "1.0GiB", NodeCount: 1, LastUsed: at(40)}),
@@ -164,8 +175,12 @@ func TestCacheReconcile(t *testing.T) {
 				objs = append(objs, r)
 			}
 			c := newFakeClient(t, objs...)
+			var api []client.Object
+			for _, n := range append(tc.nodes, tc.joined...) {
+				api = append(api, node(n))
+			}
 			rec := events.NewFakeRecorder(100)
-			r := &CacheReconciler{Client: c, Recorder: rec}
+			r := &CacheReconciler{Client: c, APIReader: newFakeClient(t, api...), Recorder: rec}
 			key := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(tc.cache)}
 			for range 2 {
 				if _, err := r.Reconcile(ctx, key); err != nil {
@@ -211,7 +226,7 @@ func TestCacheReconcile(t *testing.T) {
 func TestCacheDeletionFlow(t *testing.T) {
 	ctx := context.Background()
 	c := newFakeClient(t, node("node-a"), node("node-b"), cacheObj(nil, false))
-	r := &CacheReconciler{Client: c, Recorder: events.NewFakeRecorder(100)}
+	r := &CacheReconciler{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(100)}
 	key := types.NamespacedName{Namespace: ns, Name: "maven"}
 	reconcileOK := func() {
 		t.Helper()
@@ -269,7 +284,7 @@ func TestCacheDeletionFlow(t *testing.T) {
 
 func TestCachesOnNode(t *testing.T) {
 	c := newFakeClient(t, replica("node-a", 1, 1, 1), replicaOf("npm", "node-b", v1alpha1.CacheReplicaStatus{}))
-	r := &CacheReconciler{Client: c, Recorder: events.NewFakeRecorder(1)}
+	r := &CacheReconciler{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(1)}
 	got := r.cachesOnNode(context.Background(), node("node-b"))
 	if len(got) != 1 || got[0].Name != "npm" {
 		t.Errorf("cachesOnNode(node-b) = %v, want [%s/npm]", got, ns)
@@ -287,7 +302,7 @@ func TestCacheReconcileKeepsThePublishedChain(t *testing.T) {
 	cache := cacheObj([]string{v1alpha1.FinalizerCleanup}, false)
 	cache.Status.Published = chain.DeepCopy()
 	c := newFakeClient(t, node("node-a"), cache, replica("node-a", 1, 4096, 10))
-	r := &CacheReconciler{Client: c, Recorder: events.NewFakeRecorder(10)}
+	r := &CacheReconciler{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(10)}
 	if _, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(cache)}); err != nil {
 		t.Fatalf("Reconcile() error = %v", err)
 	}

@@ -107,7 +107,7 @@ func (r *HoldReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 // to no node, or its Node does not exist, as the informer cache and then
 // the API server say. pod becomes the API server's copy.
 func (r *HoldReconciler) nodeGone(ctx context.Context, pod *corev1.Pod) (bool, error) {
-	if pod.Spec.NodeName != "" && r.nodeExists(ctx, r.Client, pod.Spec.NodeName) {
+	if pod.Spec.NodeName != "" && nodeExists(ctx, r.Client, pod.Spec.NodeName) {
 		return false, nil
 	}
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
@@ -116,12 +116,13 @@ func (r *HoldReconciler) nodeGone(ctx context.Context, pod *corev1.Pod) (bool, e
 	if !heldPod(pod) {
 		return false, nil
 	}
-	return pod.Spec.NodeName == "" || !r.nodeExists(ctx, r.APIReader, pod.Spec.NodeName), nil
+	return pod.Spec.NodeName == "" || !nodeExists(ctx, r.APIReader, pod.Spec.NodeName), nil
 }
 
 // nodeExists tells whether reader has Node name; an error other than
-// NotFound counts as existing, so that only a sure answer lifts a hold.
-func (r *HoldReconciler) nodeExists(ctx context.Context, reader client.Reader, name string) bool {
+// NotFound counts as existing, so that only a sure answer lifts a hold
+// or deletes a replica.
+func nodeExists(ctx context.Context, reader client.Reader, name string) bool {
 	node := &metav1.PartialObjectMetadata{}
 	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
 	return !apierrors.IsNotFound(reader.Get(ctx, types.NamespacedName{Name: name}, node))

@@ -84,8 +84,9 @@ func Setup(ctx context.Context, mgr manager.Manager, reg prometheus.Registerer, 
 		return fmt.Errorf("setting up the release controller: %w", err)
 	}
 	caches := &CacheReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorder(Component),
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder(Component),
 	}
 	if err := caches.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the cache controller: %w", err)
