@@ -68,16 +68,7 @@ func TestPushFetchRoundTrip(t *testing.T) {
 			if err != nil || again.Digest != blob.Digest {
 				t.Errorf("second push of the same layer: digest %s (first %s), err %v; exports are deterministic, so pushes must be too", again.Digest, blob.Digest, err)
 			}
-			rc, err := tg.Fetch(ctx, blob.Digest.String(), blob.Size)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rc.Close()
-			got, err := io.ReadAll(rc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, want) {
+			if got := fetchWhole(t, tg, blob); !bytes.Equal(got, want) {
 				t.Errorf("fetched %d bytes, pushed %d: not the same tar", len(got), len(want))
 			}
 		})
@@ -229,4 +220,19 @@ func TestNewTargetErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fetchWhole fetches blob's whole image, as a node pulls it.
+func fetchWhole(t *testing.T, tg *Target, blob Blob) []byte {
+	t.Helper()
+	rc, err := tg.Fetch(context.Background(), blob.Digest.String(), blob.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	got, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }

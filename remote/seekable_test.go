@@ -154,16 +154,7 @@ func TestSeekableBlobReadsWhole(t *testing.T) {
 	reg := registrytest.New(t)
 	tg := target(t, reg, Zstd)
 	image, blob, idx := pushSeekable(t, tg)
-	rc, err := tg.Fetch(context.Background(), blob.Digest.String(), blob.Size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	got, err := io.ReadAll(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, image) {
+	if got := fetchWhole(t, tg, blob); !bytes.Equal(got, image) {
 		t.Errorf("whole fetch: %d bytes, want the %d-byte image", len(got), len(image))
 	}
 	if idx.ImageBytes != testImageSize || idx.FrameBytes != FrameBytes || len(idx.Frames) != 6 {
