@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/layercache/layercache/internal/benchtime"
 	"github.com/layercache/layercache/remote"
 	"github.com/layercache/layercache/remote/registrytest"
 )
@@ -74,11 +75,11 @@ func BenchmarkSeekableBlob(b *testing.B) {
 	image := float64(blobs["stream"].ImageBytes)
 	b.Logf("image %d bytes: seekable %d, stream %d; compress %v / %v, pull %v / %v", blobs["stream"].ImageBytes,
 		blobs["seekable"].Size, blobs["stream"].Size, compressed["seekable"], compressed["stream"], pulled["seekable"], pulled["stream"])
-	b.ReportMetric(image/1e6/medianOf(compressed["seekable"]).Seconds(), "seekable-push-MB/s")
-	b.ReportMetric(image/1e6/medianOf(pulled["seekable"]).Seconds(), "seekable-pull-MB/s")
+	b.ReportMetric(image/1e6/benchtime.Median(compressed["seekable"]).Seconds(), "seekable-push-MB/s")
+	b.ReportMetric(image/1e6/benchtime.Median(pulled["seekable"]).Seconds(), "seekable-pull-MB/s")
 	b.ReportMetric(float64(blobs["seekable"].Size)/float64(blobs["stream"].Size), "seekable/stream-size")
-	b.ReportMetric(medianOf(compressed["stream"]).Seconds()/medianOf(compressed["seekable"]).Seconds(), "seekable/stream-push")
-	b.ReportMetric(medianOf(pulled["stream"]).Seconds()/medianOf(pulled["seekable"]).Seconds(), "seekable/stream-pull")
+	b.ReportMetric(benchtime.Median(compressed["stream"]).Seconds()/benchtime.Median(compressed["seekable"]).Seconds(), "seekable/stream-push")
+	b.ReportMetric(benchtime.Median(pulled["stream"]).Seconds()/benchtime.Median(pulled["seekable"]).Seconds(), "seekable/stream-pull")
 }
 
 // turns orders kinds differently each round, so that neither always
@@ -141,9 +142,9 @@ func BenchmarkRangeFetch(b *testing.B) {
 		fill = append(fill, timed(func() { readParallel(b, fetch, idx.ImageBytes, 8<<20, 4) }))
 	}
 	b.Logf("image %d bytes in %d frames: whole %v, 10%% spread %v, parallel fill %v", idx.ImageBytes, len(idx.Frames), whole, spread, fill)
-	b.ReportMetric(float64(idx.ImageBytes)/1e6/medianOf(fill).Seconds(), "fill-MB/s")
-	b.ReportMetric(medianOf(spread).Seconds()/medianOf(whole).Seconds(), "spread10/whole-time")
-	b.ReportMetric(medianOf(whole).Seconds()/medianOf(fill).Seconds(), "fill/whole-fetch")
+	b.ReportMetric(float64(idx.ImageBytes)/1e6/benchtime.Median(fill).Seconds(), "fill-MB/s")
+	b.ReportMetric(benchtime.Median(spread).Seconds()/benchtime.Median(whole).Seconds(), "spread10/whole-time")
+	b.ReportMetric(benchtime.Median(whole).Seconds()/benchtime.Median(fill).Seconds(), "fill/whole-fetch")
 }
 
 type rangeFetch = func(ctx context.Context, off, n int64) (io.ReadCloser, error)

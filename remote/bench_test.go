@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/internal/benchsize"
+	"github.com/layercache/layercache/internal/benchtime"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/remote"
 	"github.com/layercache/layercache/remote/registrytest"
@@ -179,18 +180,12 @@ func BenchmarkPushCompression(b *testing.B) {
 	}
 	mbps := map[string]float64{}
 	for _, kind := range order {
-		mbps[kind] = float64(bytes) / 1e6 / medianOf(took[kind]).Seconds()
+		mbps[kind] = float64(bytes) / 1e6 / benchtime.Median(took[kind]).Seconds()
 		b.ReportMetric(mbps[kind], kind+"-MB/s")
 		b.ReportMetric(float64(blobs[kind].ImageBytes)/float64(blobs[kind].Size), kind+"-ratio")
 	}
 	b.ReportMetric(mbps["zstd"]/mbps["gzip"], "zstd/gzip-speed")
 	b.ReportMetric(mbps[string(remote.DefaultCompression)]/mbps["tar"], "image/tar-push")
-}
-
-func medianOf(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // layerDir is where the store keeps a layer's files (layerfs's layout).
@@ -256,7 +251,7 @@ func BenchmarkPullOntoFreshNode(b *testing.B) {
 			fetchToFile(b, target, blob, filepath.Join(b.TempDir(), "blob"))
 		}))
 	}
-	layercache, blobOnly := medianOf(pulls), medianOf(fetches)
+	layercache, blobOnly := benchtime.Median(pulls), benchtime.Median(fetches)
 	b.Logf("pulls %v, blob fetches %v", pulls, fetches)
 	extract := timed(func() {
 		plainExtract(b, target, tarBlob, b.TempDir())
