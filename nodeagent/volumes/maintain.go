@@ -48,6 +48,13 @@ func (m *Maintainer) Report(ctx context.Context, ref layerfs.CacheRef) error {
 	}
 	m.metrics.SetCache(info)
 	cache, err := m.caches.Get(ctx, ref)
+	if err == nil && cache == nil {
+		// A claim's first use creates the Cache just before the provision
+		// reports it, often before the informer hears of it; without this
+		// read the replica would wait for the next maintenance pass and
+		// appear minutes later, beside a build that has long ended.
+		cache, err = m.caches.Live(ctx, ref)
+	}
 	if err != nil || cache == nil || cache.DeletionTimestamp != nil {
 		// No resource to report on, or one on its way out whose replica
 		// the deletion handler deletes.

@@ -13,11 +13,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 )
 
 var maven = layerfs.CacheRef{Namespace: "ci", Name: "maven"}
@@ -94,6 +96,33 @@ func TestReportAppliesAndDeletesReplica(t *testing.T) {
 	}
 	if r := getReplica(t, env.client, maven); r != nil {
 		t.Errorf("replica %+v after the cache left the node, want none", r)
+	}
+}
+
+// TestReportBeforeTheInformer: a claim's first use creates the Cache and
+// the provision reports it at once, before the informer has the Cache.
+// The report reads the API server then, so the replica appears with the
+// volume rather than at the next maintenance pass (the e2e quiet tests
+// saw it appear minutes after a kept Workflow had failed).
+func TestReportBeforeTheInformer(t *testing.T) {
+	ctx := context.Background()
+	informer := newCacheClient(t)
+	api := newCacheClient(t, cacheObject("ci", "maven"))
+	events := events.NewFakeRecorder(100)
+	parts := testNodeParts(t, "node-a", "", kittest.NewFakeStore(), informer, events)
+	parts.core.Caches.Reader = api
+	env := newTestEnvOf(t, parts, informer, events)
+	env.store.Cache(maven).Generation = 1
+
+	if err := env.maint.Report(ctx, maven); err != nil {
+		t.Fatalf("report: %v", err)
+	}
+	var r v1alpha1.CacheReplica
+	if err := informer.Get(ctx, client.ObjectKey{Namespace: "ci", Name: v1alpha1.CacheReplicaName("maven", "node-a")}, &r); err != nil {
+		t.Fatalf("no replica after reporting a Cache only the API server has: %v", err)
+	}
+	if r.Status.Generation != 1 {
+		t.Errorf("replica at generation %d, want 1", r.Status.Generation)
 	}
 }
 
