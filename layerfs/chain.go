@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layercache/layercache/layerfs/lazy"
 )
 
 // Chain is a cache's cluster-wide layer chain, as the Cache resource's
@@ -29,7 +32,19 @@ type ChainLayer struct {
 	// node that still has those layers (or its own squash of them) uses
 	// them and fetches nothing.
 	Covers []string
+	// DiffID is the digest of the uncompressed image. A layer mounted
+	// before its bytes are here (SyncOptions.OpenLazy) counts as complete
+	// only once its local copy matches it.
+	DiffID string
+	// Index and IndexSize name the layer's index blob, which lets the
+	// image be read by range; "" for a layer that is fetched whole only.
+	Index     string
+	IndexSize int64
 }
+
+// Lazy reports whether the layer can be mounted before its bytes are
+// here: its blob is read by range through its index.
+func (l ChainLayer) Lazy() bool { return l.Index != "" && l.DiffID != "" }
 
 // LayerFormat is the content of a published layer's blob.
 type LayerFormat string
@@ -55,7 +70,33 @@ type SyncOptions struct {
 	// layer past it fails the Sync with ErrTooLarge and the head is
 	// unchanged.
 	MaxLayerBytes int64
+	// OpenLazy, if set, opens a layer that can be read by range
+	// (ChainLayer.Lazy): Sync mounts it at once over a local copy that
+	// its reads fill on demand and a background fetch completes (see
+	// lazymount.go). Nil fetches every layer whole before the head moves.
+	OpenLazy OpenLazy
+	// LazyWait is how long a read of a lazily mounted layer waits for
+	// bytes the registry cannot give now before it fails with EIO; 0
+	// means 30 s.
+	LazyWait time.Duration
 }
+
+// LazySource reads one layer's image by range.
+type LazySource struct {
+	// ImageBytes is the uncompressed image's size.
+	ImageBytes int64
+	// ChunkBytes is the unit of each fetch (a power of two, as
+	// lazy.Options.ChunkSize); 0 means 1 MiB.
+	ChunkBytes int64
+	// Fetch reads the image's bytes [off, off+n); it checks what it
+	// returns (a corrupt range wraps lazy.ErrCorrupt).
+	Fetch lazy.Fetch
+}
+
+// OpenLazy opens a chain layer's image for reads by range. The layer's
+// size bounds (SyncOptions.MaxLayerBytes) are checked by the store, on
+// LazySource.ImageBytes, before any of the image is read.
+type OpenLazy func(ctx context.Context, cache CacheRef, layer ChainLayer) (LazySource, error)
 
 // SyncResult tells what a Sync did.
 type SyncResult struct {
