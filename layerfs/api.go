@@ -3,6 +3,8 @@ package layerfs
 import (
 	"os"
 	"time"
+
+	"github.com/go-logr/logr"
 )
 
 // DefaultRoot is where a node keeps its layers, cache heads and volumes.
@@ -29,6 +31,17 @@ type Options struct {
 	// means "mkfs.btrfs" looked up on PATH. Only the image's creation
 	// runs it; everything else is done with ioctls.
 	MkfsBtrfs string
+	// Log receives what the store does in the background (the completion
+	// of layers mounted before their bytes were here); nil logs nothing.
+	Log logr.Logger
+	// OnLazyReadFailed, if set, is told of the first failed read of each
+	// lazily mounted layer (cache, the layer's digest, why); the volumes
+	// over it are discarded at their end (EndResult.FailedRead). It runs
+	// on the read's goroutine and must not call the store.
+	OnLazyReadFailed func(cache CacheRef, digest string, err error)
+	// OnLazyComplete, if set, is told of each lazily mounted layer whose
+	// copy was completed and settled (CacheInfo.Filling went down).
+	OnLazyComplete func(cache CacheRef)
 }
 
 // Progress reports how far a long operation has come.
@@ -194,6 +207,9 @@ type CacheInfo struct {
 	Layout Layout `json:"layout,omitempty"`
 	// SeededFrom is the fallback the cache was created on top of, if any.
 	SeededFrom *Seed `json:"seededFrom,omitempty"`
+	// Filling counts the layers of the head that were mounted before
+	// their bytes were here and whose copies are not complete yet.
+	Filling int `json:"filling,omitempty"`
 }
 
 // SquashResult tells what a Squash did.

@@ -144,7 +144,7 @@ func (s *Store) List(ctx context.Context) ([]CacheInfo, error) {
 	}
 	infos := make([]CacheInfo, len(heads))
 	for i, h := range heads {
-		infos[i] = cacheInfo(h, users[h.Cache])
+		infos[i] = s.cacheInfo(h, users[h.Cache])
 	}
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Cache.String() < infos[j].Cache.String() })
 	return infos, nil
@@ -163,15 +163,21 @@ func (s *Store) Inspect(ctx context.Context, cache CacheRef) (CacheInfo, error) 
 	if err != nil {
 		return CacheInfo{}, err
 	}
-	return cacheInfo(h, users[cache]), nil
+	return s.cacheInfo(h, users[cache]), nil
 }
 
-func cacheInfo(h *head, volumes []string) CacheInfo {
-	return CacheInfo{
+func (s *Store) cacheInfo(h *head, volumes []string) CacheInfo {
+	info := CacheInfo{
 		Cache: h.Cache, Generation: h.Generation, Layers: h.Layers, Bytes: h.bytes(),
 		LastUsed: h.LastUsed, LastWriter: h.LastWriter, Volumes: volumes,
 		Layout: h.Layout.orDefault(), SeededFrom: h.SeededFrom,
 	}
+	for _, l := range h.Layers {
+		if l.Digest != "" && s.isPartial(l.ID) {
+			info.Filling++
+		}
+	}
+	return info
 }
 
 func (s *Store) volumesByCache() (map[CacheRef][]string, error) {

@@ -35,6 +35,10 @@ type EndResult struct {
 	Announced bool
 	// Commit is what the commit did when Kept.
 	Commit CommitResult
+	// FailedRead says why the volume was discarded whatever Decide said:
+	// a read of a layer mounted before its bytes were here failed while
+	// the volume was mounted, so what the build wrote may rest on errors.
+	FailedRead string
 }
 
 // End ends a volume whose build ended: it reads which of
@@ -67,7 +71,8 @@ func (s *Store) endIn(ctx context.Context, t *txn, opts EndOptions, res *EndResu
 	if res.Written, err = s.controlFiles(r, opts.ControlFiles); err != nil {
 		return e, err
 	}
-	res.Kept = !r.ReadOnly && (opts.Decide == nil || opts.Decide(res.Written))
+	res.FailedRead = s.sawFailedRead(r)
+	res.Kept = !r.ReadOnly && res.FailedRead == "" && (opts.Decide == nil || opts.Decide(res.Written))
 	if !res.Kept {
 		if err := t.lockCache(ctx); err != nil {
 			return e, err

@@ -31,7 +31,7 @@ func (s *Store) ExportLayer(ctx context.Context, cache CacheRef, layerID string,
 	if err := s.checkInHead(ctx, cache, layerID); err != nil {
 		return err
 	}
-	if err := s.images().Ready([]string{layerID}); err != nil {
+	if err := s.readyLayers([]string{layerID}); err != nil {
 		return fmt.Errorf("export layer %s of cache %s: %w", layerID, cache, err)
 	}
 	ew := &errWriter{w: w}

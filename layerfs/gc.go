@@ -168,7 +168,9 @@ func (s *Store) moveUnreferenced(ctx context.Context) ([]string, error) {
 			return trash, err
 		}
 	}
-	return trash, nil
+	// Last: a partial layer's mount went with layers/ above.
+	moved, err := s.dropPartials(refs)
+	return append(trash, moved...), err
 }
 
 // onDisk is what path (a layer directory or image) takes on disk.

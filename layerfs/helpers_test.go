@@ -42,6 +42,12 @@ func newTestStore(t testing.TB, opts Options) *Store {
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
+	// Before the unmounts above: lazily mounted layers hold lazyfs busy.
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("cleanup: close the store: %v", err)
+		}
+	})
 	return s
 }
 

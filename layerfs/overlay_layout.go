@@ -59,7 +59,7 @@ func (s overlayLayout) remount(t *txn) error {
 	if err := tree.Empty(s.workDir(r.ID)); err != nil {
 		return fmt.Errorf("remount volume %q: reset work directory: %w", r.ID, err)
 	}
-	if err := s.images().Ready(r.Layers); err != nil {
+	if err := s.readyLayers(r.Layers); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
 	if err := s.withReserve(func() error { return s.volumeSpec(r).Mount(r.MergedPath) }); err != nil {
@@ -137,7 +137,7 @@ func (s overlayLayout) create(t *txn, id string, opts MountOptions) (err error) 
 	if err := t.save(); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
-	if err := s.images().Ready(r.Layers); err != nil {
+	if err := s.readyLayers(r.Layers); err != nil {
 		return fmt.Errorf("mount volume %q: %w", id, err)
 	}
 	if err := s.volumeSpec(r).Mount(r.MergedPath); err != nil {

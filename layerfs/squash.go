@@ -128,7 +128,7 @@ func (s *Store) mergeLayers(ctx context.Context, cache CacheRef, ids []string) (
 	if err := os.Mkdir(view, 0o700); err != nil {
 		return layer, err
 	}
-	if err := s.images().Ready(ids); err != nil {
+	if err := s.readyLayers(ids); err != nil {
 		return layer, fmt.Errorf("squash %s: %w", cache, err)
 	}
 	if err := (overlay.Spec{Lower: s.lowerDirs(ids)}).Mount(view); err != nil {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/layerfs/flock"
@@ -26,6 +27,9 @@ type Store struct {
 	syncs ondisk.SyncGroup
 	// cacheGates queues this process's waiters for a cache's lock.
 	cacheGates flock.Gates
+	// lazy are the layers this process serves before their bytes are here
+	// (lazymount.go).
+	lazy *lazyLayers
 }
 
 // Open prepares the store's directories under opts.Root and proves with a
@@ -53,7 +57,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("max layers %d is too deep: overlayfs stacks at most %d layers; use a value below that", opts.MaxLayers, overlay.MaxDepth)
 	}
 	opts.Root = root
-	s := &Store{root: root, opts: opts}
+	if opts.Log.GetSink() == nil {
+		opts.Log = logr.Discard()
+	}
+	s := &Store{root: root, opts: opts, lazy: &lazyLayers{log: opts.Log, served: map[string]*lazyLayer{}}}
 	s.snapshots = snapshot.New(snapshot.Config{
 		Root: root, Tmp: s.tmpDir(), ImageBytes: opts.SnapshotImageBytes, MkfsBtrfs: opts.MkfsBtrfs, Private: ControlDir,
 	})
@@ -86,7 +93,7 @@ func (s *Store) makeDirs() error {
 	if err := os.MkdirAll(s.root, 0o711); err != nil {
 		return fmt.Errorf("create store root: %w", err)
 	}
-	for _, dir := range []string{s.layersDir(), s.images().Images, s.cachesDir(), s.volumesDir(), s.locksDir(), s.tmpDir(), s.emptyLayer()} {
+	for _, dir := range []string{s.layersDir(), s.images().Images, s.cachesDir(), s.volumesDir(), s.locksDir(), s.tmpDir(), s.emptyLayer(), s.partialDir()} {
 		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("create store directory: %w", err)
 		}

@@ -335,7 +335,7 @@ func (s *Store) fetchLayers(ctx context.Context, cache CacheRef, chain Chain, mi
 	for _, i := range missing {
 		g.Go(func() error {
 			d := chain.Layers[i].Digest
-			l, err := s.pullLayer(gctx, chain.Layers[i], fetch, opts.MaxLayerBytes)
+			l, err := s.pullLayer(gctx, cache, chain.Layers[i], fetch, opts)
 			if err != nil {
 				return fmt.Errorf("sync cache %s: pull layer %s: %w", cache, d, err)
 			}
@@ -351,9 +351,10 @@ func (s *Store) fetchLayers(ctx context.Context, cache CacheRef, chain Chain, mi
 }
 
 // pullLayer brings one chain layer into the store under a new id, within
-// maxBytes (0: no bound): a layer whose chain states a larger blob is not
+// opts.MaxLayerBytes (0: no bound), or mounts it lazily (opts.OpenLazy): a layer whose chain states a larger blob is not
 // fetched at all, and the fetch stops at the size the chain states.
-func (s *Store) pullLayer(ctx context.Context, cl ChainLayer, fetch Fetch, maxBytes int64) (LayerInfo, error) {
+func (s *Store) pullLayer(ctx context.Context, cache CacheRef, cl ChainLayer, fetch Fetch, opts SyncOptions) (LayerInfo, error) {
+	maxBytes := opts.MaxLayerBytes
 	if maxBytes > 0 {
 		if cl.Size > maxBytes {
 			return LayerInfo{}, fmt.Errorf("its blob is %d bytes, over the bound of %d: %w", cl.Size, maxBytes, ErrTooLarge)
@@ -366,6 +367,9 @@ func (s *Store) pullLayer(ctx context.Context, cl ChainLayer, fetch Fetch, maxBy
 		// Layers were once published as OCI tars; nothing released did,
 		// and a tar is unpacked, not checked, so none is taken in.
 		return LayerInfo{}, fmt.Errorf("layer %s is of format %q; a node takes in %q images only: %w", cl.Digest, cl.Format, FormatEROFS, ErrInvalidImage)
+	}
+	if opts.OpenLazy != nil && cl.Lazy() {
+		return s.pullLazy(ctx, cache, cl, opts)
 	}
 	return s.pullImage(ctx, cl, fetch, maxBytes)
 }

@@ -63,6 +63,18 @@ func (d Dirs) Mount(id string) error {
 	return nil
 }
 
+// MountOver mounts layer id's image at its layer directory even when
+// something is mounted there already (a settled lazy layer's loop
+// device, which volumes mounted before keep reading): the file-backed
+// mount stacked over it serves the volumes mounted from then on.
+func (d Dirs) MountOver(id string) error {
+	dir := filepath.Join(d.Layers, id)
+	if err := unix.Mount(d.Path(id), dir, "erofs", mountFlags, ""); err != nil {
+		return fmt.Errorf("mount -t erofs -o ro,nodev,nosuid %s %s: %w", d.Path(id), dir, err)
+	}
+	return nil
+}
+
 // Ready mounts the images of the layers ids that are kept as images,
 // before an overlay stacks them: an overlay over an image layer's empty
 // mount point would show a cache without that layer. Mounts are gone

@@ -17,12 +17,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // Image is an image's bytes by range; a read may wait for bytes that are
@@ -110,6 +113,57 @@ func (s *Server) Close() error {
 	return nil
 }
 
+// fuseConnections is where the kernel's fusectl lists FUSE connections.
+const fuseConnections = "/sys/fs/fuse/connections"
+
+// Detach ends the file system while loop devices still hold its files
+// (which keep a plain unmount busy): it detaches the mount and aborts
+// the FUSE connection, as the kernel does when the serving process dies.
+// Reads of its files fail from then on; the devices over them stay until
+// their layers are unmounted.
+func (s *Server) Detach() error {
+	var st unix.Stat_t
+	if err := unix.Stat(s.dir, &st); err != nil {
+		return fmt.Errorf("detach lazyfs at %s: %w", s.dir, err)
+	}
+	if err := unix.Unmount(s.dir, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach lazyfs at %s: %w", s.dir, err)
+	}
+	if err := abortConnection(unix.Minor(st.Dev)); err != nil {
+		// The process's exit ends the connection all the same.
+		s.log.Error(err, "Abort the lazyfs FUSE connection; it ends with this process")
+		return nil
+	}
+	waited := make(chan struct{})
+	go func() { s.fuse.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		s.log.Info("The lazyfs FUSE server did not stop within 5s of its abort; it ends with this process")
+	}
+	return nil
+}
+
+// fusectlMagic is fusectl's file system type (statfs f_type).
+const fusectlMagic = 0x65735543
+
+// abortConnection aborts FUSE connection minor through fusectl, mounting
+// it first where nothing did. A connection that is gone already (the
+// detach ended the last use of the file system) needs nothing.
+func abortConnection(minor uint32) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(fuseConnections, &st); err != nil || st.Type != fusectlMagic {
+		if err := unix.Mount("fusectl", fuseConnections, "fusectl", 0, ""); err != nil {
+			return fmt.Errorf("mount fusectl at %s: %w", fuseConnections, err)
+		}
+	}
+	err := os.WriteFile(fmt.Sprintf("%s/%d/abort", fuseConnections, minor), []byte("1"), 0o200)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("abort FUSE connection %d: %w", minor, err)
+	}
+	return nil
+}
+
 // imageNode is one image's file.
 type imageNode struct {
 	fs.Inode
@@ -144,7 +198,9 @@ func (n *imageNode) Open(_ context.Context, flags uint32) (fs.FileHandle, uint32
 func (n *imageNode) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	got, err := n.img.ReadAt(ctx, dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {
-		n.log.Error(err, "Read of a lazily fetched image failed", "offset", off, "bytes", len(dest))
+		// At V(1): a build may read failing bytes many times, and the
+		// store reports each layer's first failure.
+		n.log.V(1).Info("Read of a lazily fetched image failed", "offset", off, "bytes", len(dest), "error", err.Error())
 		return nil, syscall.EIO
 	}
 	return fuse.ReadResultData(dest[:got]), 0

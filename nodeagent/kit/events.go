@@ -40,6 +40,9 @@ const (
 	ReasonPublished          = "Published"
 	ReasonLayerTooLarge      = "LayerTooLarge"
 	ReasonLayerUnpublishable = "LayerUnpublishable"
+	// ReasonLazyFetchFailed is the Event on a Cache one of whose layers,
+	// mounted before its bytes were here, failed a read.
+	ReasonLazyFetchFailed = "LazyFetchFailed"
 	// ReasonUntrustedChain is the Event reason and, lower-cased, the
 	// failure metric's reason of a refused chain.
 	ReasonUntrustedChain = "UntrustedChain"

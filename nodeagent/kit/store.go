@@ -25,4 +25,6 @@ type Store interface {
 	ExportLayer(ctx context.Context, cache layerfs.CacheRef, layerID string, w io.Writer) error
 	SetLayerDigest(ctx context.Context, cache layerfs.CacheRef, layerID, digest string) error
 	Sync(ctx context.Context, cache layerfs.CacheRef, chain layerfs.Chain, fetch layerfs.Fetch, opts layerfs.SyncOptions) (layerfs.SyncResult, error)
+	ResumeLazy(ctx context.Context, open layerfs.OpenLazy) error
+	LazyStats() layerfs.LazyStats
 }

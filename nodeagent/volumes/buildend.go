@@ -93,7 +93,7 @@ func (p *Provisioner) endVolume(ctx context.Context, volume string, rec provisio
 		p.metrics.CommitSeconds.Observe(time.Since(start).Seconds())
 		out = p.committed(logger, volume, rec, res.Commit, cause.Subject)
 	} else {
-		out = p.discarded(logger, volume, rec, cause.Subject)
+		out = p.discarded(logger, volume, rec, res.FailedRead, cause.Subject)
 	}
 	out.Outcome = rec.Outcome
 	p.metrics.Ends.WithLabelValues(out.Result, cause.Trigger).Inc()
@@ -181,10 +181,15 @@ func (p *Provisioner) committed(logger logr.Logger, volume string, rec provision
 	return out
 }
 
-// discarded reports a discard.
-func (p *Provisioner) discarded(logger logr.Logger, volume string, rec provisioned, subject runtime.Object) ended {
-	why := rec.discardWhy()
-	p.events.Eventf(subject, nil, corev1.EventTypeNormal, kit.ReasonDiscarded, kit.ActionDiscard, "discarded volume %s: %s", volume, why)
+// discarded reports a discard; failedRead, if set, is why the store
+// discarded a volume whatever its policy said.
+func (p *Provisioner) discarded(logger logr.Logger, volume string, rec provisioned, failedRead string, subject runtime.Object) ended {
+	why, typ := rec.discardWhy(), corev1.EventTypeNormal
+	if failedRead != "" {
+		why = failedRead + ", so what the build wrote may rest on read errors and is not committed; the registry of cache " + rec.Cache.String() + " must be reachable while builds read layers fetched on demand (or set the class's mountFirst to \"false\")"
+		typ = corev1.EventTypeWarning
+	}
+	p.events.Eventf(subject, nil, typ, kit.ReasonDiscarded, kit.ActionDiscard, "discarded volume %s: %s", volume, why)
 	logger.Info("Discarded", "why", why)
 	return ended{Result: v1alpha1.ResultDiscarded}
 }

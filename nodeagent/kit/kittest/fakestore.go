@@ -41,6 +41,9 @@ type FakeStore struct {
 	// unless they say otherwise, the store contract starts from nothing.
 	Written     map[string]int64
 	buildWrites int64
+	// Lazy is what LazyStats reports; Resumes counts ResumeLazy's calls.
+	Lazy    layerfs.LazyStats
+	Resumes int
 }
 
 func NewFakeStore() *FakeStore {
@@ -359,4 +362,18 @@ func (s *FakeStore) SetLayerDigest(context.Context, layerfs.CacheRef, string, st
 
 func (s *FakeStore) Sync(context.Context, layerfs.CacheRef, layerfs.Chain, layerfs.Fetch, layerfs.SyncOptions) (layerfs.SyncResult, error) {
 	return layerfs.SyncResult{}, errFakeStoreSync
+}
+
+// ResumeLazy counts its calls: the fake store mounts nothing lazily.
+func (s *FakeStore) ResumeLazy(context.Context, layerfs.OpenLazy) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Resumes++
+	return nil
+}
+
+func (s *FakeStore) LazyStats() layerfs.LazyStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Lazy
 }

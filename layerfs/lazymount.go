@@ -1,0 +1,620 @@
+package layerfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
+
+	"github.com/layercache/layercache/layerfs/erofs"
+	"github.com/layercache/layercache/layerfs/lazy"
+	"github.com/layercache/layercache/layerfs/lazyfs"
+	"github.com/layercache/layercache/layerfs/ondisk"
+)
+
+// Mount first: a chain layer that can be read by range (ChainLayer.Lazy)
+// is mounted at once when Sync is given an OpenLazy. Its image is a sparse
+// local copy (layerfs/lazy) under partial/<id>, which reads fill on
+// demand; the store's lazyfs (FUSE, at <root>/lazyfs) serves that copy to
+// a read-only loop device, and the kernel's EROFS mounts the device at
+// layers/<id>, where every other part of the store finds a layer. A
+// goroutine completes the copy in the background; once it is whole and
+// matches the layer's diff ID, it is settled: renamed to images/<id>, the
+// loop device switched to it (reads leave user space), and the image
+// mounted file-backed over the layer directory for volumes mounted from
+// then on (a loop device reads at a fraction of a file-backed mount's
+// speed). What was partial is recorded in partial/<id>.json, so that a
+// restarted agent serves it again (ResumeLazy) and the sweep removes it
+// with its layer.
+//
+// A read that cannot be served (the registry is away for longer than the
+// layer's wait, or sends corrupt bytes) fails with EIO. Before the build
+// sees the error, every volume over the layer is marked (failedReadFile):
+// End discards a marked volume instead of committing what a build wrote
+// while it read errors.
+
+// defaultLazyWait is how long a lazily mounted layer's read waits for the
+// registry when the sync sets no wait.
+const defaultLazyWait = 30 * time.Second
+
+// lazyRetry is the pause between background completions of a copy whose
+// registry was away.
+const lazyRetry = 5 * time.Second
+
+// ErrLazyNotServed is returned (wrapped) for a volume over a layer whose
+// bytes are still partly in the registry while nothing serves them (the
+// agent has not resumed them since it started, or could not): an overlay
+// over its empty mount point would show a cache without that layer.
+var ErrLazyNotServed = errors.New("layer is fetched on demand but nothing serves it")
+
+// LazyStats are what the store's lazily mounted layers fetched and what
+// their reads waited for, since the store was opened.
+type LazyStats struct {
+	OnDemandBytes    int64   // fetched for reads
+	BackgroundBytes  int64   // fetched to complete copies
+	ReadStalls       int64   // reads that waited for a fetch
+	ReadStallSeconds float64 // the time they waited, in all
+	FailedReads      int64   // reads that failed (EIO)
+	CompletedLayers  int64   // copies completed and settled
+	CompleteSeconds  float64 // from mount to settle, summed over them
+	Filling          int     // layers served now, still partial
+}
+
+// partialRecord is partial/<id>.json: what a partial layer is a copy of.
+type partialRecord struct {
+	Cache  CacheRef      `json:"cache"`
+	Digest string        `json:"digest"`
+	DiffID string        `json:"diffID"`
+	Index  string        `json:"index"`
+	Size   int64         `json:"size"`
+	ISize  int64         `json:"indexSize"`
+	Wait   time.Duration `json:"wait"`
+}
+
+func (r partialRecord) chainLayer() ChainLayer {
+	return ChainLayer{Digest: r.Digest, Size: r.Size, Format: FormatEROFS, DiffID: r.DiffID, Index: r.Index, IndexSize: r.ISize}
+}
+
+// lazyLayers are the layers this process serves.
+type lazyLayers struct {
+	log logr.Logger
+
+	mu      sync.Mutex
+	server  *lazyfs.Server
+	served  map[string]*lazyLayer
+	closed  bool
+	settled LazyStats // of copies no longer served
+	wg      sync.WaitGroup
+}
+
+// lazyLayer is one served partial layer.
+type lazyLayer struct {
+	id      string
+	rec     partialRecord
+	file    *lazy.File
+	started time.Time
+	cancel  context.CancelFunc
+
+	failMu   sync.Mutex
+	reported bool
+}
+
+func (s *Store) partialDir() string                 { return filepath.Join(s.root, "partial") }
+func (s *Store) partialCopy(id string) string       { return filepath.Join(s.partialDir(), id) }
+func (s *Store) partialRecordPath(id string) string { return s.partialCopy(id) + ".json" }
+func (s *Store) lazyfsDir() string                  { return filepath.Join(s.root, "lazyfs") }
+
+// failedReadFile marks a volume that may have read errors from a lazily
+// mounted layer.
+func (s *Store) failedReadFile(volumeID string) string {
+	return filepath.Join(s.volumeDir(volumeID), "failed-read.json")
+}
+
+// pullLazy mounts a chain layer before its bytes are here, as a new layer
+// that nothing references yet (the sweep removes it if it never lands in
+// a head).
+func (s *Store) pullLazy(ctx context.Context, cache CacheRef, cl ChainLayer, opts SyncOptions) (LayerInfo, error) {
+	src, err := opts.OpenLazy(ctx, cache, cl)
+	if err != nil {
+		return LayerInfo{}, fmt.Errorf("open it for reads by range: %w", err)
+	}
+	if opts.MaxLayerBytes > 0 && src.ImageBytes > opts.MaxLayerBytes {
+		return LayerInfo{}, fmt.Errorf("its image is %d bytes, over the bound of %d: %w", src.ImageBytes, opts.MaxLayerBytes, ErrTooLarge)
+	}
+	wait := opts.LazyWait
+	if wait <= 0 {
+		wait = defaultLazyWait
+	}
+	id := randomID()
+	rec := partialRecord{Cache: cache, Digest: cl.Digest, DiffID: cl.DiffID, Index: cl.Index, Size: cl.Size, ISize: cl.IndexSize, Wait: wait}
+	if err := ondisk.WriteJSONAtomic(s.partialRecordPath(id), rec); err != nil {
+		return LayerInfo{}, fmt.Errorf("record the partial layer: %w", err)
+	}
+	sb, err := s.serveLazy(ctx, id, rec, src)
+	if err != nil {
+		s.removePartial(id)
+		return LayerInfo{}, err
+	}
+	return LayerInfo{ID: id, Bytes: src.ImageBytes, Files: int64(sb.Inodes), Created: time.Now().UTC(), Digest: cl.Digest}, nil
+}
+
+// serveLazy opens partial layer id's copy (keeping what it holds), checks
+// the image's metadata through it, and serves and mounts it at its layer
+// directory; a goroutine then completes it.
+func (s *Store) serveLazy(ctx context.Context, id string, rec partialRecord, src LazySource) (erofs.Superblock, error) {
+	f, err := lazy.Open(lazy.Options{
+		Path: s.partialCopy(id), Size: src.ImageBytes, ChunkSize: src.ChunkBytes,
+		Fetch: src.Fetch, Digest: digest.Digest(rec.DiffID), Wait: rec.Wait,
+	})
+	if err != nil {
+		return erofs.Superblock{}, err
+	}
+	sb, err := checkLazyImage(ctx, f, rec.Digest)
+	if err == nil {
+		err = s.mountLazy(id, rec, f)
+	}
+	if err != nil {
+		f.Close()
+		return sb, err
+	}
+	return sb, nil
+}
+
+// checkLazyImage reads the image's metadata through its copy and checks
+// it, as a pull checks a whole image: the kernel must not be the first to
+// read a tenant's metadata.
+func checkLazyImage(ctx context.Context, f *lazy.File, name string) (erofs.Superblock, error) {
+	r := fileAt{ctx: ctx, f: f}
+	first := make([]byte, erofs.BlockSize)
+	if _, err := r.ReadAt(first, 0); err != nil {
+		return erofs.Superblock{}, fmt.Errorf("read the image's first block: %w", err)
+	}
+	sb, err := erofs.ParseSuperblock(first)
+	if err != nil {
+		return sb, fmt.Errorf("layer %s is not a layer image: %w: %w", name, ErrInvalidImage, err)
+	}
+	if sb.ImageBytes() != f.Size() {
+		return sb, fmt.Errorf("layer %s: its index says %d bytes, its image's superblock %d: %w", name, f.Size(), sb.ImageBytes(), ErrInvalidImage)
+	}
+	if err := erofs.Check(r, sb); err != nil {
+		return sb, fmt.Errorf("layer %s: %w: %w", name, ErrInvalidImage, err)
+	}
+	return sb, nil
+}
+
+// fileAt is a lazy.File as an io.ReaderAt, for the image check.
+type fileAt struct {
+	ctx context.Context
+	f   *lazy.File
+}
+
+func (r fileAt) ReadAt(p []byte, off int64) (int, error) { return r.f.ReadAt(r.ctx, p, off) }
+
+// mountLazy serves f as partial layer id and mounts it at the layer's
+// directory, then starts its completion.
+func (s *Store) mountLazy(id string, rec partialRecord, f *lazy.File) error {
+	srv, err := s.lazyServer()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &lazyLayer{id: id, rec: rec, file: f, started: time.Now(), cancel: cancel}
+	if err := srv.Add(id, layerImage{s: s, l: l}); err != nil {
+		cancel()
+		return err
+	}
+	dir := s.layerDir(id)
+	err = os.Mkdir(dir, 0o700)
+	if err == nil || errors.Is(err, os.ErrExist) {
+		err = srv.Mount(id, dir)
+	}
+	if err != nil {
+		cancel()
+		srv.Remove(id)
+		return fmt.Errorf("mount partial layer %s: %w", id, err)
+	}
+	s.lazy.mu.Lock()
+	s.lazy.served[id] = l
+	s.lazy.wg.Add(1)
+	s.lazy.mu.Unlock()
+	go s.complete(ctx, l)
+	return nil
+}
+
+// lazyServer returns the store's lazyfs, mounting it on first use. A
+// lazyfs left by a process that ended is detached first.
+func (s *Store) lazyServer() (*lazyfs.Server, error) {
+	s.lazy.mu.Lock()
+	defer s.lazy.mu.Unlock()
+	if s.lazy.closed {
+		return nil, errors.New("the store is closed: it mounts no layer before its bytes are here")
+	}
+	if s.lazy.server != nil {
+		return s.lazy.server, nil
+	}
+	dir := s.lazyfsDir()
+	detachStale(dir)
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("create lazyfs mount point: %w", err)
+	}
+	srv, err := lazyfs.Serve(dir, s.lazy.log)
+	if err != nil {
+		return nil, err
+	}
+	s.lazy.server = srv
+	return srv, nil
+}
+
+// detachStale detaches whatever is mounted at dir (a dead FUSE mount of a
+// process that ended, whose files nothing can read again).
+func detachStale(dir string) {
+	for range 8 {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			return
+		}
+	}
+}
+
+// layerImage is a served layer's image as lazyfs reads it: a read that
+// fails marks the volumes over the layer before the build sees EIO.
+type layerImage struct {
+	s *Store
+	l *lazyLayer
+}
+
+func (im layerImage) Size() int64 { return im.l.file.Size() }
+
+func (im layerImage) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	n, err := im.l.file.ReadAt(ctx, p, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		im.s.readFailed(im.l, err)
+	}
+	return n, err
+}
+
+// readFailed marks every volume over l as having read errors, and
+// reports l's first failure.
+func (s *Store) readFailed(l *lazyLayer, cause error) {
+	s.lazy.mu.Lock()
+	s.lazy.settled.FailedReads++
+	s.lazy.mu.Unlock()
+	if err := s.markVolumesOver(l.id, cause.Error()); err != nil {
+		s.lazy.log.Error(err, "Mark the volumes over a layer whose read failed", "layer", l.id)
+	}
+	l.failMu.Lock()
+	first := !l.reported
+	l.reported = true
+	l.failMu.Unlock()
+	if !first {
+		return
+	}
+	s.lazy.log.Error(cause, "A read of a layer mounted before its bytes were here failed; the volumes over it are discarded at their end", "cache", l.rec.Cache.String(), "layer", l.id, "digest", l.rec.Digest)
+	if s.opts.OnLazyReadFailed != nil {
+		s.opts.OnLazyReadFailed(l.rec.Cache, l.rec.Digest, cause)
+	}
+}
+
+// failedRead is what failedReadFile records.
+type failedRead struct {
+	Layer string `json:"layer"`
+	Error string `json:"error"`
+}
+
+// markVolumesOver marks every volume whose lower layers include layer.
+func (s *Store) markVolumesOver(layer, why string) error {
+	recs, err := s.volumeRecords()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range recs {
+		if !slices.Contains(r.Layers, layer) || ondisk.Exists(s.failedReadFile(r.ID)) {
+			continue
+		}
+		err := ondisk.WriteJSONAtomic(s.failedReadFile(r.ID), failedRead{Layer: layer, Error: why})
+		if err != nil && !errors.Is(err, os.ErrNotExist) { // a volume that just ended
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sawFailedRead tells why volume r may have read errors, or "".
+func (s *Store) sawFailedRead(r *volumeRecord) string {
+	var fr failedRead
+	if err := readJSON(s.failedReadFile(r.ID), &fr); errors.Is(err, ErrNotFound) {
+		return ""
+	} else if err != nil {
+		return "a read of a layer fetched on demand failed"
+	}
+	return fmt.Sprintf("a read of layer %s, fetched on demand, failed: %s", fr.Layer, fr.Error)
+}
+
+// complete fills l's copy in the background and settles it, retrying
+// while the registry is away; a corrupt copy is never settled (its reads
+// keep failing) and is reported.
+func (s *Store) complete(ctx context.Context, l *lazyLayer) {
+	defer s.lazy.wg.Done()
+	for attempt := 0; ; attempt++ {
+		err := l.file.Fill(ctx)
+		if err == nil {
+			err = s.settle(ctx, l)
+			if err == nil || ctx.Err() != nil {
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, lazy.ErrCorrupt) {
+			s.lazy.log.Error(err, "A layer fetched on demand is corrupt in the registry; it is never completed", "cache", l.rec.Cache.String(), "layer", l.id, "digest", l.rec.Digest)
+			return
+		}
+		if attempt == 0 {
+			s.lazy.log.Info("Completing a layer fetched on demand failed; retrying", "cache", l.rec.Cache.String(), "layer", l.id, "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(lazyRetry):
+		}
+	}
+}
+
+// settle makes complete layer l an image like a pulled one, under the
+// shared store lock (the sweep, which takes it exclusively, cannot
+// remove l meanwhile).
+func (s *Store) settle(ctx context.Context, l *lazyLayer) error {
+	lock, err := s.lockStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
+	s.lazy.mu.Lock()
+	srv, served := s.lazy.server, s.lazy.served[l.id] == l
+	s.lazy.mu.Unlock()
+	if !served {
+		return nil // the sweep dropped it
+	}
+	img := s.images().Path(l.id)
+	if err := ondisk.RenameDurable(s.partialCopy(l.id), img); err != nil {
+		return fmt.Errorf("settle layer %s: move its copy into the store: %w", l.id, err)
+	}
+	if err := srv.Settle(l.id, s.layerDir(l.id), img); err != nil {
+		return err
+	}
+	if err := s.images().MountOver(l.id); err != nil {
+		s.lazy.log.Error(err, "Mount a settled layer's image file-backed; volumes keep reading it through its loop device", "layer", l.id)
+	}
+	s.forget(l)
+	s.removePartial(l.id)
+	s.lazy.mu.Lock()
+	s.lazy.settled.CompletedLayers++
+	s.lazy.settled.CompleteSeconds += time.Since(l.started).Seconds()
+	s.lazy.mu.Unlock()
+	s.lazy.log.Info("Settled a layer fetched on demand", "cache", l.rec.Cache.String(), "layer", l.id, "took", time.Since(l.started).Round(time.Millisecond).String())
+	if s.opts.OnLazyComplete != nil {
+		s.opts.OnLazyComplete(l.rec.Cache)
+	}
+	return nil
+}
+
+// forget stops serving l, keeping what it fetched in the totals. Its
+// completion must be done or cancelled.
+func (s *Store) forget(l *lazyLayer) {
+	s.lazy.mu.Lock()
+	served := s.lazy.served[l.id] == l
+	delete(s.lazy.served, l.id)
+	srv := s.lazy.server
+	s.lazy.mu.Unlock()
+	if !served {
+		return
+	}
+	l.file.Close()
+	st := l.file.Stats()
+	s.lazy.mu.Lock()
+	s.lazy.settled.OnDemandBytes += st.OnDemandBytes
+	s.lazy.settled.BackgroundBytes += st.BackgroundBytes
+	s.lazy.settled.ReadStalls += st.Stalls
+	s.lazy.settled.ReadStallSeconds += st.StallSeconds
+	s.lazy.mu.Unlock()
+	if srv != nil {
+		srv.Remove(l.id)
+	}
+}
+
+// removePartial removes partial layer id's files, its record last.
+func (s *Store) removePartial(id string) {
+	os.Remove(s.partialCopy(id))
+	os.Remove(s.partialCopy(id) + ".state")
+	os.Remove(s.partialRecordPath(id))
+	ondisk.SyncDir(s.partialDir())
+}
+
+// LazyStats returns what the layers mounted before their bytes were here
+// fetched, and how their reads fared.
+func (s *Store) LazyStats() LazyStats {
+	s.lazy.mu.Lock()
+	defer s.lazy.mu.Unlock()
+	st := s.lazy.settled
+	for _, l := range s.lazy.served {
+		fs := l.file.Stats()
+		st.OnDemandBytes += fs.OnDemandBytes
+		st.BackgroundBytes += fs.BackgroundBytes
+		st.ReadStalls += fs.Stalls
+		st.ReadStallSeconds += fs.StallSeconds
+		st.Filling++
+	}
+	return st
+}
+
+// partialIDs lists the layers recorded as partial.
+func (s *Store) partialIDs() ([]string, error) {
+	entries, err := os.ReadDir(s.partialDir())
+	if err != nil {
+		return nil, fmt.Errorf("list partial layers: %w", err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// isPartial tells whether layer id is still partly in the registry.
+func (s *Store) isPartial(id string) bool {
+	return ondisk.Exists(s.partialRecordPath(id)) && !s.images().Has(id)
+}
+
+// readyLayers makes the layers ids ready for an overlay: images mounted,
+// and partial layers served by this process.
+func (s *Store) readyLayers(ids []string) error {
+	if err := s.images().Ready(ids); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if !s.isPartial(id) {
+			continue
+		}
+		s.lazy.mu.Lock()
+		_, served := s.lazy.served[id]
+		s.lazy.mu.Unlock()
+		if !served {
+			return fmt.Errorf("layer %s: %w (the node agent serves it again once it has started; a store opened by the layerfs CLI cannot)", id, ErrLazyNotServed)
+		}
+	}
+	return nil
+}
+
+// ResumeLazy serves again the partial layers that a process that ended
+// served (an agent restarted, or a node rebooted), keeping what their
+// copies hold: open reopens each layer by range (the caller checks that
+// its chain still trusts it). A layer still mounted over the ended
+// process's file cannot be read again through that mount: the volumes
+// over it are marked (their builds may have read errors), the mount is
+// detached, and the layer is mounted afresh for the volumes to come. A
+// layer that cannot be opened stays unserved (readyLayers refuses volumes
+// over it) and is named in the error; call ResumeLazy again later.
+func (s *Store) ResumeLazy(ctx context.Context, open OpenLazy) error {
+	lock, err := s.lockStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
+	ids, err := s.partialIDs()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range ids {
+		errs = append(errs, s.resumeLayer(ctx, id, open))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Store) resumeLayer(ctx context.Context, id string, open OpenLazy) error {
+	s.lazy.mu.Lock()
+	_, served := s.lazy.served[id]
+	s.lazy.mu.Unlock()
+	if served {
+		return nil
+	}
+	if s.images().Has(id) { // settled, then the process ended before the record went
+		s.removePartial(id)
+		return s.images().Mount(id)
+	}
+	var rec partialRecord
+	if err := readJSON(s.partialRecordPath(id), &rec); err != nil {
+		return fmt.Errorf("resume partial layer %s: %w", id, err)
+	}
+	src, err := open(ctx, rec.Cache, rec.chainLayer())
+	if err != nil {
+		return fmt.Errorf("resume partial layer %s of cache %s: %w", id, rec.Cache, err)
+	}
+	if dir := s.layerDir(id); ondisk.IsMountPoint(dir) {
+		if err := s.markVolumesOver(id, "the process that served the layer ended while it was mounted"); err != nil {
+			return fmt.Errorf("resume partial layer %s: %w", id, err)
+		}
+		detachStale(dir)
+	}
+	if _, err := s.serveLazy(ctx, id, rec, src); err != nil {
+		return fmt.Errorf("resume partial layer %s of cache %s: %w", id, rec.Cache, err)
+	}
+	return nil
+}
+
+// dropPartials stops serving the partial layers that refs lacks and moves
+// their files into tmp/ (the sweep, under the exclusive store lock, after
+// their mounts are gone).
+func (s *Store) dropPartials(refs map[string]bool) ([]string, error) {
+	ids, err := s.partialIDs()
+	if err != nil {
+		return nil, err
+	}
+	var trash []string
+	for _, id := range ids {
+		if refs[id] {
+			continue
+		}
+		s.lazy.mu.Lock()
+		l := s.lazy.served[id]
+		s.lazy.mu.Unlock()
+		if l != nil {
+			l.cancel()
+			s.forget(l)
+		}
+		for _, name := range []string{id, id + ".state", id + ".json"} {
+			src := filepath.Join(s.partialDir(), name)
+			if !ondisk.Exists(src) {
+				continue
+			}
+			dst := filepath.Join(s.tmpDir(), "trash-partial-"+name)
+			if err := os.Rename(src, dst); err != nil {
+				return trash, fmt.Errorf("move unreferenced partial layer %s aside: %w", id, err)
+			}
+			trash = append(trash, dst)
+		}
+	}
+	return trash, nil
+}
+
+// Close stops the background completions and unmounts the store's
+// lazyfs. Layers it served stay mounted over its files, which read
+// errors from then on: the next process's ResumeLazy serves them again.
+// A closed store mounts no layer lazily.
+func (s *Store) Close() error {
+	s.lazy.mu.Lock()
+	s.lazy.closed = true
+	served := make([]*lazyLayer, 0, len(s.lazy.served))
+	for _, l := range s.lazy.served {
+		served = append(served, l)
+	}
+	s.lazy.mu.Unlock()
+	for _, l := range served {
+		l.cancel()
+	}
+	s.lazy.wg.Wait()
+	for _, l := range served {
+		s.forget(l)
+	}
+	s.lazy.mu.Lock()
+	srv := s.lazy.server
+	s.lazy.server = nil
+	s.lazy.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	return srv.Detach()
+}

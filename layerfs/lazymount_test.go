@@ -1,0 +1,309 @@
+package layerfs
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/moby/sys/mountinfo"
+
+	"github.com/layercache/layercache/layerfs/ondisk"
+)
+
+// rangeRegistry serves the test registry's blobs by range, as a real
+// one serves a seekable blob through its index (remote.RangeFetch; the
+// HTTP path is tested in remote and layerfs/lazyfs). Each fetch takes
+// delay, so that a background completion takes long enough for a test
+// to act before it ends; down makes every fetch fail, as a stopped
+// registry does.
+type rangeRegistry struct {
+	reg   registry
+	delay time.Duration
+	down  atomic.Bool
+	opens atomic.Int32
+}
+
+// lazyChain is chain with each layer readable by range (the test
+// registry stores images uncompressed, so the diff ID is the digest).
+func lazyChain(chain Chain) Chain {
+	for i := range chain.Layers {
+		l := &chain.Layers[i]
+		l.DiffID, l.Index, l.IndexSize = l.Digest, l.Digest, 1
+	}
+	return chain
+}
+
+func (r *rangeRegistry) open(_ context.Context, _ CacheRef, l ChainLayer) (LazySource, error) {
+	data, ok := r.reg[l.Digest]
+	if !ok {
+		return LazySource{}, fmt.Errorf("blob %s: not found in the registry", l.Digest)
+	}
+	r.opens.Add(1)
+	fetch := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(r.delay):
+		}
+		if r.down.Load() {
+			return nil, errors.New("dial tcp 127.0.0.1:5000: connect: connection refused")
+		}
+		end := min(off+n, int64(len(data)))
+		return io.NopCloser(bytes.NewReader(data[off:end])), nil
+	}
+	return LazySource{ImageBytes: int64(len(data)), ChunkBytes: 64 << 10, Fetch: fetch}, nil
+}
+
+// lazyFixture publishes a cache of a small file and a large one (4 MiB
+// of random bytes) from a store of its own, and returns its chain.
+func lazyFixture(t *testing.T, reg registry) (Chain, []byte) {
+	t.Helper()
+	a := newTestStore(t, Options{})
+	big := make([]byte, 4<<20)
+	_, _ = rand.Read(big)
+	dir := mustMount(t, a, "build-1", "ns/c")
+	writeFile(t, filepath.Join(dir, "small.txt"), "hello")
+	must(t, os.WriteFile(filepath.Join(dir, "big.bin"), big, 0o644))
+	mustCommit(t, a, "build-1")
+	return lazyChain(publish(t, a, reg, "ns/c")), big
+}
+
+// lazyFailures records the store's reports of failed reads.
+type lazyFailures struct {
+	mu   sync.Mutex
+	got  []string
+	done chan CacheRef
+}
+
+func (f *lazyFailures) options(t *testing.T) Options {
+	f.done = make(chan CacheRef, 8)
+	return Options{
+		Log: testr.New(t),
+		OnLazyReadFailed: func(cache CacheRef, digest string, err error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.got = append(f.got, fmt.Sprintf("%s %s: %v", cache, digest, err))
+		},
+		OnLazyComplete: func(cache CacheRef) { f.done <- cache },
+	}
+}
+
+func (f *lazyFailures) reports() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.got...)
+}
+
+func syncLazy(t *testing.T, s *Store, chain Chain, rr *rangeRegistry, wait time.Duration) SyncResult {
+	t.Helper()
+	res, err := s.Sync(context.Background(), mustRef(t, "ns/c"), chain, rr.reg.fetch, SyncOptions{OpenLazy: rr.open, LazyWait: wait})
+	if err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	return res
+}
+
+func waitComplete(t *testing.T, f *lazyFailures) {
+	t.Helper()
+	select {
+	case <-f.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the lazily mounted layer was not completed within 30s")
+	}
+}
+
+func mountedTypes(t *testing.T, dir string) []string {
+	t.Helper()
+	mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (bool, bool) { return m.Mountpoint != dir, false })
+	must(t, err)
+	var types []string
+	for _, m := range mounts {
+		types = append(types, m.FSType+" "+m.Source)
+	}
+	return types
+}
+
+// TestSyncLazy: a fresh store mounts a published layer before its bytes
+// are here; a build reads its small file at once, having fetched a part
+// of the image; the copy completes in the background and settles into an
+// image like a pulled one, which later volumes read whole.
+func TestSyncLazy(t *testing.T) {
+	ctx := context.Background()
+	rr := &rangeRegistry{reg: registry{}, delay: 5 * time.Millisecond}
+	chain, big := lazyFixture(t, rr.reg)
+	var f lazyFailures
+	b := newTestStore(t, f.options(t))
+
+	res := syncLazy(t, b, chain, rr, 0)
+	if !res.Changed || res.Fetched != 1 {
+		t.Fatalf("Sync = %+v, want one layer", res)
+	}
+	dir := mustMount(t, b, "build-2", "ns/c")
+	if got := readFile(t, filepath.Join(dir, "small.txt")); got != "hello" {
+		t.Fatalf("small.txt = %q", got)
+	}
+	info, err := b.Inspect(ctx, mustRef(t, "ns/c"))
+	must(t, err)
+	st := b.LazyStats()
+	if info.Filling != 1 || st.Filling != 1 {
+		t.Errorf("while the copy fills: CacheInfo.Filling %d, LazyStats.Filling %d, want 1", info.Filling, st.Filling)
+	}
+	if st.OnDemandBytes <= 0 || st.OnDemandBytes >= int64(len(big)) {
+		t.Errorf("reads fetched %d bytes on demand, want some, and less than the large file's %d", st.OnDemandBytes, len(big))
+	}
+
+	waitComplete(t, &f)
+	id := info.Layers[0].ID
+	if !b.images().Has(id) || ondisk.Exists(b.partialRecordPath(id)) {
+		t.Errorf("settled layer %s: image kept %v, partial record still there %v", id, b.images().Has(id), ondisk.Exists(b.partialRecordPath(id)))
+	}
+	if got := mountedTypes(t, b.layerDir(id)); len(got) != 2 || got[1] != "erofs "+b.images().Path(id) {
+		t.Errorf("mounts at the settled layer's directory: %q, want the loop device's, then the image file-backed", got)
+	}
+	// The volume mounted before settling reads through the loop device,
+	// now over the local image; a new one through the file-backed mount.
+	if got, err := os.ReadFile(filepath.Join(dir, "big.bin")); err != nil || !bytes.Equal(got, big) {
+		t.Errorf("big.bin through the first volume: %d bytes, %v; want the published bytes", len(got), err)
+	}
+	dir3 := mustMount(t, b, "build-3", "ns/c")
+	if got, err := os.ReadFile(filepath.Join(dir3, "big.bin")); err != nil || !bytes.Equal(got, big) {
+		t.Errorf("big.bin through a volume mounted after settling: %d bytes, %v", len(got), err)
+	}
+	st = b.LazyStats()
+	if st.CompletedLayers != 1 || st.Filling != 0 || st.OnDemandBytes+st.BackgroundBytes < int64(len(big)) {
+		t.Errorf("LazyStats after settling = %+v, want 1 completed, none filling, the whole image fetched", st)
+	}
+	if r := f.reports(); len(r) != 0 {
+		t.Errorf("failed reads reported: %q", r)
+	}
+	mustCommit(t, b, "build-2")
+}
+
+// TestLazyReadFailureDiscards: with the registry down, a read of bytes
+// not yet here waits for the layer's wait, then fails with EIO; the
+// failure is reported once, and the volume that read it is discarded at
+// its end whatever its build wrote.
+func TestLazyReadFailureDiscards(t *testing.T) {
+	ctx := context.Background()
+	rr := &rangeRegistry{reg: registry{}, delay: 50 * time.Millisecond}
+	chain, big := lazyFixture(t, rr.reg)
+	var f lazyFailures
+	b := newTestStore(t, f.options(t))
+	syncLazy(t, b, chain, rr, 300*time.Millisecond)
+	dir := mustMount(t, b, "build-2", "ns/c")
+	rr.down.Store(true)
+
+	for range 2 {
+		fh, err := os.Open(filepath.Join(dir, "big.bin"))
+		must(t, err)
+		buf := make([]byte, 4096)
+		start := time.Now()
+		_, err = fh.ReadAt(buf, int64(len(big))-4096) // the end: the background has not come that far
+		fh.Close()
+		if err == nil {
+			t.Fatal("a read of bytes the registry cannot give succeeded")
+		}
+		if waited := time.Since(start); waited < 250*time.Millisecond {
+			t.Errorf("the read failed after %s, before the layer's wait of 300ms", waited)
+		}
+	}
+	if r := f.reports(); len(r) != 1 {
+		t.Errorf("failed reads reported %d times (%q), want once per layer", len(r), r)
+	}
+	writeFile(t, filepath.Join(dir, "out.txt"), "built on errors")
+	res, err := b.End(ctx, "build-2", EndOptions{})
+	must(t, err)
+	if res.Kept || res.FailedRead == "" {
+		t.Errorf("End = %+v, want a discard that says a read failed", res)
+	}
+	if st := b.LazyStats(); st.FailedReads < 2 {
+		t.Errorf("LazyStats.FailedReads = %d, want 2", st.FailedReads)
+	}
+
+	// The registry is back: the copy completes, and a new volume's build
+	// is committed.
+	rr.down.Store(false)
+	waitComplete(t, &f)
+	dir = mustMount(t, b, "build-3", "ns/c")
+	writeFile(t, filepath.Join(dir, "out.txt"), "built")
+	if res, err := b.End(ctx, "build-3", EndOptions{}); err != nil || !res.Kept {
+		t.Errorf("End of a volume mounted after the registry came back = %+v, %v, want committed", res, err)
+	}
+}
+
+// TestResumeLazy: the process serving a partial layer ends (its FUSE
+// connection aborted, as at a SIGKILL) while a volume is mounted over
+// it. A store opened again refuses volumes over the layer until the
+// layer is resumed; then it serves it from what the copy holds, new
+// volumes read it, the volume mounted before is discarded at its end,
+// and the copy completes.
+func TestResumeLazy(t *testing.T) {
+	ctx := context.Background()
+	rr := &rangeRegistry{reg: registry{}, delay: 20 * time.Millisecond}
+	chain, big := lazyFixture(t, rr.reg)
+	var f lazyFailures
+	opts := f.options(t)
+	opts.Root = t.TempDir()
+	b := newTestStore(t, opts)
+	syncLazy(t, b, chain, rr, 0)
+	dir := mustMount(t, b, "build-2", "ns/c")
+	if got := readFile(t, filepath.Join(dir, "small.txt")); got != "hello" {
+		t.Fatalf("small.txt = %q", got)
+	}
+	must(t, b.Close())
+
+	b2 := newTestStore(t, opts)
+	if _, err := b2.Mount(ctx, "build-3", MountOptions{Cache: mustRef(t, "ns/c")}); !errors.Is(err, ErrLazyNotServed) {
+		t.Fatalf("Mount over a partial layer nothing serves: %v, want ErrLazyNotServed", err)
+	}
+	must(t, b2.ResumeLazy(ctx, rr.open))
+	dir3 := mustMount(t, b2, "build-3", "ns/c")
+	if got, err := os.ReadFile(filepath.Join(dir3, "big.bin")); err != nil || !bytes.Equal(got, big) {
+		t.Errorf("big.bin after the resume: %d bytes, %v", len(got), err)
+	}
+	res, err := b2.End(ctx, "build-2", EndOptions{})
+	must(t, err)
+	if res.Kept || res.FailedRead == "" {
+		t.Errorf("End of the volume mounted over the ended process's layer = %+v, want a discard", res)
+	}
+	waitComplete(t, &f)
+	if res, err := b2.End(ctx, "build-3", EndOptions{}); err != nil || res.FailedRead != "" {
+		t.Errorf("End of the volume mounted after the resume = %+v, %v", res, err)
+	}
+	assertNoOrphans(t, b2)
+}
+
+// TestSweepDropsPartialLayer: a partial layer that no head or volume
+// names any more (the chain moved on) is unmounted, no longer served,
+// and its files go.
+func TestSweepDropsPartialLayer(t *testing.T) {
+	ctx := context.Background()
+	rr := &rangeRegistry{reg: registry{}, delay: 50 * time.Millisecond}
+	chain, _ := lazyFixture(t, rr.reg)
+	var f lazyFailures
+	b := newTestStore(t, f.options(t))
+	syncLazy(t, b, chain, rr, 0)
+	info, err := b.Inspect(ctx, mustRef(t, "ns/c"))
+	must(t, err)
+	id := info.Layers[0].ID
+	must(t, b.Remove(ctx, mustRef(t, "ns/c")))
+	if _, err := b.GC(ctx, GCOptions{}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if ondisk.Exists(b.partialRecordPath(id)) || ondisk.Exists(b.partialCopy(id)) || ondisk.Exists(b.layerDir(id)) {
+		t.Errorf("partial layer %s left files behind after the sweep", id)
+	}
+	if st := b.LazyStats(); st.Filling != 0 {
+		t.Errorf("LazyStats.Filling = %d after the sweep, want 0", st.Filling)
+	}
+}
