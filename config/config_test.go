@@ -143,7 +143,7 @@ func TestDefault(t *testing.T) {
 		columns    []string
 	}{
 		{"caches.layercache.dev", "Cache", []string{"Generation", "Size", "Nodes", "Last Used", "Seeded From", "Age"}},
-		{"cachereplicas.layercache.dev", "CacheReplica", []string{"Cache", "Node", "Generation", "Layers", "Bytes", "Unpublished", "Last Used"}},
+		{"cachereplicas.layercache.dev", "CacheReplica", []string{"Cache", "Node", "Generation", "Layers", "Bytes", "Unpublished", "Filling", "Last Used"}},
 	} {
 		crd := find[*apiextensionsv1.CustomResourceDefinition](t, r, want.name)
 		if crd.Spec.Scope != apiextensionsv1.NamespaceScoped || crd.Spec.Names.Kind != want.kind {

@@ -71,11 +71,21 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	hooks := &storeHooks{log: logger}
 	st, err := layerfs.Open(ctx, layerfs.Options{Root: opts.Root, MaxLayers: opts.MaxLayers, Progress: progressLogger(logger),
-		SnapshotImageBytes: opts.SnapshotImageBytes, MkfsBtrfs: opts.MkfsBtrfs})
+		SnapshotImageBytes: opts.SnapshotImageBytes, MkfsBtrfs: opts.MkfsBtrfs,
+		Log: logger.WithName("store"), OnLazyReadFailed: hooks.lazyReadFailed, OnLazyComplete: hooks.lazyComplete})
 	if err != nil {
 		return fmt.Errorf("open layer store: %w", err)
 	}
+	// Layers mounted before their bytes were here are served by this
+	// process; after it, they read errors until the next agent resumes
+	// them (ResumeLazy).
+	defer func() {
+		if err := st.Close(); err != nil {
+			logger.Error(err, "Close the layer store")
+		}
+	}()
 
 	mgr, err := manager.New(cfg, manager.Options{
 		Scheme:                 scheme,
@@ -91,6 +101,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	m, err := kit.NewMetrics(crmetrics.Registry)
 	if err != nil {
+		return fmt.Errorf("register metrics: %w", err)
+	}
+	if err := crmetrics.Registry.Register(kit.NewLazyCollector(st.LazyStats)); err != nil {
 		return fmt.Errorf("register metrics: %w", err)
 	}
 
@@ -113,6 +126,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	hooks.bind(a.caches, mgr.GetEventRecorder(Component), a.queues.reports)
 	if err := a.wire(ctx, clientset, crmetrics.Registry); err != nil {
 		return err
 	}
@@ -162,9 +176,11 @@ func informerOptions(node string) crcache.Options {
 // agent ties the volumes core, the registry sync, their informers and
 // queues together.
 type agent struct {
-	opts Options
-	core *volumes.Core
-	sync *registrysync.Syncer
+	opts   Options
+	store  kit.Store
+	caches *kit.Caches
+	core   *volumes.Core
+	sync   *registrysync.Syncer
 	// queues is the work off the critical path; the agent runs it, the
 	// parts feed it.
 	queues workQueues
@@ -195,7 +211,7 @@ type agentParts struct {
 }
 
 func newAgent(opts Options, p agentParts) (*agent, error) {
-	a := &agent{opts: opts, queues: newWorkQueues(), claimInformers: p.claimInformers}
+	a := &agent{opts: opts, store: p.store, caches: p.caches, queues: newWorkQueues(), claimInformers: p.claimInformers}
 	a.watchNode(p.kube)
 	a.sync = registrysync.New(registrysync.Config{
 		Node: opts.NodeName, Store: p.store, Caches: p.caches, Events: p.events, Metrics: p.metrics,
@@ -293,6 +309,8 @@ func (a *agent) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list this node's PVs: %w", err)
 	}
+	// Before the remount: a volume over a partial layer needs it served.
+	a.resumeLazy(ctx)
 	a.core.Remount(ctx, pvs)
 
 	ctx, stop := context.WithCancelCause(ctx)
@@ -319,11 +337,22 @@ func (a *agent) periodic(ctx context.Context) {
 	defer t.Stop()
 	for {
 		a.core.Maintainer().Pass(ctx)
+		a.resumeLazy(ctx) // those the registry could not serve before
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// resumeLazy serves the layers that an agent before this one mounted
+// before their bytes were here, each checked against its Cache's chain as
+// it stands now; one that cannot be served yet is tried again at the next
+// maintenance pass.
+func (a *agent) resumeLazy(ctx context.Context) {
+	if err := a.store.ResumeLazy(ctx, a.sync.ReopenLazy); err != nil {
+		log.FromContext(ctx).Error(err, "Serve again the layers fetched on demand; volumes over those not served are refused until they are")
 	}
 }
 

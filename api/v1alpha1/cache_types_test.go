@@ -37,7 +37,7 @@ func fullReplica() *CacheReplica {
 		TypeMeta:   metav1.TypeMeta{APIVersion: GroupVersion.String(), Kind: "CacheReplica"},
 		ObjectMeta: metav1.ObjectMeta{Name: "maven.n1", Namespace: "ci"},
 		Spec:       CacheReplicaSpec{Cache: "maven", Node: "n1"},
-		Status: CacheReplicaStatus{Generation: 2, Layers: 2, SizeBytes: 10, LastUsed: &now, LastWriter: "ci/ws", Unpublished: 1,
+		Status: CacheReplicaStatus{Generation: 2, Layers: 2, SizeBytes: 10, LastUsed: &now, LastWriter: "ci/ws", Unpublished: 1, Filling: 1,
 			SeededFrom: &CacheSeed{Namespace: "ci", Name: "main", Generation: 7}, PublishError: "refused"},
 	}
 }
@@ -91,7 +91,7 @@ func TestJSONFields(t *testing.T) {
 		"status.seededFrom", "status.size",
 	}}, {name: "CacheReplica", obj: fullReplica(), want: []string{
 		"spec.cache", "spec.node",
-		"status.generation", "status.lastUsed", "status.lastWriter", "status.layers", "status.publishError",
+		"status.filling", "status.generation", "status.lastUsed", "status.lastWriter", "status.layers", "status.publishError",
 		"status.seededFrom.generation", "status.seededFrom.name", "status.seededFrom.namespace",
 		"status.sizeBytes", "status.unpublished",
 	}}}

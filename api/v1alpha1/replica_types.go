@@ -49,6 +49,13 @@ type CacheReplicaStatus struct {
 	// +optional
 	Unpublished int32 `json:"unpublished,omitempty"`
 
+	// Filling counts the layers this node mounted before their bytes were
+	// here (the class's mountFirst) whose local copies are still being
+	// completed from the registry; builds read them meanwhile, fetching
+	// on demand what they need.
+	// +optional
+	Filling int32 `json:"filling,omitempty"`
+
 	// SeededFrom is the fallback cache whose layers this node's copy of
 	// the cache was created on (annotation layercache.dev/fallback); its
 	// bottom layers are shared with that cache, not copied.
@@ -78,6 +85,7 @@ type CacheReplicaStatus struct {
 // +kubebuilder:printcolumn:name="Layers",type=integer,JSONPath=`.status.layers`
 // +kubebuilder:printcolumn:name="Bytes",type=integer,JSONPath=`.status.sizeBytes`
 // +kubebuilder:printcolumn:name="Unpublished",type=integer,JSONPath=`.status.unpublished`
+// +kubebuilder:printcolumn:name="Filling",type=integer,JSONPath=`.status.filling`
 // +kubebuilder:printcolumn:name="Last Used",type=date,JSONPath=`.status.lastUsed`
 type CacheReplica struct {
 	metav1.TypeMeta   `json:",inline"`

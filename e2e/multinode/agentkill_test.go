@@ -100,7 +100,10 @@ func TestAgentKilledMidPushAndMidPull(t *testing.T) {
 		t.Errorf("chain has %d layers after the restart, want the one layer published once: %+v", n, c.Status.Published)
 	}
 
-	if _, err := e.CreatePod(ctx, e.buildPod("reader", b, "ccache", "", "sha256sum /cache/big | cut -d' ' -f1; cat /cache/big.sha256")); err != nil {
+	// A whole pull: a layer mounted first would be fetched by the build's
+	// reads, which the kill would fail (the serving process is the agent).
+	whole := e.wholePullClass(ctx)
+	if _, err := e.CreatePod(ctx, e.buildPod("reader", b, "ccache", whole, "sha256sum /cache/big | cut -d' ' -f1; cat /cache/big.sha256")); err != nil {
 		t.Fatal(err)
 	}
 	e.waitPulling(ctx, b)

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Layers travel as EROFS images that the receiving node mounts: what a
@@ -101,9 +104,14 @@ func (e *syncEnv) cacheImagesUsage(node, cache string) int64 {
 	}
 	var total int64
 	for _, l := range head.Layers {
+		// A layer mounted first is an image once its copy is complete.
 		var st syscall.Stat_t
-		if err := syscall.Stat(filepath.Join(n.HostRoot, "images", l.ID), &st); err != nil {
-			e.t.Fatalf("node %s's image of layer %s of cache %s: %v", node, l.ID, cache, err)
+		img := filepath.Join(n.HostRoot, "images", l.ID)
+		err := wait.PollUntilContextTimeout(e.t.Context(), pollInterval, time.Minute, true, func(context.Context) (bool, error) {
+			return syscall.Stat(img, &st) == nil, nil
+		})
+		if err != nil {
+			e.t.Fatalf("node %s has no image of layer %s of cache %s within 1m: %v", node, l.ID, cache, err)
 		}
 		total += st.Blocks * 512
 	}

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	storagev1 "k8s.io/api/storage/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 )
@@ -114,28 +112,7 @@ func TestBadCredentialsAreAnEvent(t *testing.T) {
 // wrong password; it is deleted with the test.
 func (e *syncEnv) badCredentialsClass(ctx context.Context) string {
 	e.t.Helper()
-	good, err := e.Client.StorageV1().StorageClasses().Get(ctx, e.Reg.StorageClass, metav1.GetOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	bad := &storagev1.StorageClass{
-		ObjectMeta:        metav1.ObjectMeta{Name: e.Namespace + "-bad-creds"},
-		Provisioner:       good.Provisioner,
-		Parameters:        map[string]string{},
-		VolumeBindingMode: good.VolumeBindingMode,
-		ReclaimPolicy:     good.ReclaimPolicy,
-	}
-	for k, v := range good.Parameters {
-		bad.Parameters[k] = v
-	}
-	bad.Parameters["registrySecret"] = e.Reg.BadSecret
-	if _, err := e.Client.StorageV1().StorageClasses().Create(ctx, bad, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		e.Client.StorageV1().StorageClasses().Delete(context.Background(), bad.Name, metav1.DeleteOptions{})
-	})
-	return bad.Name
+	return e.derivedClass(ctx, "bad-creds", map[string]string{"registrySecret": e.Reg.BadSecret})
 }
 
 // TestRegistryOutageLosesNothing stops the registry while a build runs.

@@ -131,7 +131,7 @@ type SyncStatus struct {
 func replicaStatus(info layerfs.CacheInfo, synced *SyncStatus) v1alpha1.CacheReplicaStatus {
 	st := v1alpha1.CacheReplicaStatus{
 		Generation: info.Generation, Layers: int32(len(info.Layers)),
-		SizeBytes: info.Bytes, LastWriter: info.LastWriter,
+		SizeBytes: info.Bytes, LastWriter: info.LastWriter, Filling: int32(info.Filling),
 	}
 	if seed := info.SeededFrom; seed != nil {
 		st.SeededFrom = &v1alpha1.CacheSeed{Namespace: seed.Cache.Namespace, Name: seed.Cache.Name, Generation: seed.Generation}

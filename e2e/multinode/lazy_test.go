@@ -1,0 +1,151 @@
+//go:build e2e && multinode
+
+package multinode
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/layercache/layercache/api/v1alpha1"
+)
+
+// lazyCacheMiB is the cache TestFreshNodeMountsFirst publishes, in 1 MiB
+// files: large enough that fetching it whole would show in a pod's start
+// (about 1 s per 256 MiB here), small enough for CI's budget. LAZY_E2E_MIB
+// sets another size (the README's figures are of 1024 and 4096).
+func lazyCacheMiB(t *testing.T) int {
+	s := os.Getenv("LAZY_E2E_MIB")
+	if s == "" {
+		return 256
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("LAZY_E2E_MIB=%q: want a number of MiB, such as 1024", s)
+	}
+	return n
+}
+
+// maxFreshOverWarm bounds a fresh node's pod start over a warm node's.
+// The issue's target is 1.5x (measured 1.34x at 1 GiB); the margin keeps
+// a loaded CI machine's noise from failing the run.
+const maxFreshOverWarm = 2.0
+
+// TestFreshNodeMountsFirst: a cache published from node A is mounted on
+// node B, which never held it, before its bytes are there. A pod that
+// reads one small file of it starts within maxFreshOverWarm of the same
+// pod on node A; B's replica shows the layer filling until its copy is
+// complete, and then a pod on B reads every file as A wrote it.
+func TestFreshNodeMountsFirst(t *testing.T) {
+	e := newSyncEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
+	defer cancel()
+	a, b := e.node(0), e.node(1)
+	mib := lazyCacheMiB(t)
+
+	write := fmt.Sprintf(`mkdir -p /cache/data; for i in $(seq %d); do head -c 1048576 /dev/urandom > /cache/data/$i; done
+echo hello > /cache/small.txt; cd /cache/data && md5sum * | md5sum | cut -d' ' -f1 > /cache/sums`, mib)
+	e.run(ctx, e.buildPod("write", a, "big", "", write))
+	e.waitPublishedIn(ctx, "big", 1, publishTimeout+time.Duration(mib/256)*time.Minute)
+
+	read := "cat /cache/small.txt"
+	fresh := e.timedRun(ctx, "read-fresh", b, "big", read)
+	warm := e.timedRun(ctx, "read-warm", a, "big", read)
+	ratio := fresh.Seconds() / warm.Seconds()
+	t.Logf("%d MiB cache, a pod reading one small file, create -> Succeeded: node %s (fresh) %s, node %s (warm) %s: %.2fx",
+		mib, b, fresh.Round(time.Millisecond), a, warm.Round(time.Millisecond), ratio)
+	if ratio > maxFreshOverWarm {
+		t.Errorf("the pod on the fresh node took %.2fx the warm node's, want at most %.1fx: the layer was not mounted before its bytes were there", ratio, maxFreshOverWarm)
+	}
+
+	e.waitFilled(ctx, "big", b)
+	out := e.run(ctx, e.buildPod("check", b, "big", "", "cd /cache/data && md5sum * | md5sum | cut -d' ' -f1; cat /cache/sums"))
+	if sums := strings.Fields(out); len(sums) != 2 || sums[0] != sums[1] {
+		t.Errorf("node %s's copy of the %d files: checksums %q, want them equal to node %s's", b, mib, sums, a)
+	}
+}
+
+// timedRun runs a pod that uses cache on node and returns how long it
+// took from create to Succeeded, as the user sees it.
+func (e *syncEnv) timedRun(ctx context.Context, name, node, cache, script string) time.Duration {
+	e.t.Helper()
+	start := time.Now()
+	e.run(ctx, e.buildPod(name, node, cache, "", script))
+	return time.Since(start)
+}
+
+// waitPublishedIn is waitPublished with its own bound.
+func (e *syncEnv) waitPublishedIn(ctx context.Context, name string, gen int64, timeout time.Duration) {
+	e.t.Helper()
+	e.waitCache(ctx, name, timeout, fmt.Sprintf("publication of generation %d", gen), func(c *v1alpha1.Cache) bool {
+		return c.Status.Published != nil && c.Status.Published.Generation >= gen
+	})
+}
+
+// waitFilled waits until node's replica of cache shows that it held a
+// layer filling and then no more: the copy completed in the background.
+func (e *syncEnv) waitFilled(ctx context.Context, cache, node string) {
+	e.t.Helper()
+	c, err := e.cache(ctx, cache)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var last any
+	err = wait.PollUntilContextTimeout(ctx, pollInterval, 2*time.Minute, true, func(context.Context) (bool, error) {
+		st := e.nodeEntry(c, node)
+		if st == nil {
+			return false, nil
+		}
+		last = *st
+		return st.Filling == 0, nil
+	})
+	if err != nil {
+		e.t.Fatalf("node %s's replica of cache %s still shows layers filling after 2m: %+v", node, cache, last)
+	}
+}
+
+// wholePullClass copies the registry's class with mountFirst "false": a
+// node fetches whole layers before a volume is ready, as before mount
+// first. It is deleted with the test.
+func (e *syncEnv) wholePullClass(ctx context.Context) string {
+	e.t.Helper()
+	return e.derivedClass(ctx, "whole-pull", map[string]string{"mountFirst": "false"})
+}
+
+// derivedClass copies the registry's class as NAMESPACE-suffix with
+// params changed; it is deleted with the test.
+func (e *syncEnv) derivedClass(ctx context.Context, suffix string, params map[string]string) string {
+	e.t.Helper()
+	base, err := e.Client.StorageV1().StorageClasses().Get(ctx, e.Reg.StorageClass, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	class := &storagev1.StorageClass{
+		ObjectMeta:        metav1.ObjectMeta{Name: e.Namespace + "-" + suffix},
+		Provisioner:       base.Provisioner,
+		Parameters:        map[string]string{},
+		VolumeBindingMode: base.VolumeBindingMode,
+		ReclaimPolicy:     base.ReclaimPolicy,
+	}
+	for k, v := range base.Parameters {
+		class.Parameters[k] = v
+	}
+	for k, v := range params {
+		class.Parameters[k] = v
+	}
+	if _, err := e.Client.StorageV1().StorageClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		e.Client.StorageV1().StorageClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
+	})
+	return class.Name
+}
