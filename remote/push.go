@@ -212,10 +212,22 @@ type rawManifest []byte
 func (m rawManifest) RawManifest() ([]byte, error)        { return m, nil }
 func (m rawManifest) MediaType() (types.MediaType, error) { return types.OCIManifestSchema1, nil }
 
-// BlobOf is the Blob a chain records; digests that do not parse make an
-// empty hash, which the registry then refuses in the manifest.
-func BlobOf(digest, diffID, mediaType string, size int64) Blob {
+// BlobOf is the Blob a chain records, with its index blob (index and
+// indexSize; "" and 0 for a layer without one); digests that do not parse
+// make an empty hash, which the registry then refuses in the manifest.
+func BlobOf(digest, diffID, mediaType string, size int64, index string, indexSize int64) Blob {
 	d, _ := v1.NewHash(digest)
 	id, _ := v1.NewHash(diffID)
-	return Blob{Digest: d, DiffID: id, MediaType: types.MediaType(mediaType), Size: size}
+	b := Blob{Digest: d, DiffID: id, MediaType: types.MediaType(mediaType), Size: size}
+	if index != "" {
+		b.Index, _ = v1.NewHash(index)
+		b.IndexSize = indexSize
+	}
+	return b
+}
+
+// IndexBlob is b's index as a blob of its own. The index is stored
+// uncompressed, so its diff ID is its digest.
+func (b Blob) IndexBlob() Blob {
+	return Blob{Digest: b.Index, DiffID: b.Index, Size: b.IndexSize, MediaType: MediaTypeIndex, ImageBytes: b.IndexSize}
 }
