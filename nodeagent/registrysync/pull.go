@@ -126,6 +126,10 @@ func tooLargeMessage(ref layerfs.CacheRef, node string, bounds *kit.RegistryRef,
 				what = fmt.Sprintf("layer %s (%s)", l.Digest, v1alpha1.FormatSize(l.Size))
 				break
 			}
+			if l.IndexSize > maxIndexBytes(bounds.MaxLayerBytes) {
+				what = fmt.Sprintf("the index of layer %s (%s)", l.Digest, v1alpha1.FormatSize(l.IndexSize))
+				break
+			}
 		}
 	}
 	fix := fmt.Sprintf("raise parameter %s of StorageClass %q", kit.ParamMaxLayerSize, bounds.Class)
@@ -154,6 +158,9 @@ func (s *Syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *kit.R
 	}
 	reg, err := s.checkChain(ctx, cache)
 	if err != nil {
+		return layerfs.SyncResult{}, cache, err
+	}
+	if err := checkIndexBounds(ref, cache.Status.Published, bounds.MaxLayerBytes); err != nil {
 		return layerfs.SyncResult{}, cache, err
 	}
 	target, err := s.target(ctx, reg)
