@@ -35,3 +35,27 @@ func TestPublishedLayerKeepsTheIndex(t *testing.T) {
 		})
 	}
 }
+
+// chainOf hands layerfs what a lazy mount needs: the diff ID that checks
+// the finished copy, and the index that maps the blob.
+func TestChainOfCarriesTheIndex(t *testing.T) {
+	d := func(c byte) string { return "sha256:" + strings.Repeat(string(c), 64) }
+	pub := &v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{
+		{Digest: d('b'), DiffID: d('c'), MediaType: string(remote.MediaTypeImageZstd), Size: 10, Generation: 2, Index: d('d'), IndexSize: 140},
+		{Digest: d('a'), DiffID: d('e'), MediaType: string(remote.MediaTypeImageGzip), Size: 10, Generation: 1},
+	}}
+	c := chainOf(pub)
+	if len(c.Layers) != 2 {
+		t.Fatalf("chainOf: %d layers, want 2", len(c.Layers))
+	}
+	for i, want := range []struct {
+		diffID, index string
+		indexSize     int64
+		lazy          bool
+	}{{d('c'), d('d'), 140, true}, {d('e'), "", 0, false}} {
+		l := c.Layers[i]
+		if l.DiffID != want.diffID || l.Index != want.index || l.IndexSize != want.indexSize || l.Lazy() != want.lazy {
+			t.Errorf("layer %d: %+v (Lazy %v), want diff ID %s, index %q of %d bytes (Lazy %v)", i, l, l.Lazy(), want.diffID, want.index, want.indexSize, want.lazy)
+		}
+	}
+}

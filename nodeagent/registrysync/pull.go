@@ -202,7 +202,8 @@ func chainOf(pub *v1alpha1.PublishedChain) layerfs.Chain {
 		if remote.IsImage(l.MediaType) {
 			format = layerfs.FormatEROFS
 		}
-		c.Layers = append(c.Layers, layerfs.ChainLayer{Digest: l.Digest, Size: l.Size, Format: format, Covers: l.Covers})
+		c.Layers = append(c.Layers, layerfs.ChainLayer{Digest: l.Digest, Size: l.Size, Format: format, Covers: l.Covers,
+			DiffID: l.DiffID, Index: l.Index, IndexSize: l.IndexSize})
 	}
 	return c
 }
