@@ -167,7 +167,7 @@ func (s *Syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *kit.R
 	if err != nil {
 		return layerfs.SyncResult{}, cache, err
 	}
-	res, err := s.store.Sync(ctx, ref, chainOf(cache.Status.Published), fetchFrom(target), layerfs.SyncOptions{MaxLayerBytes: bounds.MaxLayerBytes})
+	res, err := s.store.Sync(ctx, ref, chainOf(cache.Status.Published), fetchFrom(target), syncOptions(target, bounds))
 	if res.NeedsSquash {
 		s.squashes.Add(ref)
 	}
