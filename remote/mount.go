@@ -36,7 +36,22 @@ const (
 // go-containerregistry's WriteLayer of a MountableLayer does both steps
 // too, but does not tell which happened; the caller reports mounts and
 // copies apart, and a registry that never mounts is worth noticing.
+//
+// A blob with an index (Blob.Index) brings its index blob along the same
+// way: without it, the layer in t's repository could be read whole only,
+// and a node could not mount it before its bytes are there.
 func (t *Target) MountBlob(ctx context.Context, from *Target, b Blob) (string, error) {
+	how, err := t.mountOrCopy(ctx, from, b)
+	if err != nil || b.Index == (v1.Hash{}) {
+		return how, err
+	}
+	if _, err := t.mountOrCopy(ctx, from, b.IndexBlob()); err != nil {
+		return "", fmt.Errorf("put the index of layer %s into %s: %w", b.Digest, t.Repository, err)
+	}
+	return how, nil
+}
+
+func (t *Target) mountOrCopy(ctx context.Context, from *Target, b Blob) (string, error) {
 	if from.Repository.RegistryStr() == t.Repository.RegistryStr() {
 		mounted, err := t.mount(ctx, from, b.Digest)
 		if err != nil {

@@ -43,10 +43,10 @@ func TestMountBlob(t *testing.T) {
 		otherHost  bool // the source is another registry
 		corrupt    bool // the source serves the wrong bytes
 		want       string
-		wantMount  int // POSTs with mount= answered 201
+		wantMount  int // POSTs with mount= answered 201 (the layer's and its index's)
 		wantErrHas string
 	}{
-		{name: "mounted", want: Mounted, wantMount: 1},
+		{name: "mounted", want: Mounted, wantMount: 2},
 		{name: "refused, copied", refuse: true, want: Copied},
 		{name: "other registry, copied", otherHost: true, want: Copied},
 		{name: "other registry, corrupt source", otherHost: true, corrupt: true, wantErrHas: "copy blob"},
@@ -82,12 +82,18 @@ func TestMountBlob(t *testing.T) {
 			if got := fetchAll(t, to, blob); !bytes.Equal(got, want) {
 				t.Errorf("the blob in %s is not the layer pushed to %s", to, from)
 			}
+			// A seeded cache's layer stays readable by range.
+			if idx, err := to.OpenIndex(ctx, blob.Index.String(), blob.IndexSize); err != nil || idx.ImageBytes != int64(len(want)) {
+				t.Errorf("OpenIndex in %s = %+v, %v; want the index of the %d-byte layer", to, idx, err, len(want))
+			}
 			log := dst.Log()[before:]
-			mountPost := "POST /v2/caches/team/pr-1/blobs/uploads/?" + url.Values{"from": {"caches/team/main"}, "mount": {blob.Digest.String()}}.Encode()
 			mounts := 0
-			for _, l := range log {
-				if strings.HasPrefix(l, mountPost+" 201") {
-					mounts++
+			for _, d := range []string{blob.Digest.String(), blob.Index.String()} {
+				mountPost := "POST /v2/caches/team/pr-1/blobs/uploads/?" + url.Values{"from": {"caches/team/main"}, "mount": {d}}.Encode()
+				for _, l := range log {
+					if strings.HasPrefix(l, mountPost+" 201") {
+						mounts++
+					}
 				}
 			}
 			if mounts != tc.wantMount {

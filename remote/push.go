@@ -10,6 +10,7 @@ import (
 	"hash"
 	"io"
 	"os"
+	"slices"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/partial"
@@ -156,8 +157,15 @@ func (b *fileBlob) Compressed() (io.ReadCloser, error)  { return os.Open(b.path)
 // blobs alive through registry garbage collection and lets crane or skopeo
 // inspect a cache; the order that counts is the Cache resource's. It
 // returns the manifest's digest.
+//
+// The layers' index blobs are listed too, after the whole chain: garbage
+// collection keeps only blobs a tagged manifest references, and a layer
+// whose index is gone can no longer be mounted before its bytes arrive.
+// After the chain, so that the manifest's first layers are still the
+// chain's, as an image tool reads them.
 func (t *Target) PushManifest(ctx context.Context, chainBaseFirst []Blob) (v1.Hash, error) {
-	config, err := imageConfig(chainBaseFirst)
+	listed := withIndexes(chainBaseFirst)
+	config, err := imageConfig(listed)
 	if err != nil {
 		return v1.Hash{}, err
 	}
@@ -166,7 +174,7 @@ func (t *Target) PushManifest(ctx context.Context, chainBaseFirst []Blob) (v1.Ha
 	if err := ggcr.WriteLayer(t.Repository, configLayer, opts...); err != nil {
 		return v1.Hash{}, fmt.Errorf("push image config to %s: %w", t.Repository, err)
 	}
-	manifest, err := imageManifest(configLayer, chainBaseFirst)
+	manifest, err := imageManifest(configLayer, listed)
 	if err != nil {
 		return v1.Hash{}, err
 	}
@@ -178,6 +186,17 @@ func (t *Target) PushManifest(ctx context.Context, chainBaseFirst []Blob) (v1.Ha
 		return v1.Hash{}, fmt.Errorf("push manifest to %s: %w", t.Repository.Tag("latest"), err)
 	}
 	return digest, nil
+}
+
+// withIndexes is the chain followed by the index blobs of its layers.
+func withIndexes(chain []Blob) []Blob {
+	out := slices.Clone(chain)
+	for _, b := range chain {
+		if b.Index != (v1.Hash{}) {
+			out = append(out, b.IndexBlob())
+		}
+	}
+	return out
 }
 
 func imageConfig(chain []Blob) ([]byte, error) {
@@ -212,10 +231,22 @@ type rawManifest []byte
 func (m rawManifest) RawManifest() ([]byte, error)        { return m, nil }
 func (m rawManifest) MediaType() (types.MediaType, error) { return types.OCIManifestSchema1, nil }
 
-// BlobOf is the Blob a chain records; digests that do not parse make an
-// empty hash, which the registry then refuses in the manifest.
-func BlobOf(digest, diffID, mediaType string, size int64) Blob {
+// BlobOf is the Blob a chain records, with its index blob (index and
+// indexSize; "" and 0 for a layer without one); digests that do not parse
+// make an empty hash, which the registry then refuses in the manifest.
+func BlobOf(digest, diffID, mediaType string, size int64, index string, indexSize int64) Blob {
 	d, _ := v1.NewHash(digest)
 	id, _ := v1.NewHash(diffID)
-	return Blob{Digest: d, DiffID: id, MediaType: types.MediaType(mediaType), Size: size}
+	b := Blob{Digest: d, DiffID: id, MediaType: types.MediaType(mediaType), Size: size}
+	if index != "" {
+		b.Index, _ = v1.NewHash(index)
+		b.IndexSize = indexSize
+	}
+	return b
+}
+
+// IndexBlob is b's index as a blob of its own. The index is stored
+// uncompressed, so its diff ID is its digest.
+func (b Blob) IndexBlob() Blob {
+	return Blob{Digest: b.Index, DiffID: b.Index, Size: b.IndexSize, MediaType: MediaTypeIndex, ImageBytes: b.IndexSize}
 }

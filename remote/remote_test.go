@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	ggcr "github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/klauspost/compress/zstd"
@@ -75,17 +76,23 @@ func TestPushFetchRoundTrip(t *testing.T) {
 	}
 }
 
+// The manifest lists the chain base first, then the index blobs of the
+// layers that have one (not of a layer pushed as one stream), so that
+// registry garbage collection keeps them.
 func TestPushManifestListsTheChainBaseFirst(t *testing.T) {
 	reg := registrytest.New(t)
 	ctx := context.Background()
 	tg := target(t, reg, Zstd)
 	var chain []Blob
-	for i := range 3 {
-		b, err := tg.PushLayer(ctx, t.TempDir(), exportOf(layerTar(t, fmt.Sprint("generation ", i))))
+	for i, push := range []func(context.Context, string, Export) (Blob, error){tg.PushLayer, tg.PushStream, tg.PushLayer} {
+		b, err := push(ctx, t.TempDir(), exportOf(layerTar(t, fmt.Sprint("generation ", i))))
 		if err != nil {
 			t.Fatal(err)
 		}
 		chain = append(chain, b)
+	}
+	if chain[1].Index != (v1.Hash{}) || chain[0].Index == (v1.Hash{}) || chain[2].Index == (v1.Hash{}) {
+		t.Fatalf("chain %+v: want indexes on the seekable layers 0 and 2 only", chain)
 	}
 	digest, err := tg.PushManifest(ctx, chain)
 	if err != nil {
@@ -106,12 +113,22 @@ func TestPushManifestListsTheChainBaseFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m.Layers) != 3 || len(cfg.RootFS.DiffIDs) != 3 {
-		t.Fatalf("manifest has %d layers and config %d diff IDs, want 3", len(m.Layers), len(cfg.RootFS.DiffIDs))
+	want := []v1.Descriptor{
+		{MediaType: chain[0].MediaType, Digest: chain[0].Digest, Size: chain[0].Size},
+		{MediaType: chain[1].MediaType, Digest: chain[1].Digest, Size: chain[1].Size},
+		{MediaType: chain[2].MediaType, Digest: chain[2].Digest, Size: chain[2].Size},
+		{MediaType: MediaTypeIndex, Digest: chain[0].Index, Size: chain[0].IndexSize},
+		{MediaType: MediaTypeIndex, Digest: chain[2].Index, Size: chain[2].IndexSize},
 	}
-	for i, b := range chain {
-		if m.Layers[i].Digest != b.Digest || cfg.RootFS.DiffIDs[i] != b.DiffID {
-			t.Errorf("layer %d: manifest %s / diff ID %s, want %s / %s", i, m.Layers[i].Digest, cfg.RootFS.DiffIDs[i], b.Digest, b.DiffID)
+	wantDiffIDs := []v1.Hash{chain[0].DiffID, chain[1].DiffID, chain[2].DiffID, chain[0].Index, chain[2].Index}
+	if len(m.Layers) != len(want) || len(cfg.RootFS.DiffIDs) != len(wantDiffIDs) {
+		t.Fatalf("manifest has %d layers and config %d diff IDs, want %d and %d", len(m.Layers), len(cfg.RootFS.DiffIDs), len(want), len(wantDiffIDs))
+	}
+	for i, w := range want {
+		got := m.Layers[i]
+		if got.MediaType != w.MediaType || got.Digest != w.Digest || got.Size != w.Size || cfg.RootFS.DiffIDs[i] != wantDiffIDs[i] {
+			t.Errorf("manifest entry %d: %s %s (%d bytes), diff ID %s; want %s %s (%d bytes), diff ID %s",
+				i, got.MediaType, got.Digest, got.Size, cfg.RootFS.DiffIDs[i], w.MediaType, w.Digest, w.Size, wantDiffIDs[i])
 		}
 	}
 }

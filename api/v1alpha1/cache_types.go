@@ -170,6 +170,17 @@ type PublishedLayer struct {
 	// +optional
 	// +listType=atomic
 	Covers []string `json:"covers,omitempty"`
+
+	// Index is the digest of the layer's index blob in the repository,
+	// which maps the blob's frames to the image's bytes and lets a node
+	// read the layer by range (mount it before its bytes are there).
+	// Set together with IndexSize, or neither (a layer read whole only).
+	// +optional
+	Index string `json:"index,omitempty"`
+
+	// IndexSize is the index blob's size in bytes; set with Index.
+	// +optional
+	IndexSize int64 `json:"indexSize,omitempty"`
 }
 
 // CacheSeed names a fallback cache at one of its generations.

@@ -26,6 +26,7 @@ func fullCache() *Cache {
 			Generation: 2, Size: "10B", NodeCount: 1, LastUsed: &now, SeededFrom: "ci/main@7",
 			Published: &PublishedChain{Repository: "reg.example/caches/ci/maven", Secret: "creds", Generation: 1, Layers: []PublishedLayer{{
 				Digest: "sha256:aa", DiffID: "sha256:bb", MediaType: "application/vnd.oci.image.layer.v1.tar+zstd", Size: 3, Generation: 1, Node: "n1", Covers: []string{"sha256:cc"},
+				Index: "sha256:dd", IndexSize: 140,
 			}}},
 		},
 	}
@@ -86,7 +87,8 @@ func TestJSONFields(t *testing.T) {
 		"spec.readers[]", "spec.retention.maxAge", "spec.retention.maxSize",
 		"status.generation", "status.lastUsed", "status.nodeCount",
 		"status.published.generation", "status.published.layers[].covers[]", "status.published.layers[].diffID",
-		"status.published.layers[].digest", "status.published.layers[].generation", "status.published.layers[].mediaType",
+		"status.published.layers[].digest", "status.published.layers[].generation",
+		"status.published.layers[].index", "status.published.layers[].indexSize", "status.published.layers[].mediaType",
 		"status.published.layers[].node", "status.published.layers[].size", "status.published.repository", "status.published.secret",
 		"status.seededFrom", "status.size",
 	}}, {name: "CacheReplica", obj: fullReplica(), want: []string{

@@ -118,13 +118,13 @@ func ParseClass(class *storagev1.StorageClass) (ClassParams, error) {
 	}
 	var unknown []string
 	for k := range class.Parameters {
-		if !slices.Contains([]string{paramUID, paramGID, paramMode, ParamCache, paramAllowSetuid, paramAllowDevices, ParamRegistry, ParamRegistrySecret, ParamSyncTimeout, ParamMaxLayerSize, ParamLayout, ParamFallback, v1alpha1.ParamClusterMaxAge}, k) {
+		if !slices.Contains([]string{paramUID, paramGID, paramMode, ParamCache, paramAllowSetuid, paramAllowDevices, ParamRegistry, ParamRegistrySecret, ParamSyncTimeout, ParamMaxLayerSize, ParamMountFirst, ParamLayout, ParamFallback, v1alpha1.ParamClusterMaxAge}, k) {
 			unknown = append(unknown, k)
 		}
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, fallback, uid, gid, mode, allowSetuid, allowDevices, layout, registry, registrySecret, syncTimeout, maxLayerSize and clusterMaxAge", unknown)
+		return p, classError(class.Name, "unknown parameters %q; the valid parameters are cache, fallback, uid, gid, mode, allowSetuid, allowDevices, layout, registry, registrySecret, syncTimeout, maxLayerSize, mountFirst and clusterMaxAge", unknown)
 	}
 	// The manager applies clusterMaxAge; checking it here refuses a class
 	// whose value the manager would have to ignore.

@@ -31,6 +31,11 @@ const (
 	// and while it is written. Absent, the claim's storage request bounds
 	// it, as it bounds what the claim's build may add; "0" lifts the bound.
 	ParamMaxLayerSize = "maxLayerSize"
+	// ParamMountFirst is "true" (the default) or "false". True: a node
+	// mounts a published layer it lacks at once and fetches by range what
+	// the build reads, the rest in the background. False: a node fetches
+	// whole layers before the volume is ready, within syncTimeout.
+	ParamMountFirst = "mountFirst"
 
 	defaultSyncTimeout = time.Minute
 )
@@ -45,6 +50,9 @@ type RegistryParams struct {
 	// only if MaxLayerSet, else the claim's storage request does.
 	MaxLayerBytes int64
 	MaxLayerSet   bool
+	// MountFirst is the class's mountFirst: layers with an index are
+	// mounted before their bytes are here, and read by range.
+	MountFirst bool
 }
 
 // RegistryRef is where one cache syncs to, and within which bounds.
@@ -58,6 +66,8 @@ type RegistryRef struct {
 	MaxLayerBytes int64
 	// BoundFrom says where MaxLayerBytes comes from, for messages.
 	BoundFrom string
+	// MountFirst mounts layers with an index before their bytes are here.
+	MountFirst bool
 }
 
 // Repository is the repository of cache c under the class's prefix.
@@ -71,7 +81,7 @@ func (r *RegistryParams) ForCache(c layerfs.CacheRef, requestBytes int64) *Regis
 	if r == nil {
 		return nil
 	}
-	ref := &RegistryRef{Repository: r.Repository(c), Secret: r.Secret, SyncTimeout: r.SyncTimeout, Class: r.Class}
+	ref := &RegistryRef{Repository: r.Repository(c), Secret: r.Secret, SyncTimeout: r.SyncTimeout, Class: r.Class, MountFirst: r.MountFirst}
 	switch {
 	case r.MaxLayerSet:
 		ref.MaxLayerBytes, ref.BoundFrom = r.MaxLayerBytes, r.BoundFrom()
@@ -93,7 +103,7 @@ func (r *RegistryParams) BoundFrom() string {
 func ParseRegistry(class *storagev1.StorageClass) (*RegistryParams, error) {
 	prefix, ok := class.Parameters[ParamRegistry]
 	if !ok {
-		for _, k := range []string{ParamRegistrySecret, ParamSyncTimeout, ParamMaxLayerSize} {
+		for _, k := range []string{ParamRegistrySecret, ParamSyncTimeout, ParamMaxLayerSize, ParamMountFirst} {
 			if _, set := class.Parameters[k]; set {
 				return nil, classError(class.Name, "parameter %s is set without %s; set %s to a repository prefix such as registry.example:5000/ci-caches, or remove %s", k, ParamRegistry, ParamRegistry, k)
 			}
@@ -104,7 +114,7 @@ func ParseRegistry(class *storagev1.StorageClass) (*RegistryParams, error) {
 	if host == "" || path == "" || strings.HasSuffix(prefix, "/") || strings.Contains(prefix, "://") {
 		return nil, classError(class.Name, "parameter %s has value %q: use a repository prefix HOST[:PORT]/PATH without a scheme, such as registry.example:5000/ci-caches (each cache syncs to PREFIX/NAMESPACE/NAME)", ParamRegistry, prefix)
 	}
-	p := &RegistryParams{Class: class.Name, Prefix: prefix, Secret: class.Parameters[ParamRegistrySecret], SyncTimeout: defaultSyncTimeout}
+	p := &RegistryParams{Class: class.Name, Prefix: prefix, Secret: class.Parameters[ParamRegistrySecret], SyncTimeout: defaultSyncTimeout, MountFirst: true}
 	if v, ok := class.Parameters[ParamSyncTimeout]; ok {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
@@ -118,6 +128,16 @@ func ParseRegistry(class *storagev1.StorageClass) (*RegistryParams, error) {
 			return nil, classError(class.Name, "parameter %s has value %q: %v; use a size such as 20Gi, or 0 for no bound (without the parameter, each claim's storage request bounds the layers it fetches)", ParamMaxLayerSize, v, err)
 		}
 		p.MaxLayerBytes, p.MaxLayerSet = n, true
+	}
+	if v, ok := class.Parameters[ParamMountFirst]; ok {
+		// Only the two spellings the README gives: a class that says
+		// "yes" or "False" is a typo, better refused than guessed.
+		switch v {
+		case "true", "false":
+			p.MountFirst = v == "true"
+		default:
+			return nil, classError(class.Name, "parameter %s has value %q: use \"true\" (the default: mount published layers at once and fetch by range what reads need) or \"false\" (fetch whole layers before the volume is ready)", ParamMountFirst, v)
+		}
 	}
 	return p, nil
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -105,10 +106,9 @@ func (s *Syncer) appendPushed(ctx context.Context, ref layerfs.CacheRef, reg *ki
 		pub.Announced = s.landed(ctx, pub.Announced, gone)
 		for _, p := range added {
 			pub.Generation++
-			pub.Layers = slices.Insert(pub.Layers, 0, v1alpha1.PublishedLayer{
-				Digest: p.blob.Digest.String(), DiffID: p.blob.DiffID.String(), MediaType: string(p.blob.MediaType), Size: p.blob.Size,
-				Generation: pub.Generation, Node: s.node,
-			})
+			l := publishedLayer(p.blob)
+			l.Generation, l.Node = pub.Generation, s.node
+			pub.Layers = slices.Insert(pub.Layers, 0, l)
 		}
 		return pub, true
 	})
@@ -193,10 +193,8 @@ func (s *Syncer) replaceRun(ctx context.Context, ref layerfs.CacheRef, reg *kit.
 		if replaced = i >= 0; !replaced {
 			return pub, false
 		}
-		squash := v1alpha1.PublishedLayer{
-			Digest: blob.Digest.String(), DiffID: blob.DiffID.String(), MediaType: string(blob.MediaType), Size: blob.Size,
-			Generation: pub.Layers[i].Generation, Node: s.node, Covers: layer.Covers,
-		}
+		squash := publishedLayer(blob)
+		squash.Generation, squash.Node, squash.Covers = pub.Layers[i].Generation, s.node, layer.Covers
 		pub.Layers = slices.Replace(pub.Layers, i, i+len(layer.Covers), squash)
 		return pub, true
 	})
@@ -231,10 +229,28 @@ func coveredRun(layers []v1alpha1.PublishedLayer, covers []string) int {
 	return -1
 }
 
+// BlobsBaseFirst are the chain's blobs, base first, as PushManifest
+// lists them.
 func BlobsBaseFirst(pub *v1alpha1.PublishedChain) []remote.Blob {
 	var out []remote.Blob
 	for _, l := range slices.Backward(pub.Layers) {
-		out = append(out, remote.BlobOf(l.Digest, l.DiffID, l.MediaType, l.Size))
+		out = append(out, blobOf(l))
 	}
 	return out
+}
+
+// blobOf is the blob a chain layer names, with its index blob.
+func blobOf(l v1alpha1.PublishedLayer) remote.Blob {
+	return remote.BlobOf(l.Digest, l.DiffID, l.MediaType, l.Size, l.Index, l.IndexSize)
+}
+
+// publishedLayer is the chain entry of a pushed blob, without its place
+// in the chain (generation, node, covers). It names the blob's index, if
+// it has one, so that nodes can mount the layer before its bytes arrive.
+func publishedLayer(b remote.Blob) v1alpha1.PublishedLayer {
+	l := v1alpha1.PublishedLayer{Digest: b.Digest.String(), DiffID: b.DiffID.String(), MediaType: string(b.MediaType), Size: b.Size}
+	if b.Index != (v1.Hash{}) {
+		l.Index, l.IndexSize = b.Index.String(), b.IndexSize
+	}
+	return l
 }

@@ -126,6 +126,10 @@ func tooLargeMessage(ref layerfs.CacheRef, node string, bounds *kit.RegistryRef,
 				what = fmt.Sprintf("layer %s (%s)", l.Digest, v1alpha1.FormatSize(l.Size))
 				break
 			}
+			if l.IndexSize > maxIndexBytes(bounds.MaxLayerBytes) {
+				what = fmt.Sprintf("the index of layer %s (%s)", l.Digest, v1alpha1.FormatSize(l.IndexSize))
+				break
+			}
 		}
 	}
 	fix := fmt.Sprintf("raise parameter %s of StorageClass %q", kit.ParamMaxLayerSize, bounds.Class)
@@ -156,11 +160,14 @@ func (s *Syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *kit.R
 	if err != nil {
 		return layerfs.SyncResult{}, cache, err
 	}
+	if err := checkIndexBounds(ref, cache.Status.Published, bounds.MaxLayerBytes); err != nil {
+		return layerfs.SyncResult{}, cache, err
+	}
 	target, err := s.target(ctx, reg)
 	if err != nil {
 		return layerfs.SyncResult{}, cache, err
 	}
-	res, err := s.store.Sync(ctx, ref, chainOf(cache.Status.Published), fetchFrom(target), layerfs.SyncOptions{MaxLayerBytes: bounds.MaxLayerBytes})
+	res, err := s.store.Sync(ctx, ref, chainOf(cache.Status.Published), fetchFrom(target), syncOptions(target, bounds))
 	if res.NeedsSquash {
 		s.squashes.Add(ref)
 	}
@@ -195,7 +202,8 @@ func chainOf(pub *v1alpha1.PublishedChain) layerfs.Chain {
 		if remote.IsImage(l.MediaType) {
 			format = layerfs.FormatEROFS
 		}
-		c.Layers = append(c.Layers, layerfs.ChainLayer{Digest: l.Digest, Size: l.Size, Format: format, Covers: l.Covers})
+		c.Layers = append(c.Layers, layerfs.ChainLayer{Digest: l.Digest, Size: l.Size, Format: format, Covers: l.Covers,
+			DiffID: l.DiffID, Index: l.Index, IndexSize: l.IndexSize})
 	}
 	return c
 }

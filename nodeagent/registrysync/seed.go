@@ -141,7 +141,7 @@ func (s *Syncer) seedSources(ctx context.Context, ref layerfs.CacheRef, info lay
 		if from, err = s.target(ctx, reg); err == nil {
 			out := map[string]seedSource{}
 			for _, l := range cache.Status.Published.Layers {
-				out[l.Digest] = seedSource{repository: reg.Repository, from: from, blob: remote.BlobOf(l.Digest, l.DiffID, l.MediaType, l.Size)}
+				out[l.Digest] = seedSource{repository: reg.Repository, from: from, blob: blobOf(l)}
 			}
 			return out
 		}

@@ -99,7 +99,9 @@ func (t *trust) registry(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain) (*k
 			continue
 		}
 		if p.Secret == pub.Secret {
-			reg := &kit.RegistryRef{Repository: pub.Repository, Secret: pub.Secret, Class: p.Class}
+			// The class's settings, with no claim's bound: a claim's pull
+			// uses its own reference, which has that too.
+			reg := &kit.RegistryRef{Repository: pub.Repository, Secret: pub.Secret, Class: p.Class, SyncTimeout: p.SyncTimeout, MountFirst: p.MountFirst}
 			if p.MaxLayerSet {
 				reg.MaxLayerBytes, reg.BoundFrom = p.MaxLayerBytes, p.BoundFrom()
 			}
@@ -236,6 +238,9 @@ func checkLayer(field string, l v1alpha1.PublishedLayer, below int64, bad func(f
 	if l.Size <= 0 {
 		return bad(field+".size", fmt.Sprint(l.Size), "a positive size in bytes")
 	}
+	if err := checkIndex(field, l, bad); err != nil {
+		return err
+	}
 	// The agents publish EROFS images only; a blob of any other type
 	// would go down an import path no chain needs.
 	if !remote.IsImage(l.MediaType) {
@@ -248,6 +253,65 @@ func checkLayer(field string, l v1alpha1.PublishedLayer, below int64, bad func(f
 		return bad(field+".generation", fmt.Sprint(l.Generation), fmt.Sprintf("%d: a layer that is not a squash is one commit on the layer below it", below+1))
 	case len(l.Covers) > 0 && gap < int64(len(l.Covers)):
 		return bad(field+".generation", fmt.Sprint(l.Generation), fmt.Sprintf("at least %d: a squash of %d layers stands for at least %d commits on the layer below it", below+int64(len(l.Covers)), len(l.Covers), len(l.Covers)))
+	}
+	return nil
+}
+
+// checkIndex checks a layer's index blob: a sha256 digest (what pushes
+// make, and what OpenIndex verifies) with a positive size, or neither.
+// A size without a digest would be a chain no agent writes.
+func checkIndex(field string, l v1alpha1.PublishedLayer, bad func(field, value, expected string) error) error {
+	if l.Index == "" {
+		if l.IndexSize != 0 {
+			return bad(field+".indexSize", fmt.Sprint(l.IndexSize), "0 or absent, as the layer has no index")
+		}
+		return nil
+	}
+	if d, err := digest.Parse(l.Index); err != nil || d.Algorithm() != digest.SHA256 {
+		return bad(field+".index", fmt.Sprintf("%q", l.Index), "a sha256 digest, sha256:<64 hex digits>")
+	}
+	if l.IndexSize <= 0 {
+		return bad(field+".indexSize", fmt.Sprint(l.IndexSize), "a positive size in bytes, as the layer has an index")
+	}
+	return nil
+}
+
+// Bounds on an index blob, which a node reads whole into memory before
+// it mounts the layer: a JSON header, and one entry (offset, size and a
+// sha256) per frame of remote.FrameBytes, which takes about 110 bytes.
+const (
+	indexHeaderBytes = 64
+	indexFrameBytes  = 256
+	// unboundedImageBytes stands for the image size of a layer without a
+	// bound (maxLayerSize 0), so that the index still has one.
+	unboundedImageBytes = 256 << 30
+)
+
+// maxIndexBytes is the largest index of a layer of at most maxLayerBytes
+// of image (0: no bound).
+func maxIndexBytes(maxLayerBytes int64) int64 {
+	if maxLayerBytes <= 0 {
+		maxLayerBytes = unboundedImageBytes
+	}
+	// Rounded up without adding first: a bound near 2^63 would overflow.
+	frames := maxLayerBytes / remote.FrameBytes
+	if maxLayerBytes%remote.FrameBytes != 0 {
+		frames++
+	}
+	return indexHeaderBytes + indexFrameBytes*frames
+}
+
+// checkIndexBounds refuses a chain with an index larger than a layer
+// within maxLayerBytes has, as Sync refuses a blob larger than the bound
+// (ErrTooLarge): the layer it maps would be over the bound too, or the
+// index is not the one its layer was pushed with.
+func checkIndexBounds(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain, maxLayerBytes int64) error {
+	limit := maxIndexBytes(maxLayerBytes)
+	for i, l := range pub.Layers {
+		if l.IndexSize > limit {
+			return fmt.Errorf("layer %s of cache %s (layers[%d]): its index %s is %d bytes, over the %d bytes that the index of a layer within the bound of %d bytes takes: %w",
+				l.Digest, ref, i, l.Index, l.IndexSize, limit, maxLayerBytes, layerfs.ErrTooLarge)
+		}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package registrysync
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -49,6 +50,12 @@ func TestCheckShape(t *testing.T) {
 		{"a digest listed twice", v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{layer(2, d('a')), layer(1, d('a'))}}, "layers[0].digest names it"},
 		{"a squash covering a layer of the chain", v1alpha1.PublishedChain{Generation: 3, Layers: []v1alpha1.PublishedLayer{layer(3, d('b'), d('a'), d('c')), layer(1, d('a'))}}, "layers[0].covers[0] names it"},
 		{"a squash of one layer naming it", v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{layer(2, d('a'), d('a'))}}, ""},
+		{"an index", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{indexed(layer(1, d('a')), d('9'), 140)}}, ""},
+		{"an index of another algorithm", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{indexed(layer(1, d('a')), "sha512:"+strings.Repeat("i", 128), 140)}}, "layers[0].index"},
+		{"an index that is no digest", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{indexed(layer(1, d('a')), "sha256:../../x", 140)}}, "layers[0].index"},
+		{"an index without a size", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{indexed(layer(1, d('a')), d('9'), 0)}}, "layers[0].indexSize is 0"},
+		{"an index of negative size", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{indexed(layer(1, d('a')), d('9'), -1)}}, "a positive size"},
+		{"an index size without an index", v1alpha1.PublishedChain{Generation: 1, Layers: []v1alpha1.PublishedLayer{indexed(layer(1, d('a')), "", 140)}}, "layers[0].indexSize is 140"},
 		{"too long", chainOfLength(maxChainLayers + 1), "at most 500"},
 		{"as long as a node can mount", chainOfLength(maxChainLayers), ""},
 	} {
@@ -56,6 +63,51 @@ func TestCheckShape(t *testing.T) {
 			err := checkShape(maven, &tc.pub)
 			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Errorf("checkShape: %v, want error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// indexed is l with an index blob.
+func indexed(l v1alpha1.PublishedLayer, index string, size int64) v1alpha1.PublishedLayer {
+	l.Index, l.IndexSize = index, size
+	return l
+}
+
+// An index is read whole into memory before its layer mounts: one larger
+// than a layer within the bound has is refused as a layer over the bound
+// is (ErrTooLarge), before anything is fetched.
+func TestCheckIndexBounds(t *testing.T) {
+	d := func(c byte) string { return "sha256:" + strings.Repeat(string(c), 64) }
+	chain := func(indexSize int64) *v1alpha1.PublishedChain {
+		return &v1alpha1.PublishedChain{Generation: 2, Layers: []v1alpha1.PublishedLayer{
+			indexed(v1alpha1.PublishedLayer{Digest: d('b'), Size: 10, Generation: 2}, d('8'), indexSize),
+			{Digest: d('a'), Size: 10, Generation: 1},
+		}}
+	}
+	for _, tc := range []struct {
+		name      string
+		indexSize int64
+		bound     int64
+		tooLarge  bool
+	}{
+		{"one frame's index", 140, 1 << 20, false},
+		{"at the bound of one frame", 64 + 256, 1 << 20, false},
+		{"past the bound of one frame", 64 + 256 + 1, 1 << 20, true},
+		{"a part frame counts whole", 64 + 2*256, 1<<20 + 1, false},
+		{"at the bound of 20 GiB", 64 + 256*20*1024, 20 << 30, false},
+		{"past the bound of 20 GiB", 64 + 256*20*1024 + 1, 20 << 30, true},
+		{"no bound: 256 GiB's index", 64 + 256*256*1024, 0, false},
+		{"no bound: past 256 GiB's index", 64 + 256*256*1024 + 1, 0, true},
+		{"a bound near 2^63", 1 << 40, 1<<63 - 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkIndexBounds(maven, chain(tc.indexSize), tc.bound)
+			if errors.Is(err, layerfs.ErrTooLarge) != tc.tooLarge || (err != nil && !tc.tooLarge) {
+				t.Errorf("checkIndexBounds(index of %d bytes, bound %d) = %v, want ErrTooLarge %v", tc.indexSize, tc.bound, err, tc.tooLarge)
+			}
+			if err != nil && !strings.Contains(err.Error(), d('8')) {
+				t.Errorf("error %q does not name the index", err)
 			}
 		})
 	}
