@@ -50,6 +50,13 @@ func openRealStore(t testing.TB, maxLayers int) *layerfs.Store {
 		t.Fatalf("open store: %v", err)
 	}
 	t.Cleanup(func() { unmountUnder(t, root) })
+	// First: the store's background completions stop, so none settles a
+	// layer (a mount) after the unmounts.
+	t.Cleanup(func() {
+		if err := st.Close(); err != nil {
+			t.Errorf("cleanup: close store: %v", err)
+		}
+	})
 	return st
 }
 
