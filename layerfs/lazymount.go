@@ -255,6 +255,17 @@ func (s *Store) lazyServer() (*lazyfs.Server, error) {
 	return srv, nil
 }
 
+// detachEndedLazyfs detaches the lazyfs of a process that ended, unless
+// this one serves it: a dead FUSE mount fails every stat of it (ENOTCONN),
+// and tools that walk the mount table, such as mkfs.btrfs, fail with it.
+func (s *Store) detachEndedLazyfs() {
+	s.lazy.mu.Lock()
+	defer s.lazy.mu.Unlock()
+	if s.lazy.server == nil && !s.lazy.closed {
+		detachStale(s.lazyfsDir())
+	}
+}
+
 // detachStale detaches whatever is mounted at dir (a dead FUSE mount of a
 // process that ended, whose files nothing can read again).
 func detachStale(dir string) {
@@ -508,6 +519,7 @@ func (s *Store) readyLayers(ids []string) error {
 // layer that cannot be opened stays unserved (readyLayers refuses volumes
 // over it) and is named in the error; call ResumeLazy again later.
 func (s *Store) ResumeLazy(ctx context.Context, open OpenLazy) error {
+	s.detachEndedLazyfs()
 	lock, err := s.lockStore(ctx, false)
 	if err != nil {
 		return err

@@ -28,6 +28,7 @@ import (
 // registry does.
 type rangeRegistry struct {
 	reg   registry
+	chunk int64 // each fetch's bytes; 0 means 64 KiB
 	delay time.Duration
 	down  atomic.Bool
 	opens atomic.Int32
@@ -61,7 +62,11 @@ func (r *rangeRegistry) open(_ context.Context, _ CacheRef, l ChainLayer) (LazyS
 		end := min(off+n, int64(len(data)))
 		return io.NopCloser(bytes.NewReader(data[off:end])), nil
 	}
-	return LazySource{ImageBytes: int64(len(data)), ChunkBytes: 64 << 10, Fetch: fetch}, nil
+	chunk := r.chunk
+	if chunk == 0 {
+		chunk = 64 << 10
+	}
+	return LazySource{ImageBytes: int64(len(data)), ChunkBytes: chunk, Fetch: fetch}, nil
 }
 
 // lazyFixture publishes a cache of a small file and a large one (4 MiB
