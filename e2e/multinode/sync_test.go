@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/layercache/layercache/api/v1alpha1"
 )
 
