@@ -109,6 +109,27 @@ func (f *lazyFailures) reports() []string {
 	return append([]string(nil), f.got...)
 }
 
+// lazyEnv is a fresh store b that syncs the cache lazyFixture published,
+// from a registry whose fetches take delay each.
+type lazyEnv struct {
+	rr    *rangeRegistry
+	chain Chain
+	big   []byte
+	f     lazyFailures
+	opts  Options
+	b     *Store
+}
+
+func newLazyEnv(t *testing.T, delay time.Duration) *lazyEnv {
+	t.Helper()
+	e := &lazyEnv{rr: &rangeRegistry{reg: registry{}, delay: delay}}
+	e.chain, e.big = lazyFixture(t, e.rr.reg)
+	e.opts = e.f.options(t)
+	e.opts.Root = t.TempDir()
+	e.b = newTestStore(t, e.opts)
+	return e
+}
+
 func syncLazy(t *testing.T, s *Store, chain Chain, rr *rangeRegistry, wait time.Duration) SyncResult {
 	t.Helper()
 	res, err := s.Sync(context.Background(), mustRef(t, "ns/c"), chain, rr.reg.fetch, SyncOptions{OpenLazy: rr.open, LazyWait: wait})
@@ -144,12 +165,10 @@ func mountedTypes(t *testing.T, dir string) []string {
 // image like a pulled one, which later volumes read whole.
 func TestSyncLazy(t *testing.T) {
 	ctx := context.Background()
-	rr := &rangeRegistry{reg: registry{}, delay: 5 * time.Millisecond}
-	chain, big := lazyFixture(t, rr.reg)
-	var f lazyFailures
-	b := newTestStore(t, f.options(t))
+	e := newLazyEnv(t, 5*time.Millisecond)
+	b, big, f := e.b, e.big, &e.f
 
-	res := syncLazy(t, b, chain, rr, 0)
+	res := syncLazy(t, b, e.chain, e.rr, 0)
 	if !res.Changed || res.Fetched != 1 {
 		t.Fatalf("Sync = %+v, want one layer", res)
 	}
@@ -167,7 +186,7 @@ func TestSyncLazy(t *testing.T) {
 		t.Errorf("reads fetched %d bytes on demand, want some, and less than the large file's %d", st.OnDemandBytes, len(big))
 	}
 
-	waitComplete(t, &f)
+	waitComplete(t, f)
 	id := info.Layers[0].ID
 	if !b.images().Has(id) || ondisk.Exists(b.partialRecordPath(id)) {
 		t.Errorf("settled layer %s: image kept %v, partial record still there %v", id, b.images().Has(id), ondisk.Exists(b.partialRecordPath(id)))
@@ -200,11 +219,9 @@ func TestSyncLazy(t *testing.T) {
 // its end whatever its build wrote.
 func TestLazyReadFailureDiscards(t *testing.T) {
 	ctx := context.Background()
-	rr := &rangeRegistry{reg: registry{}, delay: 50 * time.Millisecond}
-	chain, big := lazyFixture(t, rr.reg)
-	var f lazyFailures
-	b := newTestStore(t, f.options(t))
-	syncLazy(t, b, chain, rr, 300*time.Millisecond)
+	e := newLazyEnv(t, 50*time.Millisecond)
+	b, big, f, rr := e.b, e.big, &e.f, e.rr
+	syncLazy(t, b, e.chain, rr, 300*time.Millisecond)
 	dir := mustMount(t, b, "build-2", "ns/c")
 	rr.down.Store(true)
 
@@ -238,7 +255,7 @@ func TestLazyReadFailureDiscards(t *testing.T) {
 	// The registry is back: the copy completes, and a new volume's build
 	// is committed.
 	rr.down.Store(false)
-	waitComplete(t, &f)
+	waitComplete(t, f)
 	dir = mustMount(t, b, "build-3", "ns/c")
 	writeFile(t, filepath.Join(dir, "out.txt"), "built")
 	if res, err := b.End(ctx, "build-3", EndOptions{}); err != nil || !res.Kept {
@@ -254,20 +271,16 @@ func TestLazyReadFailureDiscards(t *testing.T) {
 // and the copy completes.
 func TestResumeLazy(t *testing.T) {
 	ctx := context.Background()
-	rr := &rangeRegistry{reg: registry{}, delay: 20 * time.Millisecond}
-	chain, big := lazyFixture(t, rr.reg)
-	var f lazyFailures
-	opts := f.options(t)
-	opts.Root = t.TempDir()
-	b := newTestStore(t, opts)
-	syncLazy(t, b, chain, rr, 0)
+	e := newLazyEnv(t, 20*time.Millisecond)
+	b, big, f, rr := e.b, e.big, &e.f, e.rr
+	syncLazy(t, b, e.chain, rr, 0)
 	dir := mustMount(t, b, "build-2", "ns/c")
 	if got := readFile(t, filepath.Join(dir, "small.txt")); got != "hello" {
 		t.Fatalf("small.txt = %q", got)
 	}
 	must(t, b.Close())
 
-	b2 := newTestStore(t, opts)
+	b2 := newTestStore(t, e.opts)
 	if _, err := b2.Mount(ctx, "build-3", MountOptions{Cache: mustRef(t, "ns/c")}); !errors.Is(err, ErrLazyNotServed) {
 		t.Fatalf("Mount over a partial layer nothing serves: %v, want ErrLazyNotServed", err)
 	}
@@ -281,7 +294,7 @@ func TestResumeLazy(t *testing.T) {
 	if res.Kept || res.FailedRead == "" {
 		t.Errorf("End of the volume mounted over the ended process's layer = %+v, want a discard", res)
 	}
-	waitComplete(t, &f)
+	waitComplete(t, f)
 	if res, err := b2.End(ctx, "build-3", EndOptions{}); err != nil || res.FailedRead != "" {
 		t.Errorf("End of the volume mounted after the resume = %+v, %v", res, err)
 	}
@@ -293,11 +306,9 @@ func TestResumeLazy(t *testing.T) {
 // and its files go.
 func TestSweepDropsPartialLayer(t *testing.T) {
 	ctx := context.Background()
-	rr := &rangeRegistry{reg: registry{}, delay: 50 * time.Millisecond}
-	chain, _ := lazyFixture(t, rr.reg)
-	var f lazyFailures
-	b := newTestStore(t, f.options(t))
-	syncLazy(t, b, chain, rr, 0)
+	e := newLazyEnv(t, 50*time.Millisecond)
+	b := e.b
+	syncLazy(t, b, e.chain, e.rr, 0)
 	info, err := b.Inspect(ctx, mustRef(t, "ns/c"))
 	must(t, err)
 	id := info.Layers[0].ID

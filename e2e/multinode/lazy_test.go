@@ -5,6 +5,7 @@ package multinode
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -124,22 +125,32 @@ func (e *syncEnv) wholePullClass(ctx context.Context) string {
 // params changed; it is deleted with the test.
 func (e *syncEnv) derivedClass(ctx context.Context, suffix string, params map[string]string) string {
 	e.t.Helper()
+	merged := maps.Clone(e.registryStorageClass(ctx).Parameters)
+	maps.Copy(merged, params)
+	return e.newClass(ctx, suffix, merged)
+}
+
+func (e *syncEnv) registryStorageClass(ctx context.Context) *storagev1.StorageClass {
+	e.t.Helper()
 	base, err := e.Client.StorageV1().StorageClasses().Get(ctx, e.Reg.StorageClass, metav1.GetOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	return base
+}
+
+// newClass creates the class NAMESPACE-suffix of the registry class's
+// provisioner, binding mode and reclaim policy, with params; it is
+// deleted with the test.
+func (e *syncEnv) newClass(ctx context.Context, suffix string, params map[string]string) string {
+	e.t.Helper()
+	base := e.registryStorageClass(ctx)
 	class := &storagev1.StorageClass{
 		ObjectMeta:        metav1.ObjectMeta{Name: e.Namespace + "-" + suffix},
 		Provisioner:       base.Provisioner,
-		Parameters:        map[string]string{},
+		Parameters:        params,
 		VolumeBindingMode: base.VolumeBindingMode,
 		ReclaimPolicy:     base.ReclaimPolicy,
-	}
-	for k, v := range base.Parameters {
-		class.Parameters[k] = v
-	}
-	for k, v := range params {
-		class.Parameters[k] = v
 	}
 	if _, err := e.Client.StorageV1().StorageClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
 		e.t.Fatal(err)

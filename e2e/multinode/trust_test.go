@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -114,28 +113,12 @@ func TestAChainOfAnotherRepositoryOrSecretIsRefused(t *testing.T) {
 	}
 }
 
-// registryClass copies the registry's class with another registry prefix
-// and Secret; it is deleted with the test.
+// registryClass is a class of the registry's provisioner with another
+// registry prefix and Secret, and no other parameters; it is deleted with
+// the test.
 func (e *syncEnv) registryClass(ctx context.Context, suffix, prefix, secret string) string {
 	e.t.Helper()
-	base, err := e.Client.StorageV1().StorageClasses().Get(ctx, e.Reg.StorageClass, metav1.GetOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	class := &storagev1.StorageClass{
-		ObjectMeta:        metav1.ObjectMeta{Name: e.Namespace + "-" + suffix},
-		Provisioner:       base.Provisioner,
-		Parameters:        map[string]string{"registry": prefix, "registrySecret": secret},
-		VolumeBindingMode: base.VolumeBindingMode,
-		ReclaimPolicy:     base.ReclaimPolicy,
-	}
-	if _, err := e.Client.StorageV1().StorageClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		e.Client.StorageV1().StorageClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
-	})
-	return class.Name
+	return e.newClass(ctx, suffix, map[string]string{"registry": prefix, "registrySecret": secret})
 }
 
 // createCache creates Cache name of the scenario's namespace that grants
