@@ -89,9 +89,13 @@ func (r partialRecord) chainLayer() ChainLayer {
 type lazyLayers struct {
 	log logr.Logger
 
-	mu      sync.Mutex
-	server  *lazyfs.Server
-	served  map[string]*lazyLayer
+	mu     sync.Mutex
+	server *lazyfs.Server
+	served map[string]*lazyLayer
+	// busy are the partial layers a Sync or a resume is setting up: the
+	// other must not take them for a dead process's (their record is
+	// written, and their mount made, before they are served).
+	busy    map[string]bool
 	closed  bool
 	settled LazyStats // of copies no longer served
 	wg      sync.WaitGroup
@@ -136,6 +140,8 @@ func (s *Store) pullLazy(ctx context.Context, cache CacheRef, cl ChainLayer, opt
 		wait = defaultLazyWait
 	}
 	id := randomID()
+	s.claimPartial(id)
+	defer s.releasePartial(id)
 	rec := partialRecord{Cache: cache, Digest: cl.Digest, DiffID: cl.DiffID, Index: cl.Index, Size: cl.Size, ISize: cl.IndexSize, Wait: wait}
 	if err := ondisk.WriteJSONAtomic(s.partialRecordPath(id), rec); err != nil {
 		return LayerInfo{}, fmt.Errorf("record the partial layer: %w", err)
@@ -537,12 +543,10 @@ func (s *Store) ResumeLazy(ctx context.Context, open OpenLazy) error {
 }
 
 func (s *Store) resumeLayer(ctx context.Context, id string, open OpenLazy) error {
-	s.lazy.mu.Lock()
-	_, served := s.lazy.served[id]
-	s.lazy.mu.Unlock()
-	if served {
-		return nil
+	if !s.claimPartial(id) {
+		return nil // served, or being set up by a Sync
 	}
+	defer s.releasePartial(id)
 	if s.images().Has(id) { // settled, then the process ended before the record went
 		s.removePartial(id)
 		return s.images().Mount(id)
@@ -565,6 +569,24 @@ func (s *Store) resumeLayer(ctx context.Context, id string, open OpenLazy) error
 		return fmt.Errorf("resume partial layer %s of cache %s: %w", id, rec.Cache, err)
 	}
 	return nil
+}
+
+// claimPartial marks partial layer id as being set up by the caller,
+// unless it is served or being set up already.
+func (s *Store) claimPartial(id string) bool {
+	s.lazy.mu.Lock()
+	defer s.lazy.mu.Unlock()
+	if _, ok := s.lazy.served[id]; ok || s.lazy.busy[id] {
+		return false
+	}
+	s.lazy.busy[id] = true
+	return true
+}
+
+func (s *Store) releasePartial(id string) {
+	s.lazy.mu.Lock()
+	defer s.lazy.mu.Unlock()
+	delete(s.lazy.busy, id)
 }
 
 // dropPartials stops serving the partial layers that refs lacks and moves

@@ -30,6 +30,8 @@ type rangeRegistry struct {
 	reg   registry
 	chunk int64 // each fetch's bytes; 0 means 64 KiB
 	delay time.Duration
+	// hold, if set, keeps every fetch waiting until it is closed.
+	hold  chan struct{}
 	down  atomic.Bool
 	opens atomic.Int32
 }
@@ -55,6 +57,13 @@ func (r *rangeRegistry) open(_ context.Context, _ CacheRef, l ChainLayer) (LazyS
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(r.delay):
+		}
+		if r.hold != nil {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-r.hold:
+			}
 		}
 		if r.down.Load() {
 			return nil, errors.New("dial tcp 127.0.0.1:5000: connect: connection refused")
@@ -321,5 +330,46 @@ func TestSweepDropsPartialLayer(t *testing.T) {
 	}
 	if st := b.LazyStats(); st.Filling != 0 {
 		t.Errorf("LazyStats.Filling = %d after the sweep, want 0", st.Filling)
+	}
+}
+
+// TestResumeWhileSyncing: the agent resumes partial layers at each
+// maintenance pass, while a Sync may be setting one up (its record
+// written, its metadata still being fetched). The resume leaves that
+// layer alone: it is not a dead process's, and the build over it reads
+// and commits. (CI met the resume detaching a Sync's fresh mount.)
+func TestResumeWhileSyncing(t *testing.T) {
+	ctx := context.Background()
+	e := newLazyEnv(t, 0)
+	e.rr.hold = make(chan struct{})
+	synced := make(chan error, 1)
+	go func() {
+		_, err := e.b.Sync(ctx, mustRef(t, "ns/c"), e.chain, e.rr.reg.fetch, SyncOptions{OpenLazy: e.rr.open})
+		synced <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for ids, _ := e.b.partialIDs(); len(ids) == 0; ids, _ = e.b.partialIDs() {
+		if time.Now().After(deadline) {
+			t.Fatal("the Sync recorded no partial layer within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	resumed := make(chan error, 1)
+	go func() { resumed <- e.b.ResumeLazy(ctx, e.rr.open) }()
+	select {
+	case err := <-resumed:
+		must(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("ResumeLazy waited for a layer a Sync was setting up")
+	}
+	close(e.rr.hold)
+	must(t, <-synced)
+	dir := mustMount(t, e.b, "build", "ns/c")
+	if got := readFile(t, filepath.Join(dir, "small.txt")); got != "hello" {
+		t.Fatalf("small.txt = %q", got)
+	}
+	writeFile(t, filepath.Join(dir, "out.txt"), "built")
+	if res, err := e.b.End(ctx, "build", EndOptions{}); err != nil || !res.Kept {
+		t.Errorf("End = %+v, %v; want the build committed", res, err)
 	}
 }

@@ -60,7 +60,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
 	}
-	s := &Store{root: root, opts: opts, lazy: &lazyLayers{log: opts.Log, served: map[string]*lazyLayer{}}}
+	s := &Store{root: root, opts: opts, lazy: &lazyLayers{log: opts.Log, served: map[string]*lazyLayer{}, busy: map[string]bool{}}}
 	s.snapshots = snapshot.New(snapshot.Config{
 		Root: root, Tmp: s.tmpDir(), ImageBytes: opts.SnapshotImageBytes, MkfsBtrfs: opts.MkfsBtrfs, Private: ControlDir,
 	})
