@@ -12,11 +12,13 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/layercache/layercache/api/v1alpha1"
+	"github.com/layercache/layercache/e2e/framework"
 )
 
 // lazyCacheMiB is the cache TestFreshNodeMountsFirst publishes, in 1 MiB
@@ -159,4 +161,68 @@ func (e *syncEnv) newClass(ctx context.Context, suffix string, params map[string
 		e.Client.StorageV1().StorageClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
 	})
 	return class.Name
+}
+
+// goBuildScript compiles testdata/hello (framework.CreateHelloSource)
+// with GOCACHE and GOMODCACHE on the cache as framework.BuildUID, and
+// prints how many files GOCACHE held before and how many packages the go
+// command compiled (go build -x lists a compile per package it builds).
+const goBuildScript = `test "$(id -u)" = 1000
+rm -rf /cache/src; mkdir -p /cache/src; cp /source/main.go /source/go.mod /source/go.sum /cache/src/; cd /cache/src
+find "$GOCACHE" -type f 2>/dev/null | wc -l
+go build -x -o /tmp/hello . 2>&1 | grep -c '/compile ' || true
+/tmp/hello --name fresh`
+
+// goBuildPod is buildPod with the Go toolchain, the module proxy and the
+// source mounted, run as framework.BuildUID.
+func (e *syncEnv) goBuildPod(name, node, cache, class string) *corev1.Pod {
+	goroot, downloads := framework.GoPaths(e.t)
+	pod := e.buildPod(name, node, cache, class, goBuildScript)
+	uid := int64(framework.BuildUID)
+	pod.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: &uid, RunAsGroup: &uid, RunAsNonRoot: ptr(true)}
+	dir := corev1.HostPathDirectory
+	pod.Spec.Volumes = append(pod.Spec.Volumes,
+		corev1.Volume{Name: "source", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "hello-src"}}}},
+		corev1.Volume{Name: "goroot", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: goroot, Type: &dir}}},
+		corev1.Volume{Name: "goproxy", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: downloads, Type: &dir}}})
+	c := &pod.Spec.Containers[0]
+	c.VolumeMounts = append(c.VolumeMounts,
+		corev1.VolumeMount{Name: "source", MountPath: "/source"},
+		corev1.VolumeMount{Name: "goroot", MountPath: "/usr/local/go", ReadOnly: true},
+		corev1.VolumeMount{Name: "goproxy", MountPath: "/goproxy", ReadOnly: true})
+	for k, v := range map[string]string{
+		"PATH": "/usr/local/go/bin:/bin:/usr/bin", "HOME": "/tmp", "GOCACHE": "/cache/go-build", "GOMODCACHE": "/cache/go-mod",
+		"GOPROXY": "file:///goproxy", "GOSUMDB": "off", "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local", "GOTELEMETRY": "off", "CGO_ENABLED": "0",
+	} {
+		c.Env = append(c.Env, corev1.EnvVar{Name: k, Value: v})
+	}
+	return pod
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestWarmGoBuildOnAFreshNode: a Go build on node A fills its cache
+// (GOCACHE and GOMODCACHE), which is published; the same build on node
+// B, which never held the cache, mounts it first and compiles nothing,
+// as a warm build on A would, reading the cache's objects on demand.
+func TestWarmGoBuildOnAFreshNode(t *testing.T) {
+	t.Parallel()
+	e := newSyncEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
+	defer cancel()
+	a, b := e.node(0), e.node(1)
+	e.CreateHelloSource(ctx, "hello-src")
+	uid := strconv.Itoa(framework.BuildUID)
+	class := e.derivedClass(ctx, "go-build", map[string]string{"uid": uid, "gid": uid, "mode": "0775"})
+
+	cold := strings.Fields(e.run(ctx, e.goBuildPod("cold", a, "gocache", class)))
+	e.waitPublished(ctx, "gocache", 1)
+	warm := strings.Fields(e.run(ctx, e.goBuildPod("fresh", b, "gocache", class)))
+	t.Logf("cold build on %s: %v (GOCACHE files before, packages compiled, output); on fresh node %s: %v", a, cold, b, warm)
+	if len(cold) < 2 || cold[1] == "0" {
+		t.Fatalf("the cold build on %s printed %q: want it to compile packages", a, cold)
+	}
+	if len(warm) < 3 || warm[0] == "0" || warm[1] != "0" || !strings.Contains(strings.Join(warm[2:], " "), "fresh") {
+		t.Errorf("the build on fresh node %s printed %q: want a filled GOCACHE, no package compiled, and the program's greeting", b, warm)
+	}
 }
