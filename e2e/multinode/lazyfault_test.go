@@ -98,12 +98,12 @@ func (e *syncEnv) proxySecret(ctx context.Context, addr string) string {
 	return secret.Name
 }
 
-// tcpProxy forwards connections on a loopback port (the local backend's
-// agents run on this host) to target (the
-// registry, whose TLS it passes through: its certificate names
-// 127.0.0.1, whatever the port), at most rate bytes per second toward
-// the client (0: no limit). stop closes the port and every connection, as
-// an outage; start opens the same port again.
+// tcpProxy forwards connections on a loopback port to target, the
+// registry, whose TLS it passes through (its certificate names 127.0.0.1,
+// whatever the port; the local backend's agents run on this host). It
+// sends at most rate bytes per second a connection toward the client (0:
+// no limit). stop closes the port and every connection, as an outage;
+// start opens the same port again.
 type tcpProxy struct {
 	t      *testing.T
 	target string
