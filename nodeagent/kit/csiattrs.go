@@ -92,7 +92,8 @@ func CSISettings(attrs map[string]string, pod CSIPod, readOnly bool, limits CSIL
 		return Settings{}, err
 	}
 	s := Settings{terms: csiTerms, Namespace: pod.Namespace, values: map[string]string{},
-		Writer: pod.Key(), LimitBytes: size.Value(), ReadOnly: readOnly}
+		Writer: pod.Key(), LimitBytes: size.Value(), ReadOnly: readOnly,
+		template: cacheTemplateData{Namespace: pod.Namespace, Pod: objectData{Name: pod.Name}}}
 	for annotation, attr := range csiTerms.keys {
 		if v, ok := attrs[attr]; ok {
 			s.values[annotation] = v
@@ -131,6 +132,24 @@ func CSIClass(attrs map[string]string, get func(name string) (*storagev1.Storage
 			"volumeAttributes %s names StorageClass %q of provisioner %q, not of %s: %s", AttrStorageClass, name, class.Provisioner, v1alpha1.ProvisionerName, fix)}
 	}
 	return ParseClass(class)
+}
+
+// CSINeedsPod tells whether a CSI volume's settings need its pod's
+// labels and annotations (Settings.WithPod): its class's fallback
+// template lists its fallbacks. Its cache is always its cache attribute,
+// which the manager reads from the pod's spec to keep the caches a
+// running build writes; a class's cache template does not apply.
+func (c ClassParams) CSINeedsPod(attrs map[string]string) bool {
+	_, listed := attrs[AttrFallback]
+	return c.FallbackTemplate != nil && !listed
+}
+
+// WithPod gives a CSI volume's settings what a class's templates see of
+// its pod, and the name of the pod's volume.
+func (s Settings) WithPod(pod *corev1.Pod, volume string) Settings {
+	s.template.Pod = objectDataOf(pod.ObjectMeta)
+	s.template.Volume = volume
+	return s
 }
 
 // CSILimits bound the size of CSI volumes, in bytes: Default where the

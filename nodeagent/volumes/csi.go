@@ -161,7 +161,7 @@ func (d *csiDriver) NodePublishVolume(ctx context.Context, r *csi.NodePublishVol
 func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeRequest, pod kit.CSIPod, id string) (*layerfs.Volume, error) {
 	start := time.Now()
 	p := d.prov
-	req, err := p.csiRequest(ctx, r.GetVolumeContext(), pod, r.GetReadonly(), d.limits)
+	req, err := p.csiRequest(ctx, r, pod, d.limits)
 	if err != nil {
 		var refused *kit.ClaimError
 		if !errors.As(err, &refused) {
@@ -425,17 +425,29 @@ func (l *volumeLocks) lock(id string) (unlock func()) {
 // attribute names, or else of a class without parameters (a node-local
 // overlay cache), which never takes a cache that syncs through a
 // registry.
-func (p *Provisioner) csiRequest(ctx context.Context, attrs map[string]string, pod kit.CSIPod, readOnly bool, limits kit.CSILimits) (kit.VolumeRequest, error) {
+func (p *Provisioner) csiRequest(ctx context.Context, r *csi.NodePublishVolumeRequest, pod kit.CSIPod, limits kit.CSILimits) (kit.VolumeRequest, error) {
 	if err := p.caches.CSIOptedIn(ctx, pod.Namespace); err != nil {
 		return kit.VolumeRequest{}, err
 	}
-	s, err := kit.CSISettings(attrs, pod, readOnly, limits)
+	attrs := r.GetVolumeContext()
+	s, err := kit.CSISettings(attrs, pod, r.GetReadonly(), limits)
 	if err != nil {
 		return kit.VolumeRequest{}, err
 	}
 	class, err := kit.CSIClass(attrs, p.storageClass)
 	if err != nil {
 		return kit.VolumeRequest{}, err
+	}
+	if class.CSINeedsPod(attrs) {
+		got, err := p.getPod(ctx, pod.Namespace, pod.Name)
+		if err == nil && got.UID != pod.UID {
+			err = apierrors.NewNotFound(corev1.Resource("pods"), pod.Name)
+		}
+		if err != nil {
+			return kit.VolumeRequest{}, fmt.Errorf("get pod %s to evaluate the fallback template of StorageClass %q: %w", pod.Key(), class.Name, err)
+		}
+		// The kubelet's target is .../volumes/kubernetes.io~csi/<volume>/mount.
+		s = s.WithPod(got, filepath.Base(filepath.Dir(r.GetTargetPath())))
 	}
 	req, err := p.admitVolume(ctx, s, class)
 	if err != nil || class.Name != "" {

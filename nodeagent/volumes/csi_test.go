@@ -715,3 +715,24 @@ func TestCSIVolumeTakesItsClass(t *testing.T) {
 		})
 	}
 }
+
+// A class's fallback template sees a CSI volume's pod as it sees a
+// claim's: a branch's first build starts from the cache its pod's label
+// names.
+func TestCSIVolumeFallsBackByItsClassTemplate(t *testing.T) {
+	e := newCSIEnv(t, classNamed("branches", v1alpha1.ProvisionerName, map[string]string{kit.ParamFallback: "{{ .Namespace }}/{{ .Pod.Labels.base }}"}))
+	e.setPod(t, csiPodObject("main-build", corev1.PodRunning))
+	writeTestFile(t, filepath.Join(e.publish(t, "main-build", map[string]string{kit.AttrCache: "main"}), "lib.jar"), "from main")
+	e.setPod(t, csiPodObject("main-build", corev1.PodSucceeded))
+	e.unpublish(t, "main-build")
+	e.drainEvents()
+
+	pod := csiPodObject("feature-build", corev1.PodRunning)
+	pod.Labels = map[string]string{"base": "main"}
+	e.setPod(t, pod)
+	target := e.publish(t, "feature-build", map[string]string{kit.AttrCache: "feature", kit.AttrStorageClass: "branches"})
+	if got, err := os.ReadFile(filepath.Join(target, "lib.jar")); err != nil || string(got) != "from main" {
+		t.Errorf("lib.jar in the branch's first volume = %q, %v; want main's", got, err)
+	}
+	e.wantEvent(t, "Normal "+kit.ReasonSeeded, "starts from fallback ci/main")
+}
