@@ -228,7 +228,8 @@ func newAgent(opts Options, p agentParts) (*agent, error) {
 		KubeletDir: opts.KubeletDir, CSILimits: kit.CSILimits{Default: opts.CSIDefaultBytes, Max: opts.CSIMaxBytes},
 		ResyncInterval: opts.ResyncInterval,
 		Kube:           p.kube, Pods: a.podInformers.Core().V1().Pods().Informer(), PVs: a.pvInformers.Core().V1().PersistentVolumes().Informer(),
-		Claims: p.claimInformers.Core().V1().PersistentVolumeClaims().Lister(),
+		Claims:  p.claimInformers.Core().V1().PersistentVolumeClaims().Lister(),
+		Classes: p.claimInformers.Storage().V1().StorageClasses().Lister(),
 	})
 	return a, err
 }

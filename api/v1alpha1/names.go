@@ -24,6 +24,12 @@ const (
 	CSIAttributeCache = "cache"
 	CSIAttributeMode  = "mode"
 
+	// CSIAttributeStorageClass names a StorageClass of ProvisionerName
+	// whose parameters apply to a CSI inline volume as to a claim of that
+	// class (registry, layout, templates, uid/gid/mode); without it a
+	// volume is of a class without parameters, a node-local cache.
+	CSIAttributeStorageClass = "storageClass"
+
 	// StorageClassName is the StorageClass of the default install.
 	StorageClassName = "layercache"
 

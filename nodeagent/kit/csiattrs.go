@@ -7,9 +7,11 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 )
@@ -24,6 +26,8 @@ const (
 	// AttrSize is the most the build may add to the cache, as a claim's
 	// storage request is.
 	AttrSize = "size"
+	// AttrStorageClass names the StorageClass whose parameters apply.
+	AttrStorageClass = v1alpha1.CSIAttributeStorageClass
 )
 
 // The pod information the kubelet adds to the attributes of a driver whose
@@ -36,7 +40,7 @@ const (
 	AttrEphemeral      = "csi.storage.k8s.io/ephemeral"
 )
 
-var userAttrs = []string{AttrCache, AttrMode, AttrCommit, AttrFallback, AttrSize}
+var userAttrs = []string{AttrCache, AttrMode, AttrCommit, AttrFallback, AttrSize, AttrStorageClass}
 
 // CSIPod is the pod a CSI volume was published for.
 type CSIPod struct {
@@ -77,7 +81,7 @@ func CSISettings(attrs map[string]string, pod CSIPod, readOnly bool, limits CSIL
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
 		return Settings{}, &ClaimError{Reason: ReasonInvalidAttribute, Message: fmt.Sprintf(
-			"unknown volumeAttributes %q of driver %s: the valid ones are cache (required), mode, commit, size and fallback", unknown, v1alpha1.CSIDriverName)}
+			"unknown volumeAttributes %q of driver %s: the valid ones are cache (required), mode, commit, size, fallback and storageClass", unknown, v1alpha1.CSIDriverName)}
 	}
 	if attrs[AttrCache] == "" {
 		return Settings{}, &ClaimError{Reason: ReasonInvalidAttribute,
@@ -88,13 +92,64 @@ func CSISettings(attrs map[string]string, pod CSIPod, readOnly bool, limits CSIL
 		return Settings{}, err
 	}
 	s := Settings{terms: csiTerms, Namespace: pod.Namespace, values: map[string]string{},
-		Writer: pod.Key(), LimitBytes: size.Value(), ReadOnly: readOnly}
+		Writer: pod.Key(), LimitBytes: size.Value(), ReadOnly: readOnly,
+		template: cacheTemplateData{Namespace: pod.Namespace, Pod: objectData{Name: pod.Name}}}
 	for annotation, attr := range csiTerms.keys {
 		if v, ok := attrs[attr]; ok {
 			s.values[annotation] = v
 		}
 	}
 	return s, nil
+}
+
+// CSIClass is the class whose parameters apply to a CSI volume, validated
+// as a claim's class is: the StorageClass its storageClass attribute
+// names, or without the attribute a class without parameters (a
+// node-local overlay cache). get reads a class by name, nil if there is
+// none; its errors are the API's, retried, not the pod's.
+func CSIClass(attrs map[string]string, get func(name string) (*storagev1.StorageClass, error)) (ClassParams, error) {
+	name, ok := attrs[AttrStorageClass]
+	if !ok {
+		return ClassParams{}, nil
+	}
+	fix := fmt.Sprintf("name a StorageClass of provisioner %s (kubectl get storageclass), or remove the attribute for a node-local cache", v1alpha1.ProvisionerName)
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return ClassParams{}, &ClaimError{Reason: ReasonInvalidAttribute, Message: fmt.Sprintf(
+			"volumeAttributes %s has value %q, which is not a StorageClass name (%s): %s", AttrStorageClass, name, strings.Join(errs, "; "), fix)}
+	}
+	class, err := get(name)
+	if err != nil {
+		return ClassParams{}, fmt.Errorf("read StorageClass %q, which volumeAttributes %s names: %w", name, AttrStorageClass, err)
+	}
+	if class == nil {
+		return ClassParams{}, &ClaimError{Reason: ReasonInvalidAttribute, Message: fmt.Sprintf(
+			"volumeAttributes %s names StorageClass %q, which does not exist: %s", AttrStorageClass, name, fix)}
+	}
+	// Another provisioner's parameters mean something else, and may name
+	// a registry this node would then push to.
+	if class.Provisioner != v1alpha1.ProvisionerName {
+		return ClassParams{}, &ClaimError{Reason: ReasonInvalidAttribute, Message: fmt.Sprintf(
+			"volumeAttributes %s names StorageClass %q of provisioner %q, not of %s: %s", AttrStorageClass, name, class.Provisioner, v1alpha1.ProvisionerName, fix)}
+	}
+	return ParseClass(class)
+}
+
+// CSINeedsPod tells whether a CSI volume's settings need its pod's
+// labels and annotations (Settings.WithPod): its class's fallback
+// template lists its fallbacks. Its cache is always its cache attribute,
+// which the manager reads from the pod's spec to keep the caches a
+// running build writes; a class's cache template does not apply.
+func (c ClassParams) CSINeedsPod(attrs map[string]string) bool {
+	_, listed := attrs[AttrFallback]
+	return c.FallbackTemplate != nil && !listed
+}
+
+// WithPod gives a CSI volume's settings what a class's templates see of
+// its pod, and the name of the pod's volume.
+func (s Settings) WithPod(pod *corev1.Pod, volume string) Settings {
+	s.template.Pod = objectDataOf(pod.ObjectMeta)
+	s.template.Volume = volume
+	return s
 }
 
 // CSILimits bound the size of CSI volumes, in bytes: Default where the

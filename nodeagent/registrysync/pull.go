@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -16,13 +17,31 @@ import (
 	"github.com/layercache/layercache/remote"
 )
 
+// Subject is the object a volume's sync Events go on: its claim, or the
+// pod of a CSI inline volume.
+type Subject interface {
+	runtime.Object
+	GetNamespace() string
+	GetName() string
+}
+
+// subjectName names a volume's subject in messages: "claim ci/cache",
+// "pod ci/build".
+func subjectName(o Subject) string {
+	kind := "claim"
+	if _, ok := o.(*corev1.Pod); ok {
+		kind = "pod"
+	}
+	return kind + " " + o.GetNamespace() + "/" + o.GetName()
+}
+
 // Pull brings the node's copy of the cache up to its published chain
 // before a volume mounts it, within the class's sync timeout and the
-// claim's layer bound. It never fails the claim: past the timeout, or
+// volume's layer bound. It never fails the volume: past the timeout, or
 // when the registry fails, a layer is too large or the chain is not
-// trusted, the volume mounts what the node has, and an Event on the claim
-// says so.
-func (s *Syncer) Pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) {
+// trusted, the volume mounts what the node has, and an Event on its
+// subject (its claim, or its CSI volume's pod) says so.
+func (s *Syncer) Pull(ctx context.Context, subject Subject, req kit.VolumeRequest) {
 	ref, reg := req.Cache, req.Registry
 	logger := log.FromContext(ctx).WithValues("cache", ref.String())
 	ctx, cancel := context.WithTimeout(ctx, reg.SyncTimeout)
@@ -30,15 +49,15 @@ func (s *Syncer) Pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 	start := time.Now()
 	var res layerfs.SyncResult
 	var cache *v1alpha1.Cache
-	err := s.prepare(ctx, claim.Namespace, req)
+	err := s.prepare(ctx, subject.GetNamespace(), req)
 	if err == nil {
 		res, cache, err = s.syncTo(ctx, ref, reg)
 	}
 	if err == nil {
-		res, cache, err = s.catchUp(ctx, claim, req, cache, res)
+		res, cache, err = s.catchUp(ctx, subject, req, cache, res)
 	}
 	if err != nil {
-		s.pullFailed(ctx, claim, req, cache, err)
+		s.pullFailed(ctx, subject, req, cache, err)
 		return
 	}
 	if res.Fetched > 0 {
@@ -54,12 +73,12 @@ func (s *Syncer) Pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 // and takes them in, leaving part of the sync timeout for the pull of
 // what arrives. An announced layer that does not arrive in time is a
 // SyncIncomplete Event that names it; the volume mounts without it.
-func (s *Syncer) catchUp(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, cache *v1alpha1.Cache, res layerfs.SyncResult) (layerfs.SyncResult, *v1alpha1.Cache, error) {
+func (s *Syncer) catchUp(ctx context.Context, subject Subject, req kit.VolumeRequest, cache *v1alpha1.Cache, res layerfs.SyncResult) (layerfs.SyncResult, *v1alpha1.Cache, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, req.Registry.SyncTimeout*3/4)
 	latest, missing := s.awaitAnnounced(waitCtx, cache)
 	cancel()
 	if len(missing) > 0 {
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonSyncIncomplete, kit.ActionPull,
+		s.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonSyncIncomplete, kit.ActionPull,
 			"node %s mounts cache %s without the announced %s; later builds get it once it is published (%s: %s)",
 			s.node, req.Cache, missing, kit.ParamSyncTimeout, req.Registry.SyncTimeout)
 		log.FromContext(ctx).Info("Announced layers did not arrive; mounting without them", "cache", req.Cache.String(), "missing", missing.String())
@@ -76,7 +95,7 @@ func (s *Syncer) catchUp(ctx context.Context, claim *corev1.PersistentVolumeClai
 
 // pullFailed reports a pull that failed; the volume mounts what the node
 // has. cache is the Cache as the pull read it, if it did.
-func (s *Syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, cache *v1alpha1.Cache, err error) {
+func (s *Syncer) pullFailed(ctx context.Context, subject Subject, req kit.VolumeRequest, cache *v1alpha1.Cache, err error) {
 	ref, reg := req.Cache, req.Registry
 	logger := log.FromContext(ctx).WithValues("cache", ref.String())
 	where := "the cache's registry"
@@ -88,29 +107,29 @@ func (s *Syncer) pullFailed(ctx context.Context, claim *corev1.PersistentVolumeC
 	case errors.As(err, &untrusted):
 		s.metrics.Fail(kit.OpPull, kit.FailureUntrusted)
 		msg := fmt.Sprintf("node %s fetched nothing for cache %s and the volume mounts what the node has: %v", s.node, ref, err)
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, kit.ActionPull, "%s", msg)
+		s.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, kit.ActionPull, "%s", msg)
 		if cache != nil {
 			s.events.Eventf(cache, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, kit.ActionPull,
-				"node %s refused to pull for claim %s/%s: %v; fix status.published or the StorageClasses", s.node, claim.Namespace, claim.Name, err)
+				"node %s refused to pull for %s: %v; fix status.published or the StorageClasses", s.node, subjectName(subject), err)
 		}
 		logger.Info("Published chain refused; mounting what the node has", "err", err.Error())
 	case errors.Is(err, layerfs.ErrInvalidImage):
 		s.metrics.Fail(kit.OpPull, kit.FailureInvalidImage)
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, kit.ActionPull, "%s", invalidImageMessage(s.node, ref, err))
+		s.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonUntrustedChain, kit.ActionPull, "%s", invalidImageMessage(s.node, ref, err))
 		logger.Info("Layer image refused; mounting what the node has", "err", err.Error())
 	case errors.Is(err, layerfs.ErrTooLarge):
 		s.metrics.Fail(kit.OpPull, kit.FailureTooLarge)
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonLayerTooLarge, kit.ActionPull, "%s", tooLargeMessage(ref, s.node, reg, cache, err))
+		s.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonLayerTooLarge, kit.ActionPull, "%s", tooLargeMessage(ref, s.node, reg, cache, err))
 		logger.Info("Layer too large; mounting what the node has", "err", err.Error())
 	case ctx.Err() != nil:
 		s.metrics.Fail(kit.OpPull, "timeout")
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonSyncIncomplete, kit.ActionPull,
+		s.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonSyncIncomplete, kit.ActionPull,
 			"the layers of cache %s that node %s lacks did not arrive from %s within the StorageClass's %s of %s, so the volume mounts what the node has (a colder cache); raise %s if builds wait for it gladly: %v",
 			ref, s.node, where, kit.ParamSyncTimeout, reg.SyncTimeout, kit.ParamSyncTimeout, err)
 		logger.Info("Pull incomplete; mounting what the node has", "err", err.Error())
 	default:
 		s.metrics.Fail(kit.OpPull, FailureReason(err))
-		s.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonRegistryFailed, kit.ActionPull,
+		s.events.Eventf(subject, nil, corev1.EventTypeWarning, kit.ReasonRegistryFailed, kit.ActionPull,
 			"could not bring cache %s up to date from %s, so the volume mounts what node %s has: %v", ref, where, s.node, err)
 		logger.Error(err, "Pull failed; mounting what the node has")
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -25,11 +24,12 @@ import (
 // blobs of its own repository, the fallback's digests unchanged.
 
 // Seed returns the fallbacks the volume of req may start from (at most
-// one: the one pulled) and the repositories their digests live in. The
-// claim's own pull has run: a cache with a generation anywhere, or whose
-// state cannot be read, ignores its fallbacks (a cache that exists on
-// another node must sync, never restart from a fallback).
-func (s *Syncer) Seed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) ([]layerfs.CacheRef, map[layerfs.CacheRef]string) {
+// one: the one pulled) and the repositories their digests live in; a
+// failed pull is an Event on subject. The volume's own pull has run: a
+// cache with a generation anywhere, or whose state cannot be read,
+// ignores its fallbacks (a cache that exists on another node must sync,
+// never restart from a fallback).
+func (s *Syncer) Seed(ctx context.Context, subject Subject, req kit.VolumeRequest) ([]layerfs.CacheRef, map[layerfs.CacheRef]string) {
 	if len(req.Fallbacks) == 0 {
 		return nil, nil
 	}
@@ -41,7 +41,7 @@ func (s *Syncer) Seed(ctx context.Context, claim *corev1.PersistentVolumeClaim, 
 		return nil, nil
 	}
 	for _, f := range req.Fallbacks {
-		repo, ok := s.pullFallback(ctx, claim, req, f)
+		repo, ok := s.pullFallback(ctx, subject, req, f)
 		if !ok {
 			continue
 		}
@@ -80,7 +80,7 @@ func (s *Syncer) localGeneration(ctx context.Context, ref layerfs.CacheRef) (boo
 // with the repository its layers' digests live in ("" when it has no
 // trusted chain: its head's digests then name nothing the seeded cache
 // may mount).
-func (s *Syncer) pullFallback(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest, f layerfs.CacheRef) (string, bool) {
+func (s *Syncer) pullFallback(ctx context.Context, subject Subject, req kit.VolumeRequest, f layerfs.CacheRef) (string, bool) {
 	logger := log.FromContext(ctx).WithValues("cache", req.Cache.String(), "fallback", f.String())
 	repo := ""
 	cache, err := s.caches.Live(ctx, f)
@@ -90,9 +90,9 @@ func (s *Syncer) pullFallback(ctx context.Context, claim *corev1.PersistentVolum
 	if cache != nil && cache.DeletionTimestamp == nil && cache.Status.Published != nil && len(cache.Status.Published.Layers) > 0 {
 		if reg, err := s.checkChain(ctx, cache); err == nil {
 			repo = reg.Repository
-			// As a read claim of f pulls it: within the claim's class's
-			// timeout and bounds, reporting failures on the claim.
-			s.Pull(ctx, claim, kit.VolumeRequest{Cache: f, Mode: v1alpha1.ModeRead, Registry: req.Registry})
+			// As a read claim of f pulls it: within the volume's class's
+			// timeout and bounds, reporting failures on its subject.
+			s.Pull(ctx, subject, kit.VolumeRequest{Cache: f, Mode: v1alpha1.ModeRead, Registry: req.Registry})
 		} else {
 			logger.Info("Fallback's published chain not trusted; not pulled", "err", err.Error())
 		}

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -63,6 +64,9 @@ type Config struct {
 	Pods   cache.SharedIndexInformer
 	PVs    cache.SharedIndexInformer
 	Claims corelisters.PersistentVolumeClaimLister
+	// Classes are the agent's lister of StorageClasses, whose parameters
+	// apply to the CSI volumes that name one.
+	Classes storagelisters.StorageClassLister
 }
 
 // Core owns a volume's life on one node, admit, mount and end, for each
@@ -92,7 +96,7 @@ func New(cfg Config) (*Core, error) {
 	c.prov = &Provisioner{
 		node: cfg.Node, hostname: cfg.Hostname, store: cfg.Store, gateRoot: cfg.Root, caches: cfg.Caches, events: cfg.Events,
 		metrics: cfg.Metrics, getPod: cfg.GetPod, reports: cfg.Reports, squashes: cfg.Squashes, seen: newOutcomes(), sync: cfg.Sync,
-		holds: c.holds,
+		holds: c.holds, classes: cfg.Classes,
 	}
 	c.maint = &Maintainer{
 		node: cfg.Node, store: cfg.Store, caches: cfg.Caches, events: cfg.Events, metrics: cfg.Metrics, gc: cfg.GC,

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/layercache/layercache/api/v1alpha1"
@@ -36,6 +38,12 @@ const (
 	labelPodName      = "layercache.dev/pod-name"
 	labelPodUID       = "layercache.dev/pod-uid"
 	labelCommit       = v1alpha1.AnnotationCommit
+	// labelStorageClass is the class the volume's storageClass attribute
+	// named, if any. Its end needs no more of it than a claim's end needs
+	// of its class: the registry it publishes to is the one Pull recorded
+	// on the Cache (status.published), which a restarted agent reads
+	// again. It says where the volume's settings came from (inspect).
+	labelStorageClass = v1alpha1.LabelStorageClass
 )
 
 // csiVolumePrefix starts the store names of CSI volumes (claims' are
@@ -153,7 +161,7 @@ func (d *csiDriver) NodePublishVolume(ctx context.Context, r *csi.NodePublishVol
 func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeRequest, pod kit.CSIPod, id string) (*layerfs.Volume, error) {
 	start := time.Now()
 	p := d.prov
-	req, err := p.csiRequest(ctx, r.GetVolumeContext(), pod, r.GetReadonly(), d.limits)
+	req, err := p.csiRequest(ctx, r, pod, d.limits)
 	if err != nil {
 		var refused *kit.ClaimError
 		if !errors.As(err, &refused) {
@@ -169,17 +177,17 @@ func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeReques
 		}
 		return nil, status.Errorf(code, "%s", refused.Message)
 	}
-	opts := req.MountOptions()
-	opts.Writer = pod.Key()
-	opts.Labels = map[string]string{
-		labelCSIVolume: r.GetVolumeId(), labelCSITarget: r.GetTargetPath(),
-		labelPodNamespace: pod.Namespace, labelPodName: pod.Name, labelPodUID: string(pod.UID),
-		labelCommit: string(req.Commit),
+	p.admittedEvents(pod, req)
+	if req.Registry != nil {
+		// As for a claim: the node takes in the cache's published chain
+		// (and the layers other nodes announced) before the kubelet gets
+		// the volume, or seeds it from a fallback.
+		p.sync.Pull(ctx, pod.Object(), req)
+		req.Fallbacks, req.FallbackRepositories = p.sync.Seed(ctx, pod.Object(), req)
 	}
-	vol, err := p.store.Mount(ctx, id, opts)
+	vol, err := p.store.Mount(ctx, id, csiMountOptions(r, pod, req))
 	if errors.Is(err, layerfs.ErrLayoutMismatch) {
-		msg := fmt.Sprintf("cache %s was made by a StorageClass of the %s layout and CSI inline volumes are of the %s layout: %v; use a claim of that class, or another cache",
-			req.Cache, layerfs.LayoutSnapshot, layerfs.LayoutOverlay, err)
+		msg := layoutMismatchMessage(req, err)
 		p.events.Eventf(pod.Object(), nil, corev1.EventTypeWarning, kit.ReasonMountFailed, kit.ActionProvision, "%s", msg)
 		p.metrics.Fail(kit.OpProvision, kit.ReasonMountFailed)
 		return nil, status.Error(codes.FailedPrecondition, msg)
@@ -202,6 +210,47 @@ func (d *csiDriver) mountNew(ctx context.Context, r *csi.NodePublishVolumeReques
 	log.FromContext(ctx).Info("Published CSI volume", "cache", req.Cache.String(), "mode", req.Mode, "commit", req.Commit,
 		"baseGeneration", vol.BaseGeneration, "seededFrom", seededFrom(vol), "target", r.GetTargetPath())
 	return vol, nil
+}
+
+// csiMountOptions are the request's, with the labels its end reads back.
+func csiMountOptions(r *csi.NodePublishVolumeRequest, pod kit.CSIPod, req kit.VolumeRequest) layerfs.MountOptions {
+	opts := req.MountOptions()
+	opts.Writer = pod.Key()
+	opts.Labels = map[string]string{
+		labelCSIVolume: r.GetVolumeId(), labelCSITarget: r.GetTargetPath(),
+		labelPodNamespace: pod.Namespace, labelPodName: pod.Name, labelPodUID: string(pod.UID),
+		labelCommit: string(req.Commit),
+	}
+	if req.Class != "" {
+		opts.Labels[labelStorageClass] = req.Class
+	}
+	return opts
+}
+
+// layoutMismatchMessage explains a cache of another layout than the
+// volume's: without a class, a CSI volume is of the overlay layout.
+func layoutMismatchMessage(req kit.VolumeRequest, err error) string {
+	if req.Class == "" {
+		return fmt.Sprintf("cache %s was made by a StorageClass of another layout, and a CSI inline volume without volumeAttributes %s is of the %s layout: %v; name the cache's StorageClass in volumeAttributes %s, or use another cache",
+			req.Cache, kit.AttrStorageClass, layerfs.LayoutOverlay, err, kit.AttrStorageClass)
+	}
+	return fmt.Sprintf("cache %s was made by a StorageClass of another layout than StorageClass %q (%s): %v; name the cache's StorageClass in volumeAttributes %s, or use another cache",
+		req.Cache, req.Class, req.Layout, err, kit.AttrStorageClass)
+}
+
+// admittedEvents tell the pod what its class changed of what its
+// attributes asked for, as a claim's Events do.
+func (p *Provisioner) admittedEvents(pod kit.CSIPod, req kit.VolumeRequest) {
+	if req.ForcedRead {
+		p.events.Eventf(pod.Object(), nil, corev1.EventTypeNormal, kit.ReasonModeForcedRead, kit.ActionProvision,
+			"StorageClass %q makes every volume read-only, so the volume of cache %s is a read view that is never committed, although volumeAttributes %s is %s",
+			req.Class, req.Cache, kit.AttrMode, v1alpha1.ModeWrite)
+	}
+	if req.FallbackIgnored {
+		p.events.Eventf(pod.Object(), nil, corev1.EventTypeWarning, kit.ReasonFallbackIgnored, kit.ActionProvision,
+			"volumeAttributes %s is ignored: StorageClass %q uses the %s layout, whose caches cannot start from a fallback yet; the first build of cache %s starts from what the cache has. Use a class of the %s layout, or remove the attribute",
+			kit.AttrFallback, req.Class, layerfs.LayoutSnapshot, req.Cache, layerfs.LayoutOverlay)
+	}
 }
 
 // NodeUnpublishVolume unmounts the volume from its target path and ends it
@@ -371,35 +420,62 @@ func (l *volumeLocks) lock(id string) (unlock func()) {
 	}
 }
 
-// csiRequest admits a CSI volume as a claim is admitted, on the defaults
-// of a class without parameters (a node-local overlay cache), in a
-// namespace that opted in, and never of a cache that syncs through a
+// csiRequest admits a CSI volume as a claim is admitted, in a namespace
+// that opted in: on the parameters of the StorageClass its storageClass
+// attribute names, or else of a class without parameters (a node-local
+// overlay cache), which never takes a cache that syncs through a
 // registry.
-func (p *Provisioner) csiRequest(ctx context.Context, attrs map[string]string, pod kit.CSIPod, readOnly bool, limits kit.CSILimits) (kit.VolumeRequest, error) {
+func (p *Provisioner) csiRequest(ctx context.Context, r *csi.NodePublishVolumeRequest, pod kit.CSIPod, limits kit.CSILimits) (kit.VolumeRequest, error) {
 	if err := p.caches.CSIOptedIn(ctx, pod.Namespace); err != nil {
 		return kit.VolumeRequest{}, err
 	}
-	s, err := kit.CSISettings(attrs, pod, readOnly, limits)
+	attrs := r.GetVolumeContext()
+	s, err := kit.CSISettings(attrs, pod, r.GetReadonly(), limits)
 	if err != nil {
 		return kit.VolumeRequest{}, err
 	}
-	req, err := p.admitVolume(ctx, s, kit.ClassParams{})
+	class, err := kit.CSIClass(attrs, p.storageClass)
 	if err != nil {
+		return kit.VolumeRequest{}, err
+	}
+	if class.CSINeedsPod(attrs) {
+		got, err := p.getPod(ctx, pod.Namespace, pod.Name)
+		if err == nil && got.UID != pod.UID {
+			err = apierrors.NewNotFound(corev1.Resource("pods"), pod.Name)
+		}
+		if err != nil {
+			return kit.VolumeRequest{}, fmt.Errorf("get pod %s to evaluate the fallback template of StorageClass %q: %w", pod.Key(), class.Name, err)
+		}
+		// The kubelet's target is .../volumes/kubernetes.io~csi/<volume>/mount.
+		s = s.WithPod(got, filepath.Base(filepath.Dir(r.GetTargetPath())))
+	}
+	req, err := p.admitVolume(ctx, s, class)
+	if err != nil || class.Name != "" {
 		return req, err
 	}
 	return req, p.refuseRegistryCache(ctx, req)
 }
 
-// refuseRegistryCache refuses a CSI volume of a cache that syncs through a
-// registry: a CSI volume is node-local, so it would neither pull the
-// published generations first nor publish in step, and the node's chain
-// would part from the cluster's.
+// storageClass reads a class from the agent's informer; nil if there is
+// none.
+func (p *Provisioner) storageClass(name string) (*storagev1.StorageClass, error) {
+	class, err := p.classes.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return class, err
+}
+
+// refuseRegistryCache refuses a CSI volume without a class of a cache
+// that syncs through a registry: on a class without parameters it would
+// neither pull the published generations first nor publish in step, and
+// the node's chain would part from the cluster's.
 func (p *Provisioner) refuseRegistryCache(ctx context.Context, req kit.VolumeRequest) error {
 	cache, err := p.caches.Get(ctx, req.Cache)
 	if err != nil || cache == nil || cache.Status.Published == nil {
 		return err
 	}
 	return &kit.ClaimError{Reason: kit.ReasonRegistryCache, Message: fmt.Sprintf(
-		"cache %s syncs across nodes through registry %s, and CSI inline volumes are node-local; use a claim of the cache's StorageClass (label %s on the Cache), or another cache",
-		req.Cache, cache.Status.Published.Repository, v1alpha1.LabelStorageClass)}
+		"cache %s syncs across nodes through registry %s, and a CSI inline volume without volumeAttributes %s is node-local; name the cache's StorageClass (label %s on the Cache) in volumeAttributes %s, use a claim of that class, or use another cache",
+		req.Cache, cache.Status.Published.Repository, kit.AttrStorageClass, v1alpha1.LabelStorageClass, kit.AttrStorageClass)}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,9 +17,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -27,6 +30,7 @@ import (
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
+	"github.com/layercache/layercache/nodeagent/kit/kittest"
 )
 
 // The tests in this file drive the CSI Node service as the kubelet does,
@@ -48,14 +52,28 @@ type csiEnv struct {
 var testCSILimits = kit.CSILimits{Default: 10 << 30, Max: 100 << 30}
 
 // newCSIEnv's pods are of namespace ci, which has opted in to CSI
-// volumes.
+// volumes. The StorageClasses among objs are the agent's informer's, the
+// rest the API's.
 func newCSIEnv(t *testing.T, objs ...client.Object) *csiEnv {
 	t.Helper()
 	ci := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ci", Labels: map[string]string{v1alpha1.LabelCSI: v1alpha1.CSIEnabled}}}
 	st := openRealStore(t, 8)
-	c := newCacheClient(t, append([]client.Object{ci}, objs...)...)
+	classes := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	apiObjs := []client.Object{ci}
+	for _, o := range objs {
+		if class, ok := o.(*storagev1.StorageClass); ok {
+			if err := classes.Add(class); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		apiObjs = append(apiObjs, o)
+	}
+	c := newCacheClient(t, apiObjs...)
 	events := events.NewFakeRecorder(100)
 	parts := testNodeParts(t, "node-a", "", st, c, events)
+	parts.core.Classes = storagelisters.NewStorageClassLister(classes)
+	parts.sync.Classes = parts.core.Classes
 	parts.core.KubeletDir = t.TempDir()
 	pods := parts.core.Pods.GetIndexer()
 	parts.core.GetPod = func(_ context.Context, ns, name string) (*corev1.Pod, error) {
@@ -92,11 +110,20 @@ func (e *csiEnv) setPod(t *testing.T, pod *corev1.Pod) {
 	}
 }
 
-func (e *csiEnv) target(pod string) string {
-	return filepath.Join(e.kubeletDir, "pods", "uid-"+pod, "volumes", "kubernetes.io~csi", "cache", "mount")
-}
+func (e *csiEnv) target(pod string) string { return csiTarget(e.kubeletDir, pod) }
 
 func (e *csiEnv) publishRequest(pod string, attrs map[string]string) *csi.NodePublishVolumeRequest {
+	return csiPublishRequest(e.kubeletDir, pod, attrs)
+}
+
+// csiTarget is where the kubelet of kubeletDir publishes pod's volume.
+func csiTarget(kubeletDir, pod string) string {
+	return filepath.Join(kubeletDir, "pods", "uid-"+pod, "volumes", "kubernetes.io~csi", "cache", "mount")
+}
+
+// csiPublishRequest is the kubelet's request to publish the volume of pod
+// of namespace ci, with attrs.
+func csiPublishRequest(kubeletDir, pod string, attrs map[string]string) *csi.NodePublishVolumeRequest {
 	ctx := map[string]string{
 		kit.AttrPodNamespace: "ci", kit.AttrPodName: pod, kit.AttrPodUID: "uid-" + pod,
 		kit.AttrServiceAccount: "default", kit.AttrEphemeral: "true",
@@ -105,7 +132,7 @@ func (e *csiEnv) publishRequest(pod string, attrs map[string]string) *csi.NodePu
 		ctx[k] = v
 	}
 	return &csi.NodePublishVolumeRequest{
-		VolumeId: "csi-" + pod, TargetPath: e.target(pod), VolumeContext: ctx,
+		VolumeId: "csi-" + pod, TargetPath: csiTarget(kubeletDir, pod), VolumeContext: ctx,
 		VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}},
 	}
 }
@@ -398,7 +425,7 @@ func TestCSIPublishRefused(t *testing.T) {
 		want       []string
 	}{
 		{name: "unknown attribute", attrs: map[string]string{kit.AttrCache: "maven", "cahce": "x"}, wantCode: codes.InvalidArgument,
-			wantReason: kit.ReasonInvalidAttribute, want: []string{`unknown volumeAttributes ["cahce"]`, "cache (required), mode, commit, size and fallback"}},
+			wantReason: kit.ReasonInvalidAttribute, want: []string{`unknown volumeAttributes ["cahce"]`, "cache (required), mode, commit, size, fallback and storageClass"}},
 		{name: "no cache", attrs: map[string]string{}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{"volumeAttributes has no cache", "cache: maven"}},
 		{name: "bad mode", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrMode: "rw"}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
@@ -423,7 +450,14 @@ func TestCSIPublishRefused(t *testing.T) {
 		{name: "bad fallback list", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrFallback: "main,,dev"}, wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute,
 			want: []string{`volumeAttributes fallback has value "main,,dev"`, "a cache of the pod's namespace", "fallback: main"}},
 		{name: "a cache that syncs through a registry", attrs: map[string]string{kit.AttrCache: "maven"}, objs: []client.Object{publishedCache("ci", "maven")},
-			wantCode: codes.FailedPrecondition, wantReason: kit.ReasonRegistryCache, want: []string{"syncs across nodes through registry", "use a claim of the cache's StorageClass"}},
+			wantCode: codes.FailedPrecondition, wantReason: kit.ReasonRegistryCache, want: []string{"syncs across nodes through registry", "without volumeAttributes storageClass is node-local", "in volumeAttributes storageClass"}},
+		{name: "a missing class", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrStorageClass: "shared"}, wantCode: codes.InvalidArgument,
+			wantReason: kit.ReasonInvalidAttribute, want: []string{`volumeAttributes storageClass names StorageClass "shared", which does not exist`, "of provisioner layercache.dev/node"}},
+		{name: "another provisioner's class", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrStorageClass: "ebs"}, objs: []client.Object{classNamed("ebs", "ebs.csi.aws.com", nil)},
+			wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidAttribute, want: []string{`StorageClass "ebs" of provisioner "ebs.csi.aws.com", not of layercache.dev/node`}},
+		{name: "a class claims would refuse", attrs: map[string]string{kit.AttrCache: "maven", kit.AttrStorageClass: "shared"},
+			objs:     []client.Object{classNamed("shared", v1alpha1.ProvisionerName, map[string]string{kit.ParamSyncTimeout: "soon"})},
+			wantCode: codes.InvalidArgument, wantReason: kit.ReasonInvalidStorageClass, want: []string{`StorageClass "shared"`, "syncTimeout"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -477,6 +511,13 @@ func TestCSIRequestsRefusedBeforeTheStore(t *testing.T) {
 			}
 		})
 	}
+}
+
+// classNamed is StorageClass name of provisioner, with params.
+func classNamed(name, provisioner string, params map[string]string) *storagev1.StorageClass {
+	class := kittest.Class(params)
+	class.Name, class.Provisioner = name, provisioner
+	return class
 }
 
 func publishedCache(ns, name string) *v1alpha1.Cache {
@@ -625,4 +666,73 @@ func TestCSIVolumeWithoutSizeIsLimited(t *testing.T) {
 	if vol.LimitBytes != testCSILimits.Default {
 		t.Errorf("limit of a CSI volume without a size attribute = %d, want the default %d", vol.LimitBytes, testCSILimits.Default)
 	}
+}
+
+// A CSI volume that names a class gets what a claim of it gets: its
+// owner and mode, its forced read, and a Cache labelled with the class.
+func TestCSIVolumeTakesItsClass(t *testing.T) {
+	tests := []struct {
+		name      string
+		params    map[string]string
+		check     func(t *testing.T, root os.FileInfo, vol *layerfs.Volume)
+		wantEvent string
+	}{
+		{name: "owner and mode", params: map[string]string{"uid": "1000", "gid": "2000", "mode": "0770"},
+			check: func(t *testing.T, root os.FileInfo, vol *layerfs.Volume) {
+				st := root.Sys().(*syscall.Stat_t)
+				if st.Uid != 1000 || st.Gid != 2000 || root.Mode().Perm() != 0o770 {
+					t.Errorf("volume root %d:%d %v, want 1000:2000 0770 from the class", st.Uid, st.Gid, root.Mode().Perm())
+				}
+			}},
+		{name: "a read class makes a read view", params: map[string]string{"mode": "read"}, wantEvent: "Normal " + kit.ReasonModeForcedRead,
+			check: func(t *testing.T, _ os.FileInfo, vol *layerfs.Volume) {
+				if !vol.ReadOnly {
+					t.Error("the volume of a read class is writable")
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newCSIEnv(t, classNamed("build-cache", v1alpha1.ProvisionerName, tt.params))
+			e.setPod(t, csiPodObject("build", corev1.PodRunning))
+			target := e.publish(t, "build", map[string]string{kit.AttrCache: "maven", kit.AttrStorageClass: "build-cache", kit.AttrMode: "write"})
+			vol, err := e.store.Volume(context.Background(), csiStoreID("csi-build"))
+			must(t, err)
+			if got := vol.Labels[labelStorageClass]; got != "build-cache" {
+				t.Errorf("volume label %s = %q, want the class build-cache", labelStorageClass, got)
+			}
+			root, err := os.Stat(target)
+			must(t, err)
+			tt.check(t, root, vol)
+			var cache v1alpha1.Cache
+			must(t, e.client.Get(context.Background(), client.ObjectKey{Namespace: "ci", Name: "maven"}, &cache))
+			if got := cache.Labels[v1alpha1.LabelStorageClass]; got != "build-cache" {
+				t.Errorf("Cache label %s = %q, want build-cache", v1alpha1.LabelStorageClass, got)
+			}
+			if tt.wantEvent != "" {
+				e.wantEvent(t, tt.wantEvent, `StorageClass "build-cache"`, "volumeAttributes mode is write")
+			}
+		})
+	}
+}
+
+// A class's fallback template sees a CSI volume's pod as it sees a
+// claim's: a branch's first build starts from the cache its pod's label
+// names.
+func TestCSIVolumeFallsBackByItsClassTemplate(t *testing.T) {
+	e := newCSIEnv(t, classNamed("branches", v1alpha1.ProvisionerName, map[string]string{kit.ParamFallback: "{{ .Namespace }}/{{ .Pod.Labels.base }}"}))
+	e.setPod(t, csiPodObject("main-build", corev1.PodRunning))
+	writeTestFile(t, filepath.Join(e.publish(t, "main-build", map[string]string{kit.AttrCache: "main"}), "lib.jar"), "from main")
+	e.setPod(t, csiPodObject("main-build", corev1.PodSucceeded))
+	e.unpublish(t, "main-build")
+	e.drainEvents()
+
+	pod := csiPodObject("feature-build", corev1.PodRunning)
+	pod.Labels = map[string]string{"base": "main"}
+	e.setPod(t, pod)
+	target := e.publish(t, "feature-build", map[string]string{kit.AttrCache: "feature", kit.AttrStorageClass: "branches"})
+	if got, err := os.ReadFile(filepath.Join(target, "lib.jar")); err != nil || string(got) != "from main" {
+		t.Errorf("lib.jar in the branch's first volume = %q, %v; want main's", got, err)
+	}
+	e.wantEvent(t, "Normal "+kit.ReasonSeeded, "starts from fallback ci/main")
 }

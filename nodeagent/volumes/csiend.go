@@ -209,7 +209,11 @@ func (e *csiEnds) endIfDecided(ctx context.Context, vol *layerfs.Volume, trigger
 	if vol.ReadOnly {
 		rec.Mode = v1alpha1.ModeRead
 	}
-	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("volume", vol.ID, "pod", pod.Key()))
+	logger := log.FromContext(ctx).WithValues("volume", vol.ID, "pod", pod.Key())
+	if class := vol.Labels[labelStorageClass]; class != "" {
+		logger = logger.WithValues("storageClass", class)
+	}
+	ctx = log.IntoContext(ctx, logger)
 	if _, err := e.prov.endVolume(ctx, vol.ID, rec, endCause{Outcome: outcome, Trigger: trigger, Subject: pod.Object()}); err != nil {
 		return err
 	}

@@ -104,7 +104,8 @@ func testNodeParts(t testing.TB, node, root string, st kit.Store, c client.Clien
 			Reports: reports, Squashes: squashes, Publishes: publishes,
 			GC: layerfs.GCOptions{MinFreePercent: 15}, CSILimits: testCSILimits, ResyncInterval: time.Minute,
 			Kube: kube, Pods: informers.Core().V1().Pods().Informer(), PVs: informers.Core().V1().PersistentVolumes().Informer(),
-			Claims: informers.Core().V1().PersistentVolumeClaims().Lister(),
+			Claims:  informers.Core().V1().PersistentVolumeClaims().Lister(),
+			Classes: informers.Storage().V1().StorageClasses().Lister(),
 		},
 		sync: registrysync.Config{
 			Node: node, Store: st, Caches: caches, Events: events, Metrics: m,

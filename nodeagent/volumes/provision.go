@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
@@ -29,8 +30,8 @@ type PodGetter func(ctx context.Context, namespace, name string) (*corev1.Pod, e
 // before a mount, announce and committed around a commit, publish after
 // it, and the cleanup of a deleted Cache's registry copy.
 type RegistrySync interface {
-	Pull(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest)
-	Seed(ctx context.Context, claim *corev1.PersistentVolumeClaim, req kit.VolumeRequest) ([]layerfs.CacheRef, map[layerfs.CacheRef]string)
+	Pull(ctx context.Context, subject registrysync.Subject, req kit.VolumeRequest)
+	Seed(ctx context.Context, subject registrysync.Subject, req kit.VolumeRequest) ([]layerfs.CacheRef, map[layerfs.CacheRef]string)
 	Announce(ctx context.Context, ref layerfs.CacheRef, volume string)
 	Committed(ctx context.Context, ref layerfs.CacheRef, volume string, layer bool)
 	QueuePublish(ref layerfs.CacheRef)
@@ -65,6 +66,8 @@ type Provisioner struct {
 	// holds holds a build pod before its volume is handed out and
 	// releases it once the volume ended.
 	holds *podHolds
+	// classes are the StorageClasses CSI volumes may name.
+	classes storagelisters.StorageClassLister
 }
 
 var (

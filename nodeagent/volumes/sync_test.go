@@ -46,6 +46,9 @@ type syncCluster struct {
 	classes cache.Indexer
 	// request is the claims' storage request, if not provisionOptions'.
 	request string
+	// kubeletDirs are the nodes' kubelet directories once the cluster
+	// serves CSI volumes (serveCSI).
+	kubeletDirs map[string]string
 }
 
 type syncNode struct {
@@ -57,6 +60,10 @@ type syncNode struct {
 	caches  *kit.Caches
 	metrics *kit.Metrics
 	events  *events.FakeRecorder
+	// csi is the node's CSI driver, with a kubelet directory (csisync_test.go),
+	// and pods its informer's pods; nil unless the cluster serves CSI.
+	csi  *csiDriver
+	pods cache.Indexer
 }
 
 func newSyncCluster(t testing.TB) *syncCluster {
@@ -111,9 +118,11 @@ func (c *syncCluster) startAgentWith(t testing.TB, name string, st *layerfs.Stor
 	parts.sync.TmpDir = filepath.Join(st.Root(), "tmp")
 	parts.sync.Secrets = c.getSecret
 	parts.sync.Classes = storagelisters.NewStorageClassLister(c.classes)
+	parts.core.Classes = parts.sync.Classes
 	change(&parts)
 	core, sync := parts.build(t)
-	n := &syncNode{name: name, prov: core.prov, maint: core.maint, sync: sync, store: st, caches: parts.core.Caches, metrics: parts.core.Metrics, events: events}
+	n := &syncNode{name: name, prov: core.prov, maint: core.maint, sync: sync, store: st, caches: parts.core.Caches, metrics: parts.core.Metrics, events: events,
+		csi: core.csi, pods: parts.core.Pods.GetIndexer()}
 	c.nodes[name] = n
 	return n
 }
