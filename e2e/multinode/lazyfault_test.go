@@ -51,7 +51,7 @@ echo hello > /cache/small.txt; cd /cache/data && md5sum * | md5sum | cut -d' ' -
 	e.run(ctx, e.buildPod("mount", b, "away", class, "cat /cache/small.txt"))
 	proxy.stop()
 	out := e.run(ctx, e.buildPod("read", b, "away", class,
-		"if cat /cache/data/64 > /dev/null; then echo read; else echo read-failed; fi; echo built > /cache/out"))
+		"if cat /cache/data/64 > /dev/null 2>&1; then echo read; else echo read-failed; fi; echo built > /cache/out"))
 	if strings.TrimSpace(out) != "read-failed" {
 		t.Fatalf("a read of a file node %s had not fetched, with the registry away: %q, want it to fail", b, out)
 	}
