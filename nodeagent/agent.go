@@ -107,13 +107,14 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("register metrics: %w", err)
 	}
 
+	recorder := kit.BoundedRecorder{EventRecorder: mgr.GetEventRecorder(Component)}
 	// The provision controller's informers, shared: chains are checked
 	// against the classes without a request per pull.
 	claimInformers := newClaimInformers(clientset, opts.NodeName, controller.DefaultResyncPeriod)
 	hostname := nodeHostname(ctx, clientset, opts.NodeName)
 	a, err := newAgent(opts, agentParts{
 		store: st, caches: &kit.Caches{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Node: opts.NodeName},
-		events: mgr.GetEventRecorder(Component), metrics: m,
+		events: recorder, metrics: m,
 		hostname: hostname,
 		getPod: func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 			return clientset.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
@@ -126,7 +127,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	hooks.bind(a.caches, mgr.GetEventRecorder(Component), a.queues.reports)
+	hooks.bind(a.caches, recorder, a.queues.reports)
 	if err := a.wire(ctx, clientset, crmetrics.Registry); err != nil {
 		return err
 	}
