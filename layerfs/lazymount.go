@@ -72,17 +72,17 @@ type LazyStats struct {
 
 // partialRecord is partial/<id>.json: what a partial layer is a copy of.
 type partialRecord struct {
-	Cache  CacheRef      `json:"cache"`
-	Digest string        `json:"digest"`
-	DiffID string        `json:"diffID"`
-	Index  string        `json:"index"`
-	Size   int64         `json:"size"`
-	ISize  int64         `json:"indexSize"`
-	Wait   time.Duration `json:"wait"`
+	Cache     CacheRef      `json:"cache"`
+	Digest    string        `json:"digest"`
+	DiffID    string        `json:"diffID"`
+	Index     string        `json:"index"`
+	Size      int64         `json:"size"`
+	IndexSize int64         `json:"indexSize"`
+	Wait      time.Duration `json:"wait"`
 }
 
 func (r partialRecord) chainLayer() ChainLayer {
-	return ChainLayer{Digest: r.Digest, Size: r.Size, Format: FormatEROFS, DiffID: r.DiffID, Index: r.Index, IndexSize: r.ISize}
+	return ChainLayer{Digest: r.Digest, Size: r.Size, Format: FormatEROFS, DiffID: r.DiffID, Index: r.Index, IndexSize: r.IndexSize}
 }
 
 // lazyLayers are the layers this process serves.
@@ -142,7 +142,7 @@ func (s *Store) pullLazy(ctx context.Context, cache CacheRef, cl ChainLayer, opt
 	id := randomID()
 	s.claimPartial(id)
 	defer s.releasePartial(id)
-	rec := partialRecord{Cache: cache, Digest: cl.Digest, DiffID: cl.DiffID, Index: cl.Index, Size: cl.Size, ISize: cl.IndexSize, Wait: wait}
+	rec := partialRecord{Cache: cache, Digest: cl.Digest, DiffID: cl.DiffID, Index: cl.Index, Size: cl.Size, IndexSize: cl.IndexSize, Wait: wait}
 	if err := ondisk.WriteJSONAtomic(s.partialRecordPath(id), rec); err != nil {
 		return LayerInfo{}, fmt.Errorf("record the partial layer: %w", err)
 	}
