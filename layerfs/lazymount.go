@@ -13,12 +13,14 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/layerfs/erofs"
 	"github.com/layercache/layercache/layerfs/lazy"
 	"github.com/layercache/layercache/layerfs/lazyfs"
+	"github.com/layercache/layercache/layerfs/loop"
 	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
@@ -222,6 +224,7 @@ func (s *Store) mountLazy(id string, rec partialRecord, f *lazy.File) error {
 	dir := s.layerDir(id)
 	err = os.Mkdir(dir, 0o700)
 	if err == nil || errors.Is(err, os.ErrExist) {
+		ondisk.FaultPoint() // the layer's directory exists, nothing is mounted on it
 		err = srv.Mount(id, dir)
 	}
 	if err != nil {
@@ -249,7 +252,9 @@ func (s *Store) lazyServer() (*lazyfs.Server, error) {
 		return s.lazy.server, nil
 	}
 	dir := s.lazyfsDir()
-	detachStale(dir)
+	if err := lazyfs.DetachEnded(dir); err != nil {
+		s.lazy.log.Error(err, "Detach the lazyfs of a process that ended")
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create lazyfs mount point: %w", err)
 	}
@@ -263,12 +268,16 @@ func (s *Store) lazyServer() (*lazyfs.Server, error) {
 
 // detachEndedLazyfs detaches the lazyfs of a process that ended, unless
 // this one serves it: a dead FUSE mount fails every stat of it (ENOTCONN),
-// and tools that walk the mount table, such as mkfs.btrfs, fail with it.
+// and tools that walk the mount table, such as mkfs.btrfs, fail with it;
+// a process stuck in its exit on that lazyfs ends once its connection is
+// aborted (lazyfs.DetachEnded).
 func (s *Store) detachEndedLazyfs() {
 	s.lazy.mu.Lock()
 	defer s.lazy.mu.Unlock()
 	if s.lazy.server == nil && !s.lazy.closed {
-		detachStale(s.lazyfsDir())
+		if err := lazyfs.DetachEnded(s.lazyfsDir()); err != nil {
+			s.lazy.log.Error(err, "Detach the lazyfs of a process that ended")
+		}
 	}
 }
 
@@ -404,17 +413,28 @@ func (s *Store) settle(ctx context.Context, l *lazyLayer) error {
 		return nil // the sweep dropped it
 	}
 	img := s.images().Path(l.id)
-	if err := ondisk.RenameDurable(s.partialCopy(l.id), img); err != nil {
-		return fmt.Errorf("settle layer %s: move its copy into the store: %w", l.id, err)
+	// A settle that failed after the rename (the loop switch) is retried:
+	// the copy is the image already. RenameDurable has the fault points
+	// of the rename; after it, the loop device still reads lazyfs.
+	if !s.images().Has(l.id) {
+		if err := ondisk.RenameDurable(s.partialCopy(l.id), img); err != nil {
+			return fmt.Errorf("settle layer %s: move its copy into the store: %w", l.id, err)
+		}
 	}
 	if err := srv.Settle(l.id, s.layerDir(l.id), img); err != nil {
 		return err
 	}
+	ondisk.FaultPoint() // the loop device reads the image; no file-backed mount over it yet
 	if err := s.images().MountOver(l.id); err != nil {
 		s.lazy.log.Error(err, "Mount a settled layer's image file-backed; volumes keep reading it through its loop device", "layer", l.id)
 	}
-	s.forget(l)
+	ondisk.FaultPoint() // settled and mounted, its partial record not yet removed
+	// Closed first, so that its last record of progress is written before
+	// the files go; no longer served only once they are gone, so that a
+	// store that serves no partial layer (LazyStats.Filling) has none.
+	l.file.Close()
 	s.removePartial(l.id)
+	s.forget(l)
 	s.lazy.mu.Lock()
 	s.lazy.settled.CompletedLayers++
 	s.lazy.settled.CompleteSeconds += time.Since(l.started).Seconds()
@@ -450,10 +470,15 @@ func (s *Store) forget(l *lazyLayer) {
 	}
 }
 
-// removePartial removes partial layer id's files, its record last.
+// removePartial removes partial layer id's files, its record last: a
+// record without its copy or state is resumed (the copy starts over), or
+// finished if the image exists.
 func (s *Store) removePartial(id string) {
-	os.Remove(s.partialCopy(id))
-	os.Remove(s.partialCopy(id) + ".state")
+	for _, p := range []string{s.partialCopy(id), s.partialCopy(id) + ".state"} {
+		if os.Remove(p) == nil { // a settled layer's copy was renamed already: no new state
+			ondisk.FaultPoint()
+		}
+	}
 	os.Remove(s.partialRecordPath(id))
 	ondisk.SyncDir(s.partialDir())
 }
@@ -548,8 +573,13 @@ func (s *Store) resumeLayer(ctx context.Context, id string, open OpenLazy) error
 	}
 	defer s.releasePartial(id)
 	if s.images().Has(id) { // settled, then the process ended before the record went
+		// The record goes only once the image is mounted: a failed mount
+		// is tried again at the next resume.
+		if err := s.mountSettled(id); err != nil {
+			return fmt.Errorf("resume settled layer %s: %w", id, err)
+		}
 		s.removePartial(id)
-		return s.images().Mount(id)
+		return nil
 	}
 	var rec partialRecord
 	if err := readJSON(s.partialRecordPath(id), &rec); err != nil {
@@ -587,6 +617,36 @@ func (s *Store) releasePartial(id string) {
 	s.lazy.mu.Lock()
 	defer s.lazy.mu.Unlock()
 	delete(s.lazy.busy, id)
+}
+
+// mountSettled mounts the image of layer id, whose settle a process that
+// ended began, at the layer's directory, as settle would have: what that
+// process left mounted there depends on where it ended. A loop device
+// still over its lazyfs reads errors only (that lazyfs is dead): the
+// volumes over the layer are marked and the mount is detached. A loop
+// device switched to the image serves those volumes, and the image is
+// mounted file-backed over it for the volumes to come.
+func (s *Store) mountSettled(id string) error {
+	dir, img := s.layerDir(id), s.images().Path(id)
+	mounts, err := mountinfo.GetMounts(lazyfs.MountsAt(dir))
+	if err != nil {
+		return fmt.Errorf("read the mounts at %s: %w", dir, err)
+	}
+	if len(mounts) == 0 {
+		return s.images().Mount(id)
+	}
+	top := mounts[len(mounts)-1] // the table lists stacked mounts in mount order
+	if top.Source == img {
+		return nil
+	}
+	if file, err := loop.BackingFile(top.Source); err == nil && file == img {
+		return s.images().MountOver(id)
+	}
+	if err := s.markVolumesOver(id, "the process that served the layer ended while it was mounted"); err != nil {
+		return err
+	}
+	detachStale(dir)
+	return s.images().Mount(id)
 }
 
 // dropPartials stops serving the partial layers that refs lacks and moves

@@ -129,13 +129,14 @@ func (s *Store) volumeEnded(id string) bool {
 	return errors.Is(err, ErrNotFound)
 }
 
-// atomicWriteLeftovers finds .NAME.tmp-* files next to heads and volume
-// records.
+// atomicWriteLeftovers finds .NAME.tmp-* files next to heads, volume
+// records and partial layers' records and states.
 func (s *Store) atomicWriteLeftovers() []string {
 	var found []string
 	for _, pattern := range []string{
 		filepath.Join(s.cachesDir(), "*", "*", ".*.tmp-*"),
 		filepath.Join(s.volumesDir(), "*", ".*.tmp-*"),
+		filepath.Join(s.partialDir(), ".*.tmp-*"),
 	} {
 		m, _ := filepath.Glob(pattern)
 		found = append(found, m...)

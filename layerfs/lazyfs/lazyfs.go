@@ -25,6 +25,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -144,6 +145,36 @@ func (s *Server) Detach() error {
 	return nil
 }
 
+// fsType is a lazyfs's type in the mount table.
+const fsType = "fuse.lazyfs"
+
+// DetachEnded detaches the lazyfs mounted at dir by a process that ended,
+// or is ending, and aborts its FUSE connection. A process killed while
+// the kernel read its lazyfs for a layer's mount (a loop device's first
+// reads) cannot end by itself: its exit releases the loop device, which
+// waits for that read, which waits for the FUSE server the exit already
+// stopped; only an abort fails the read. The connection is found in the
+// mount table, not by a stat, which that lazyfs would never answer.
+// Call it only where no live process serves dir.
+func DetachEnded(dir string) error {
+	mounts, err := mountinfo.GetMounts(MountsAt(dir))
+	if err != nil {
+		return fmt.Errorf("read the mounts at %s: %w", dir, err)
+	}
+	var errs []error
+	for i := len(mounts) - 1; i >= 0; i-- { // the table lists stacked mounts in mount order
+		m := mounts[i]
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s at %s: %w", m.FSType, dir, err))
+			break
+		}
+		if m.FSType == fsType {
+			errs = append(errs, abortConnection(uint32(m.Minor)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // fusectlMagic is fusectl's file system type (statfs f_type).
 const fusectlMagic = 0x65735543
 
@@ -204,4 +235,10 @@ func (n *imageNode) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off 
 		return nil, syscall.EIO
 	}
 	return fuse.ReadResultData(dest[:got]), 0
+}
+
+// MountsAt selects every mount at dir, stacked ones included (the table
+// lists them in mount order); SingleEntryFilter stops at the first.
+func MountsAt(dir string) mountinfo.FilterFunc {
+	return func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != dir, false }
 }
