@@ -202,7 +202,9 @@ func (s *Store) moveAside(dir string, refs map[string]bool) ([]string, error) {
 		}
 		dst := filepath.Join(s.tmpDir(), "trash-"+filepath.Base(dir)+"-"+e.Name())
 		ondisk.FaultPoint()
-		if err := os.Rename(src, dst); err != nil {
+		if err := os.Rename(src, dst); errors.Is(err, os.ErrNotExist) {
+			continue // removed meanwhile (a discard's own sweep of its upper layer): what the move was for
+		} else if err != nil {
 			return trash, fmt.Errorf("move unreferenced layer %s aside: %w", e.Name(), err)
 		}
 		trash = append(trash, dst)
