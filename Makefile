@@ -211,7 +211,7 @@ SOAK_FAULT_TESTS = AgentKilled|APIServerDown|NodeRestart|NodeReboot|ManagerLeade
 # that SIGKILL node agents (build tag faults too), which would kill the
 # agent under the one-node scenarios of node 1; -p 1 runs the two packages
 # one after the other.
-E2E_FAULTS = e2e/cluster/run-e2e.sh -tags e2e,multinode,faults -p 1 -run '^(TestLoad($(SOAK_FAULT_TESTS)|RegistryDown)|TestStandaloneClaimPodEndsWithoutManager|TestAgentKilledMidPushAndMidPull|TestAnAnnouncedLayerArrivesAfterTheAgentReturns)$$' -timeout 30m ./e2e/soak/ ./e2e/multinode/
+E2E_FAULTS = e2e/cluster/run-e2e.sh -tags e2e,multinode,faults -p 1 -run '^(TestLoad($(SOAK_FAULT_TESTS)|RegistryDown)|TestStandaloneClaimPodEndsWithoutManager|TestAgentKilledMidPushAndMidPull|TestAgentKilledDuringALazyBuild|TestAnAnnouncedLayerArrivesAfterTheAgentReturns)$$' -timeout 30m ./e2e/soak/ ./e2e/multinode/
 SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad($(SOAK_FAULT_TESTS)|AgentOOM)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 40m ./e2e/soak/
 
 .PHONY: soak-faults

@@ -42,6 +42,12 @@ type Options struct {
 	// OnLazyComplete, if set, is told of each lazily mounted layer whose
 	// copy was completed and settled (CacheInfo.Filling went down).
 	OnLazyComplete func(cache CacheRef)
+	// LazyfsSidecar has a sidecar (`layercache lazyfs`, LazyfsSidecar)
+	// serve the store's lazyfs, so that the layers mounted before their
+	// bytes were here outlive this process: their reads wait for the next
+	// one. Without it, this process serves them, and they read errors
+	// once it ended until the next one resumes them.
+	LazyfsSidecar bool
 }
 
 // Progress reports how far a long operation has come.

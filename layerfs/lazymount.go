@@ -87,12 +87,26 @@ func (r partialRecord) chainLayer() ChainLayer {
 	return ChainLayer{Digest: r.Digest, Size: r.Size, Format: FormatEROFS, DiffID: r.DiffID, Index: r.Index, IndexSize: r.IndexSize}
 }
 
+// lazyServer serves image files to the store's loop devices: a
+// *lazyfs.Server in this process or a *lazyfs.Remote through a sidecar.
+type lazyServer interface {
+	Path(name string) string
+	Add(name string, img lazyfs.Image) error
+	Remove(name string)
+	// Serves tells whether image name is served (by the sidecar, for the
+	// process before this one).
+	Serves(name string) bool
+	// Detach ends this process's part; devices over the files of an
+	// in-process lazyfs read errors from then on.
+	Detach() error
+}
+
 // lazyLayers are the layers this process serves.
 type lazyLayers struct {
 	log logr.Logger
 
 	mu     sync.Mutex
-	server *lazyfs.Server
+	server lazyServer
 	served map[string]*lazyLayer
 	// busy are the partial layers a Sync or a resume is setting up: the
 	// other must not take them for a dead process's (their record is
@@ -119,6 +133,24 @@ func (s *Store) partialDir() string                 { return filepath.Join(s.roo
 func (s *Store) partialCopy(id string) string       { return filepath.Join(s.partialDir(), id) }
 func (s *Store) partialRecordPath(id string) string { return s.partialCopy(id) + ".json" }
 func (s *Store) lazyfsDir() string                  { return filepath.Join(s.root, "lazyfs") }
+
+// LazyfsSidecar is where the sidecar that serves the lazyfs of the store
+// at root and the store's process meet (Options.LazyfsSidecar).
+func LazyfsSidecar(root string) lazyfs.SidecarConfig {
+	run := filepath.Join(root, "run")
+	return lazyfs.SidecarConfig{
+		Dir:     filepath.Join(root, "lazyfs"),
+		Control: filepath.Join(run, "lazyfs.sock"),
+		Images:  filepath.Join(run, "lazyfs-images.sock"),
+		Markers: filepath.Join(root, "partial"),
+	}
+}
+
+// sidecarMarker is where the sidecar marks a failed read of partial
+// layer id's image while no agent answered.
+func (s *Store) sidecarMarker(id string) string {
+	return filepath.Join(s.partialDir(), id+lazyfs.MarkerSuffix)
+}
 
 // failedReadFile marks a volume that may have read errors from a lazily
 // mounted layer.
@@ -148,7 +180,7 @@ func (s *Store) pullLazy(ctx context.Context, cache CacheRef, cl ChainLayer, opt
 	if err := ondisk.WriteJSONAtomic(s.partialRecordPath(id), rec); err != nil {
 		return LayerInfo{}, fmt.Errorf("record the partial layer: %w", err)
 	}
-	sb, err := s.serveLazy(ctx, id, rec, src)
+	sb, err := s.serveLazy(ctx, id, rec, src, false)
 	if err != nil {
 		s.removePartial(id)
 		return LayerInfo{}, err
@@ -158,8 +190,9 @@ func (s *Store) pullLazy(ctx context.Context, cache CacheRef, cl ChainLayer, opt
 
 // serveLazy opens partial layer id's copy (keeping what it holds), checks
 // the image's metadata through it, and serves and mounts it at its layer
-// directory; a goroutine then completes it.
-func (s *Store) serveLazy(ctx context.Context, id string, rec partialRecord, src LazySource) (erofs.Superblock, error) {
+// directory, unless it is mounted there already (over a sidecar's file);
+// a goroutine then completes it.
+func (s *Store) serveLazy(ctx context.Context, id string, rec partialRecord, src LazySource, mounted bool) (erofs.Superblock, error) {
 	f, err := lazy.Open(lazy.Options{
 		Path: s.partialCopy(id), Size: src.ImageBytes, ChunkSize: src.ChunkBytes,
 		Fetch: src.Fetch, Digest: digest.Digest(rec.DiffID), Wait: rec.Wait,
@@ -169,7 +202,7 @@ func (s *Store) serveLazy(ctx context.Context, id string, rec partialRecord, src
 	}
 	sb, err := checkLazyImage(ctx, f, rec.Digest)
 	if err == nil {
-		err = s.mountLazy(id, rec, f)
+		err = s.mountLazy(id, rec, f, mounted)
 	}
 	if err != nil {
 		f.Close()
@@ -209,8 +242,8 @@ type fileAt struct {
 func (r fileAt) ReadAt(p []byte, off int64) (int, error) { return r.f.ReadAt(r.ctx, p, off) }
 
 // mountLazy serves f as partial layer id and mounts it at the layer's
-// directory, then starts its completion.
-func (s *Store) mountLazy(id string, rec partialRecord, f *lazy.File) error {
+// directory (unless mounted), then starts its completion.
+func (s *Store) mountLazy(id string, rec partialRecord, f *lazy.File, mounted bool) error {
 	srv, err := s.lazyServer()
 	if err != nil {
 		return err
@@ -222,10 +255,12 @@ func (s *Store) mountLazy(id string, rec partialRecord, f *lazy.File) error {
 		return err
 	}
 	dir := s.layerDir(id)
-	err = os.Mkdir(dir, 0o700)
-	if err == nil || errors.Is(err, os.ErrExist) {
-		ondisk.FaultPoint() // the layer's directory exists, nothing is mounted on it
-		err = srv.Mount(id, dir)
+	if !mounted {
+		err = os.Mkdir(dir, 0o700)
+		if err == nil || errors.Is(err, os.ErrExist) {
+			ondisk.FaultPoint() // the layer's directory exists, nothing is mounted on it
+			err = lazyfs.MountImage(srv.Path(id), dir)
+		}
 	}
 	if err != nil {
 		cancel()
@@ -240,9 +275,10 @@ func (s *Store) mountLazy(id string, rec partialRecord, f *lazy.File) error {
 	return nil
 }
 
-// lazyServer returns the store's lazyfs, mounting it on first use. A
-// lazyfs left by a process that ended is detached first.
-func (s *Store) lazyServer() (*lazyfs.Server, error) {
+// lazyServer returns the store's lazyfs, mounting it on first use (or
+// connecting to its sidecar). A lazyfs left by a process that ended is
+// detached first.
+func (s *Store) lazyServer() (lazyServer, error) {
 	s.lazy.mu.Lock()
 	defer s.lazy.mu.Unlock()
 	if s.lazy.closed {
@@ -250,6 +286,14 @@ func (s *Store) lazyServer() (*lazyfs.Server, error) {
 	}
 	if s.lazy.server != nil {
 		return s.lazy.server, nil
+	}
+	if s.opts.LazyfsSidecar {
+		r, err := lazyfs.ConnectSidecar(LazyfsSidecar(s.root), s.lazy.log)
+		if err != nil {
+			return nil, err
+		}
+		s.lazy.server = r
+		return r, nil
 	}
 	dir := s.lazyfsDir()
 	if err := lazyfs.DetachEnded(dir); err != nil {
@@ -274,11 +318,18 @@ func (s *Store) lazyServer() (*lazyfs.Server, error) {
 func (s *Store) detachEndedLazyfs() {
 	s.lazy.mu.Lock()
 	defer s.lazy.mu.Unlock()
-	if s.lazy.server == nil && !s.lazy.closed {
+	if s.lazy.server == nil && !s.lazy.closed && !s.opts.LazyfsSidecar { // a sidecar's lives on
 		if err := lazyfs.DetachEnded(s.lazyfsDir()); err != nil {
 			s.lazy.log.Error(err, "Detach the lazyfs of a process that ended")
 		}
 	}
+}
+
+// currentLazyServer is the store's lazyfs if it has one yet.
+func (s *Store) currentLazyServer() lazyServer {
+	s.lazy.mu.Lock()
+	defer s.lazy.mu.Unlock()
+	return s.lazy.server
 }
 
 // detachStale detaches whatever is mounted at dir (a dead FUSE mount of a
@@ -355,8 +406,16 @@ func (s *Store) markVolumesOver(layer, why string) error {
 	return errors.Join(errs...)
 }
 
-// sawFailedRead tells why volume r may have read errors, or "".
+// sawFailedRead tells why volume r may have read errors, or "": its
+// marker, or one its sidecar left on a layer under it that no agent has
+// taken yet.
 func (s *Store) sawFailedRead(r *volumeRecord) string {
+	for _, id := range r.Layers {
+		var m lazyfs.Marker
+		if err := readJSON(s.sidecarMarker(id), &m); !errors.Is(err, ErrNotFound) {
+			return fmt.Sprintf("a read of layer %s, fetched on demand, failed while no node agent answered: %s", id, m.Error)
+		}
+	}
 	var fr failedRead
 	if err := readJSON(s.failedReadFile(r.ID), &fr); errors.Is(err, ErrNotFound) {
 		return ""
@@ -421,9 +480,10 @@ func (s *Store) settle(ctx context.Context, l *lazyLayer) error {
 			return fmt.Errorf("settle layer %s: move its copy into the store: %w", l.id, err)
 		}
 	}
-	if err := srv.Settle(l.id, s.layerDir(l.id), img); err != nil {
+	if err := lazyfs.SettleImage(srv.Path(l.id), s.layerDir(l.id), img); err != nil {
 		return err
 	}
+	srv.Remove(l.id)
 	ondisk.FaultPoint() // the loop device reads the image; no file-backed mount over it yet
 	if err := s.images().MountOver(l.id); err != nil {
 		s.lazy.log.Error(err, "Mount a settled layer's image file-backed; volumes keep reading it through its loop device", "layer", l.id)
@@ -446,13 +506,13 @@ func (s *Store) settle(ctx context.Context, l *lazyLayer) error {
 	return nil
 }
 
-// forget stops serving l, keeping what it fetched in the totals. Its
-// completion must be done or cancelled.
+// forget stops serving l in this process, keeping what it fetched in the
+// totals; a sidecar still serves its file (the caller removes it there).
+// Its completion must be done or cancelled.
 func (s *Store) forget(l *lazyLayer) {
 	s.lazy.mu.Lock()
 	served := s.lazy.served[l.id] == l
 	delete(s.lazy.served, l.id)
-	srv := s.lazy.server
 	s.lazy.mu.Unlock()
 	if !served {
 		return
@@ -465,15 +525,15 @@ func (s *Store) forget(l *lazyLayer) {
 	s.lazy.settled.ReadStalls += st.Stalls
 	s.lazy.settled.ReadStallSeconds += st.StallSeconds
 	s.lazy.mu.Unlock()
-	if srv != nil {
-		srv.Remove(l.id)
-	}
 }
 
 // removePartial removes partial layer id's files, its record last: a
 // record without its copy or state is resumed (the copy starts over), or
 // finished if the image exists.
 func (s *Store) removePartial(id string) {
+	if err := s.takeSidecarMarker(id); err != nil {
+		s.lazy.log.Error(err, "Mark the volumes over a layer whose read failed while no agent answered", "layer", id)
+	}
 	for _, p := range []string{s.partialCopy(id), s.partialCopy(id) + ".state"} {
 		if os.Remove(p) == nil { // a settled layer's copy was renamed already: no new state
 			ondisk.FaultPoint()
@@ -589,14 +649,54 @@ func (s *Store) resumeLayer(ctx context.Context, id string, open OpenLazy) error
 	if err != nil {
 		return fmt.Errorf("resume partial layer %s of cache %s: %w", id, rec.Cache, err)
 	}
-	if dir := s.layerDir(id); ondisk.IsMountPoint(dir) {
-		if err := s.markVolumesOver(id, "the process that served the layer ended while it was mounted"); err != nil {
-			return fmt.Errorf("resume partial layer %s: %w", id, err)
-		}
-		detachStale(dir)
+	mounted, err := s.liveLazyMount(id)
+	if err != nil {
+		return fmt.Errorf("resume partial layer %s: %w", id, err)
 	}
-	if _, err := s.serveLazy(ctx, id, rec, src); err != nil {
+	if _, err := s.serveLazy(ctx, id, rec, src, mounted); err != nil {
 		return fmt.Errorf("resume partial layer %s of cache %s: %w", id, rec.Cache, err)
+	}
+	return nil
+}
+
+// liveLazyMount tells whether partial layer id's mount, if any, still
+// reads its image: a sidecar served it while no agent did (its volumes
+// read on; those that read errors meanwhile are marked). A mount over the
+// lazyfs of a process that ended reads errors only: the volumes over it
+// are marked, and it is detached.
+func (s *Store) liveLazyMount(id string) (bool, error) {
+	dir := s.layerDir(id)
+	if !ondisk.IsMountPoint(dir) {
+		return false, s.takeSidecarMarker(id)
+	}
+	srv, err := s.lazyServer()
+	if err != nil {
+		return false, err
+	}
+	if srv.Serves(id) {
+		return true, s.takeSidecarMarker(id)
+	}
+	if err := s.markVolumesOver(id, "the process that served the layer ended while it was mounted"); err != nil {
+		return false, err
+	}
+	detachStale(dir)
+	return false, s.takeSidecarMarker(id)
+}
+
+// takeSidecarMarker marks the volumes over partial layer id if a read of
+// it failed while no agent answered its sidecar, then drops the marker.
+func (s *Store) takeSidecarMarker(id string) error {
+	var m lazyfs.Marker
+	if err := readJSON(s.sidecarMarker(id), &m); errors.Is(err, ErrNotFound) {
+		return nil
+	} else if err != nil {
+		m.Error = fmt.Sprintf("a read failed while no node agent answered (its record is unreadable: %v)", err)
+	}
+	if err := s.markVolumesOver(id, m.Error); err != nil {
+		return err
+	}
+	if err := os.Remove(s.sidecarMarker(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the failed-read marker of layer %s: %w", id, err)
 	}
 	return nil
 }
@@ -642,11 +742,60 @@ func (s *Store) mountSettled(id string) error {
 	if file, err := loop.BackingFile(top.Source); err == nil && file == img {
 		return s.images().MountOver(id)
 	}
+	if switched, err := s.settleOverSidecar(id, top.Source); err != nil || switched {
+		return err
+	}
 	if err := s.markVolumesOver(id, "the process that served the layer ended while it was mounted"); err != nil {
 		return err
 	}
 	detachStale(dir)
 	return s.images().Mount(id)
+}
+
+// settleOverSidecar switches loop device dev, mounted at layer id's
+// directory over a sidecar's file that still serves it, to the layer's
+// image, as settle would have: the image serves the reads pending at
+// the sidecar meanwhile.
+func (s *Store) settleOverSidecar(id, dev string) (bool, error) {
+	if !s.opts.LazyfsSidecar {
+		return false, nil
+	}
+	srv, err := s.lazyServer()
+	if err != nil {
+		return false, err
+	}
+	if file, err := loop.BackingFile(dev); err != nil || file != srv.Path(id) || !srv.Serves(id) {
+		return false, nil
+	}
+	f, err := os.Open(s.images().Path(id))
+	if err != nil {
+		return false, fmt.Errorf("open settled layer %s: %w", id, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return false, fmt.Errorf("open settled layer %s: %w", id, err)
+	}
+	if err := srv.Add(id, localImage{f: f, size: st.Size()}); err != nil {
+		return false, err
+	}
+	defer srv.Remove(id)
+	if err := lazyfs.SettleImage(srv.Path(id), s.layerDir(id), s.images().Path(id)); err != nil {
+		return false, err
+	}
+	return true, s.images().MountOver(id)
+}
+
+// localImage is a complete image on local disk, as lazyfs reads it.
+type localImage struct {
+	f    *os.File
+	size int64
+}
+
+func (im localImage) Size() int64 { return im.size }
+
+func (im localImage) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
+	return im.f.ReadAt(p, off)
 }
 
 // dropPartials stops serving the partial layers that refs lacks and moves
@@ -669,7 +818,10 @@ func (s *Store) dropPartials(refs map[string]bool) ([]string, error) {
 			l.cancel()
 			s.forget(l)
 		}
-		for _, name := range []string{id, id + ".state", id + ".json"} {
+		if srv := s.currentLazyServer(); srv != nil {
+			srv.Remove(id)
+		}
+		for _, name := range []string{id, id + ".state", id + lazyfs.MarkerSuffix, id + ".json"} {
 			src := filepath.Join(s.partialDir(), name)
 			if !ondisk.Exists(src) {
 				continue

@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/moby/sys/mountinfo"
 
+	"github.com/layercache/layercache/layerfs/lazyfs"
 	"github.com/layercache/layercache/layerfs/ondisk"
 )
 
@@ -372,4 +373,57 @@ func TestResumeWhileSyncing(t *testing.T) {
 	if res, err := e.b.End(ctx, "build", EndOptions{}); err != nil || !res.Kept {
 		t.Errorf("End = %+v, %v; want the build committed", res, err)
 	}
+}
+
+// TestResumeLazyThroughSidecar: with the lazyfs served by a sidecar
+// (Options.LazyfsSidecar), the process that fetched a layer's bytes ends
+// while a build's volume is mounted over it: the build's reads wait, the
+// next process resumes the layer without touching its mount, the reads
+// go on, and the build's changes are committed. Needs root.
+func TestResumeLazyThroughSidecar(t *testing.T) {
+	ctx := context.Background()
+	e := newLazyEnv(t, 20*time.Millisecond)
+	opts := e.opts
+	opts.Root, opts.LazyfsSidecar = t.TempDir(), true
+	b := newTestStore(t, opts)
+	sc, err := lazyfs.ServeSidecar(LazyfsSidecar(opts.Root), testr.New(t).WithName("sidecar"))
+	must(t, err)
+	t.Cleanup(func() { must(t, sc.Close()) })
+
+	syncLazy(t, b, e.chain, e.rr, 0)
+	dir := mustMount(t, b, "build-2", "ns/c")
+	if got := readFile(t, filepath.Join(dir, "small.txt")); got != "hello" {
+		t.Fatalf("small.txt = %q", got)
+	}
+	writeFile(t, filepath.Join(dir, "out.txt"), "built")
+	must(t, b.Close()) // the agent ends
+
+	read := make(chan error, 1)
+	go func() {
+		got, err := os.ReadFile(filepath.Join(dir, "big.bin"))
+		if err == nil && !bytes.Equal(got, e.big) {
+			err = fmt.Errorf("big.bin: %d bytes, not the 4 MiB published", len(got))
+		}
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		t.Fatalf("a read with no agent ended at once (%v); want it to wait for the next one", err)
+	case <-time.After(time.Second):
+	}
+	b2 := newTestStore(t, opts)
+	must(t, b2.ResumeLazy(ctx, e.rr.open))
+	select {
+	case err := <-read:
+		must(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiting read did not end within 30s of the resume")
+	}
+	waitComplete(t, &e.f)
+	res, err := b2.End(ctx, "build-2", EndOptions{})
+	must(t, err)
+	if !res.Kept || res.FailedRead != "" {
+		t.Errorf("End of the build that outlived its agent = %+v, want a commit", res)
+	}
+	assertNoOrphans(t, b2)
 }

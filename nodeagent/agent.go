@@ -74,13 +74,15 @@ func Run(ctx context.Context, opts Options) error {
 	hooks := &storeHooks{log: logger}
 	st, err := layerfs.Open(ctx, layerfs.Options{Root: opts.Root, MaxLayers: opts.MaxLayers, Progress: progressLogger(logger),
 		SnapshotImageBytes: opts.SnapshotImageBytes, MkfsBtrfs: opts.MkfsBtrfs,
-		Log: logger.WithName("store"), OnLazyReadFailed: hooks.lazyReadFailed, OnLazyComplete: hooks.lazyComplete})
+		Log: logger.WithName("store"), OnLazyReadFailed: hooks.lazyReadFailed, OnLazyComplete: hooks.lazyComplete,
+		LazyfsSidecar: opts.LazyfsSidecar})
 	if err != nil {
 		return fmt.Errorf("open layer store: %w", err)
 	}
 	// Layers mounted before their bytes were here are served by this
-	// process; after it, they read errors until the next agent resumes
-	// them (ResumeLazy).
+	// process, or through the lazyfs sidecar; after it, they read errors
+	// (or, with the sidecar, wait) until the next agent resumes them
+	// (ResumeLazy).
 	defer func() {
 		if err := st.Close(); err != nil {
 			logger.Error(err, "Close the layer store")

@@ -78,6 +78,10 @@ type Options struct {
 	// attribute. A CSI volume is always limited: it passes no
 	// ResourceQuota.
 	CSIDefaultBytes, CSIMaxBytes int64
+	// LazyfsSidecar: the layers mounted before their bytes are here are
+	// served by the pod's lazyfs container (`layercache lazyfs`), so that
+	// their builds' reads wait for a restarted agent instead of failing.
+	LazyfsSidecar bool
 }
 
 // DefaultOptions returns the defaults, taking root and node name from the
@@ -129,6 +133,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.KubeletDir, "kubelet-dir", o.KubeletDir, "the kubelet's root directory (its --root-dir, usually /var/lib/kubelet): serve CSI inline volumes of driver "+v1alpha1.CSIDriverName+" there; empty serves claims only")
 	fs.Var(&bytesFlag{&o.CSIDefaultBytes}, "csi-default-size", "the most a CSI inline volume without a size attribute may add to its cache (e.g. 10Gi)")
 	fs.Var(&bytesFlag{&o.CSIMaxBytes}, "csi-max-size", "the largest size attribute a CSI inline volume may ask for (e.g. 100Gi)")
+	fs.BoolVar(&o.LazyfsSidecar, "lazyfs-sidecar", o.LazyfsSidecar, "a container of the agent's pod runs `layercache lazyfs --root` (same root): it serves the layers mounted before their bytes are here, so that builds reading them outlive an agent restart; false serves them from this process")
 	fs.StringVar(&o.RegistryCompression, "registry-compression", o.RegistryCompression, "compression of the layers pushed to registries: zstd or gzip (for registries that refuse zstd blobs)")
 }
 

@@ -34,7 +34,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newNodeCommand(), newManagerCommand())
+	root.AddCommand(newNodeCommand(), newManagerCommand(), newLazyfsCommand())
 	return root
 }
 

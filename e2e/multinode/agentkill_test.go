@@ -100,8 +100,8 @@ func TestAgentKilledMidPushAndMidPull(t *testing.T) {
 		t.Errorf("chain has %d layers after the restart, want the one layer published once: %+v", n, c.Status.Published)
 	}
 
-	// A whole pull: a layer mounted first would be fetched by the build's
-	// reads, which the kill would fail (the serving process is the agent).
+	// A whole pull, so that the kill hits a pull (a layer mounted first is
+	// fetched by the build's reads: TestAgentKilledDuringALazyBuild).
 	whole := e.wholePullClass(ctx)
 	if _, err := e.CreatePod(ctx, e.buildPod("reader", b, "ccache", whole, "sha256sum /cache/big | cut -d' ' -f1; cat /cache/big.sha256")); err != nil {
 		t.Fatal(err)

@@ -127,7 +127,10 @@ func (s *Server) Detach() error {
 	if err := unix.Stat(s.dir, &st); err != nil {
 		return fmt.Errorf("detach lazyfs at %s: %w", s.dir, err)
 	}
-	if err := unix.Unmount(s.dir, unix.MNT_DETACH); err != nil {
+	if err := unix.Unmount(s.dir, unix.MNT_DETACH); errors.Is(err, unix.EINVAL) {
+		s.fuse.Wait() // unmounted already: the kernel ended the connection
+		return nil
+	} else if err != nil {
 		return fmt.Errorf("detach lazyfs at %s: %w", s.dir, err)
 	}
 	if err := abortConnection(unix.Minor(st.Dev)); err != nil {
@@ -241,4 +244,12 @@ func (n *imageNode) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off 
 // lists them in mount order); SingleEntryFilter stops at the first.
 func MountsAt(dir string) mountinfo.FilterFunc {
 	return func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != dir, false }
+}
+
+// Serves tells whether image name is served here.
+func (s *Server) Serves(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.images[name]
+	return ok
 }

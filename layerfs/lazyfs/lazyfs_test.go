@@ -85,7 +85,7 @@ func TestMountReadSettle(t *testing.T) {
 	if err := s.Add("layer-1", img); err == nil {
 		t.Error("added image layer-1 twice")
 	}
-	must(t, s.Mount("layer-1", target))
+	must(t, MountImage(s.Path("layer-1"), target))
 
 	got, err := os.ReadFile(filepath.Join(target, "small.txt"))
 	if err != nil || string(got) != "hello\n" {
@@ -95,7 +95,8 @@ func TestMountReadSettle(t *testing.T) {
 		t.Errorf("reading one small file read %d of the image's %d bytes through the server; want a fraction", read, img.size)
 	}
 
-	must(t, s.Settle("layer-1", target, path))
+	must(t, SettleImage(s.Path("layer-1"), target, path))
+	s.Remove("layer-1")
 	before := img.read.Load()
 	got, err = os.ReadFile(filepath.Join(target, "big.bin"))
 	if err != nil || !bytes.Equal(got, big) {
@@ -107,8 +108,8 @@ func TestMountReadSettle(t *testing.T) {
 	if _, err := os.Stat(s.Path("layer-1")); err == nil {
 		t.Error("the settled image is still served")
 	}
-	if err := s.Settle("layer-1", target, path); err == nil {
-		t.Error("settled an image that is not served")
+	if err := SettleImage(s.Path("layer-1"), target, path); err == nil {
+		t.Error("settled a device that reads the local image already")
 	}
 }
 
@@ -150,7 +151,7 @@ func TestLazyLayer(t *testing.T) {
 		must(t, s.Close())
 	})
 	must(t, s.Add("layer-1", f))
-	must(t, s.Mount("layer-1", target))
+	must(t, MountImage(s.Path("layer-1"), target))
 	if got, err := os.ReadFile(filepath.Join(target, "small.txt")); err != nil || string(got) != "hello\n" {
 		t.Fatalf("small.txt = %q, %v", got, err)
 	}
@@ -161,7 +162,8 @@ func TestLazyLayer(t *testing.T) {
 	t.Logf("the mount and one small file fetched %d of the image's %d bytes (%d chunks on demand)", n, len(image), f.Stats().LocalChunks)
 
 	must(t, f.Fill(context.Background()))
-	must(t, s.Settle("layer-1", target, local))
+	must(t, SettleImage(s.Path("layer-1"), target, local))
+	s.Remove("layer-1")
 	before := served.Load()
 	if got, err := os.ReadFile(filepath.Join(target, "big.bin")); err != nil || !bytes.Equal(got, big) {
 		t.Fatalf("big.bin from the settled copy: %d bytes, %v; want the 8 MiB written", len(got), err)

@@ -14,38 +14,39 @@ import (
 // programs or opens devices.
 const mountFlags = unix.MS_RDONLY | unix.MS_NODEV | unix.MS_NOSUID
 
-// Mount mounts image name, served here, at target through a read-only
-// loop device, which frees itself at the unmount (autoclear).
-func (s *Server) Mount(name, target string) error {
-	dev, f, err := loop.Attach(s.Path(name), true)
+// MountImage mounts the image served at file (a lazyfs's, this process's
+// or a sidecar's) at target through a read-only loop device, which frees
+// itself at the unmount (autoclear).
+func MountImage(file, target string) error {
+	dev, f, err := loop.Attach(file, true)
 	if err != nil {
 		return fmt.Errorf("%w (mounting a layer before its bytes are here needs loop devices: modprobe loop, and run the agent privileged with /dev)", err)
 	}
 	defer f.Close() // after the mount holds the device
 	if err := unix.Mount(dev, target, "erofs", mountFlags, ""); err != nil {
-		return fmt.Errorf("mount -t erofs -o ro,nodev,nosuid %s (image %s) %s: %w", dev, name, target, err)
+		return fmt.Errorf("mount -t erofs -o ro,nodev,nosuid %s (image %s) %s: %w", dev, file, target, err)
 	}
 	return nil
 }
 
-// Settle switches the device mounted at target from image name's file
-// here to local, the complete image on local disk (same size and bytes),
-// and stops serving name: reads no longer pass through user space.
-func (s *Server) Settle(name, target, local string) error {
+// SettleImage switches the device mounted at target from the served
+// image file to local, the complete image on local disk (same size and
+// bytes): reads no longer pass through user space. The server may stop
+// serving file then.
+func SettleImage(file, target, local string) error {
 	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
 	if err != nil {
 		return fmt.Errorf("read the mount at %s: %w", target, err)
 	}
 	if len(mounts) != 1 {
-		return fmt.Errorf("settle image %s: nothing is mounted at %s", name, target)
+		return fmt.Errorf("settle image %s: nothing is mounted at %s", file, target)
 	}
 	dev := mounts[0].Source
-	if file, err := loop.BackingFile(dev); err != nil || file != s.Path(name) {
-		return fmt.Errorf("settle image %s: %s is mounted at %s, which is not a loop device over %s (%q, %v)", name, dev, target, s.Path(name), file, err)
+	if backing, err := loop.BackingFile(dev); err != nil || backing != file {
+		return fmt.Errorf("settle image %s: %s is mounted at %s, which is not a loop device over it (%q, %v)", file, dev, target, backing, err)
 	}
 	if err := loop.ChangeFile(dev, local); err != nil {
-		return fmt.Errorf("settle image %s at %s: %w", name, target, err)
+		return fmt.Errorf("settle image %s at %s: %w", file, target, err)
 	}
-	s.Remove(name)
 	return nil
 }
