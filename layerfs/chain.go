@@ -91,6 +91,13 @@ type LazySource struct {
 	// Fetch reads the image's bytes [off, off+n); it checks what it
 	// returns (a corrupt range wraps lazy.ErrCorrupt).
 	Fetch lazy.Fetch
+	// Prefetch are the chunks the background completion fetches first:
+	// those the first build on another fresh node read, in its order.
+	Prefetch []int
+	// RecordReads, if set and Prefetch is empty, is given the chunks the
+	// reads of the layer touched, in order, once its copy is complete:
+	// the prefetch list of the next fresh node.
+	RecordReads func(ctx context.Context, chunks []int) error
 }
 
 // OpenLazy opens a chain layer's image for reads by range. The layer's

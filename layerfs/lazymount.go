@@ -124,6 +124,8 @@ type lazyLayer struct {
 	file    *lazy.File
 	started time.Time
 	cancel  context.CancelFunc
+	// recordReads stores the layer's prefetch list once it is complete.
+	recordReads func(ctx context.Context, chunks []int) error
 
 	failMu   sync.Mutex
 	reported bool
@@ -195,14 +197,14 @@ func (s *Store) pullLazy(ctx context.Context, cache CacheRef, cl ChainLayer, opt
 func (s *Store) serveLazy(ctx context.Context, id string, rec partialRecord, src LazySource, mounted bool) (erofs.Superblock, error) {
 	f, err := lazy.Open(lazy.Options{
 		Path: s.partialCopy(id), Size: src.ImageBytes, ChunkSize: src.ChunkBytes,
-		Fetch: src.Fetch, Digest: digest.Digest(rec.DiffID), Wait: rec.Wait,
+		Fetch: src.Fetch, Digest: digest.Digest(rec.DiffID), Wait: rec.Wait, Prefetch: src.Prefetch,
 	})
 	if err != nil {
 		return erofs.Superblock{}, err
 	}
 	sb, err := checkLazyImage(ctx, f, rec.Digest)
 	if err == nil {
-		err = s.mountLazy(id, rec, f, mounted)
+		err = s.mountLazy(id, rec, f, src, mounted)
 	}
 	if err != nil {
 		f.Close()
@@ -243,13 +245,16 @@ func (r fileAt) ReadAt(p []byte, off int64) (int, error) { return r.f.ReadAt(r.c
 
 // mountLazy serves f as partial layer id and mounts it at the layer's
 // directory (unless mounted), then starts its completion.
-func (s *Store) mountLazy(id string, rec partialRecord, f *lazy.File, mounted bool) error {
+func (s *Store) mountLazy(id string, rec partialRecord, f *lazy.File, src LazySource, mounted bool) error {
 	srv, err := s.lazyServer()
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &lazyLayer{id: id, rec: rec, file: f, started: time.Now(), cancel: cancel}
+	if len(src.Prefetch) == 0 {
+		l.recordReads = src.RecordReads
+	}
 	if err := srv.Add(id, layerImage{s: s, l: l}); err != nil {
 		cancel()
 		return err
@@ -489,6 +494,7 @@ func (s *Store) settle(ctx context.Context, l *lazyLayer) error {
 		s.lazy.log.Error(err, "Mount a settled layer's image file-backed; volumes keep reading it through its loop device", "layer", l.id)
 	}
 	ondisk.FaultPoint() // settled and mounted, its partial record not yet removed
+	s.recordReads(l)
 	// Closed first, so that its last record of progress is written before
 	// the files go; no longer served only once they are gone, so that a
 	// store that serves no partial layer (LazyStats.Filling) has none.
@@ -504,6 +510,30 @@ func (s *Store) settle(ctx context.Context, l *lazyLayer) error {
 		s.opts.OnLazyComplete(l.rec.Cache)
 	}
 	return nil
+}
+
+// recordTimeout bounds the store of a prefetch list.
+const recordTimeout = 30 * time.Second
+
+// recordReads stores, in the background, the order in which the reads
+// of settled layer l touched its chunks, if its source takes one: the
+// first build on the next fresh node will find them fetched first.
+func (s *Store) recordReads(l *lazyLayer) {
+	order := l.file.ReadOrder()
+	if l.recordReads == nil || len(order) == 0 {
+		return
+	}
+	s.lazy.wg.Add(1)
+	go func() {
+		defer s.lazy.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
+		defer cancel()
+		if err := l.recordReads(ctx, order); err != nil {
+			s.lazy.log.Error(err, "Store the prefetch list of a layer fetched on demand; the next fresh node fetches it in order", "cache", l.rec.Cache.String(), "layer", l.id, "digest", l.rec.Digest)
+			return
+		}
+		s.lazy.log.V(1).Info("Stored the prefetch list of a layer fetched on demand", "cache", l.rec.Cache.String(), "layer", l.id, "chunks", len(order))
+	}()
 }
 
 // forget stops serving l in this process, keeping what it fetched in the

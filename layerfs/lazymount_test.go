@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -35,6 +36,14 @@ type rangeRegistry struct {
 	hold  chan struct{}
 	down  atomic.Bool
 	opens atomic.Int32
+
+	// prefetch is the list each open gives; recorded receives what the
+	// store records once a copy is complete; fetched are the chunks
+	// fetched, in the order the fetches began.
+	prefetch []int
+	recorded chan []int
+	mu       sync.Mutex
+	fetched  []int64
 }
 
 // lazyChain is chain with each layer readable by range (the test
@@ -53,7 +62,14 @@ func (r *rangeRegistry) open(_ context.Context, _ CacheRef, l ChainLayer) (LazyS
 		return LazySource{}, fmt.Errorf("blob %s: not found in the registry", l.Digest)
 	}
 	r.opens.Add(1)
+	chunk := r.chunk
+	if chunk == 0 {
+		chunk = 64 << 10
+	}
 	fetch := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+		r.mu.Lock()
+		r.fetched = append(r.fetched, off/chunk)
+		r.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -72,11 +88,14 @@ func (r *rangeRegistry) open(_ context.Context, _ CacheRef, l ChainLayer) (LazyS
 		end := min(off+n, int64(len(data)))
 		return io.NopCloser(bytes.NewReader(data[off:end])), nil
 	}
-	chunk := r.chunk
-	if chunk == 0 {
-		chunk = 64 << 10
+	src := LazySource{ImageBytes: int64(len(data)), ChunkBytes: chunk, Fetch: fetch, Prefetch: r.prefetch}
+	if r.recorded != nil {
+		src.RecordReads = func(_ context.Context, chunks []int) error {
+			r.recorded <- chunks
+			return nil
+		}
 	}
-	return LazySource{ImageBytes: int64(len(data)), ChunkBytes: chunk, Fetch: fetch}, nil
+	return src, nil
 }
 
 // lazyFixture publishes a cache of a small file and a large one (4 MiB
@@ -426,4 +445,56 @@ func TestResumeLazyThroughSidecar(t *testing.T) {
 		t.Errorf("End of the build that outlived its agent = %+v, want a commit", res)
 	}
 	assertNoOrphans(t, b2)
+}
+
+// TestPrefetchList: once a fresh store's copy is complete, the chunks
+// its reads touched are recorded (the layer's prefetch list); a store
+// given that list fetches those chunks first, before the rest in order.
+// Needs root.
+func TestPrefetchList(t *testing.T) {
+	e := newLazyEnv(t, 2*time.Millisecond)
+	e.rr.recorded = make(chan []int, 2)
+	syncLazy(t, e.b, e.chain, e.rr, 0)
+	dir := mustMount(t, e.b, "build-2", "ns/c")
+	// The large file's last bytes: chunks that an in-order fetch gets last.
+	f, err := os.Open(filepath.Join(dir, "big.bin"))
+	must(t, err)
+	tail := make([]byte, 64<<10)
+	_, err = f.ReadAt(tail, int64(len(e.big)-len(tail)))
+	f.Close()
+	must(t, err)
+	waitComplete(t, &e.f)
+	var list []int
+	select {
+	case list = <-e.rr.recorded:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no prefetch list was recorded within 30s of the settle")
+	}
+	last := int((int64(len(e.rr.reg[e.chain.Layers[0].Digest])) - 1) / (64 << 10))
+	if len(list) == 0 || len(list) > last/2 {
+		t.Fatalf("recorded %d chunks of %d: %v; want the few the mount and one read touched", len(list), last+1, list)
+	}
+
+	opts := e.opts
+	opts.Root = t.TempDir()
+	c := newTestStore(t, opts)
+	rr := &rangeRegistry{reg: e.rr.reg, delay: 2 * time.Millisecond, prefetch: list, recorded: make(chan []int, 1)}
+	syncLazy(t, c, e.chain, rr, 0)
+	waitComplete(t, &e.f)
+	rr.mu.Lock()
+	fetched := append([]int64(nil), rr.fetched...)
+	rr.mu.Unlock()
+	// Fill fetches Parallel (4) at a time: a fetch may begin a little
+	// before the one queued ahead of it.
+	for _, chunk := range list {
+		i := slices.Index(fetched, int64(chunk))
+		if i < 0 || i >= len(list)+4 {
+			t.Errorf("chunk %d of the prefetch list was fetch %d of %d; want it among the first %d", chunk, i, len(fetched), len(list)+4)
+		}
+	}
+	select {
+	case got := <-rr.recorded:
+		t.Errorf("a store given a prefetch list recorded another: %v", got)
+	default:
+	}
 }

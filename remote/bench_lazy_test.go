@@ -28,8 +28,9 @@ import (
 //     target >= 0.9): reads no longer pass through user space.
 //
 // Builds that read every tenth file instead touch every 1 MiB frame of
-// the image, and fetch all of it first: the prefetch list (not built
-// yet) is what would order those reads for the next fresh node.
+// the image, and fetch all of it first; the layer's prefetch list (the
+// frames the first fresh node's build read) orders those fetches for the
+// next fresh node.
 func BenchmarkLazyBuild(b *testing.B) {
 	files, bytes := benchSize(b)
 	src := newBenchNode(b)

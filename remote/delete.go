@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	ggcr "github.com/google/go-containerregistry/pkg/v1/remote"
@@ -35,7 +36,42 @@ func (t *Target) DeleteManifest(ctx context.Context) (Deleted, error) {
 		return Deleted{}, fmt.Errorf("read the digest of %s: %w", t.Repository.Tag("latest"), err)
 	}
 	deleted, err := t.DeleteManifestDigest(ctx, desc.Digest)
+	if err == nil {
+		err = t.deletePrefetchLists(ctx)
+	}
 	return Deleted{Digest: desc.Digest, Deleted: deleted}, err
+}
+
+// deletePrefetchLists deletes the manifests of the layers' prefetch
+// lists (prefetch-* tags), which garbage collection would otherwise keep
+// with their blobs after the cache is gone.
+func (t *Target) deletePrefetchLists(ctx context.Context) error {
+	opts := t.options(ggcr.WithContext(ctx))
+	tags, err := ggcr.List(t.Repository, opts...)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list the tags of %s: %w", t.Repository, err)
+	}
+	var errs []error
+	for _, tag := range tags {
+		if !strings.HasPrefix(tag, "prefetch-") {
+			continue
+		}
+		desc, err := ggcr.Head(t.Repository.Tag(tag), opts...)
+		if isNotFound(err) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("read the digest of %s: %w", t.Repository.Tag(tag), err))
+			continue
+		}
+		if _, err := t.DeleteManifestDigest(ctx, desc.Digest); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // DeleteManifestDigest deletes manifest digest of the repository; false

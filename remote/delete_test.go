@@ -29,6 +29,13 @@ func TestDeleteManifestUntagsLatestByDigest(t *testing.T) {
 	ctx := context.Background()
 	tg := target(t, reg, Zstd)
 	blob, digest := pushedCache(t, tg)
+	idx, err := tg.OpenIndex(ctx, blob.Index.String(), blob.IndexSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.PushPrefetch(ctx, blob.Digest.String(), idx, []int{0}); err != nil {
+		t.Fatal(err)
+	}
 
 	got, err := tg.DeleteManifest(ctx)
 	if err != nil || !got.Deleted || got.Digest.String() != digest {
@@ -36,6 +43,9 @@ func TestDeleteManifestUntagsLatestByDigest(t *testing.T) {
 	}
 	if _, err := ggcr.Head(tg.Repository.Tag("latest"), tg.options(ggcr.WithContext(ctx))...); !isNotFound(err) {
 		t.Errorf("latest after the delete: %v, want 404", err)
+	}
+	if p, err := tg.FetchPrefetch(ctx, blob.Digest.String(), idx); err != nil || len(p.Frames) != 0 {
+		t.Errorf("the layer's prefetch list after the delete: %+v, %v; want it gone with the cache", p, err)
 	}
 	// The blobs stay until the registry's garbage collection frees them.
 	rc, err := tg.FetchCompressed(ctx, blob.Digest.String())
@@ -54,8 +64,8 @@ func TestDeleteManifestUntagsLatestByDigest(t *testing.T) {
 	if err != nil || deleted {
 		t.Errorf("delete of a deleted digest: %v, %v; want false without error (a 404 counts as done)", deleted, err)
 	}
-	if n := reg.Deletes.Load(); n != 1 {
-		t.Errorf("the registry deleted %d manifests, want 1", n)
+	if n := reg.Deletes.Load(); n != 2 {
+		t.Errorf("the registry deleted %d manifests, want 2 (latest's and the prefetch list's)", n)
 	}
 }
 

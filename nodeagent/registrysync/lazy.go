@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/bits"
 
+	"github.com/go-logr/logr"
+
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
 	"github.com/layercache/layercache/nodeagent/kit"
@@ -37,8 +39,29 @@ func openLazyFrom(target *remote.Target, bounds *kit.RegistryRef) layerfs.OpenLa
 			return layerfs.LazySource{}, fmt.Errorf("layer %s of cache %s: its index %s has frames of %d bytes, want a power of two such as %d; fetch it whole",
 				layer.Digest, cache, layer.Index, idx.FrameBytes, remote.FrameBytes)
 		}
-		return layerfs.LazySource{ImageBytes: idx.ImageBytes, ChunkBytes: idx.FrameBytes, Fetch: target.RangeFetch(layer.Digest, idx)}, nil
+		src := layerfs.LazySource{ImageBytes: idx.ImageBytes, ChunkBytes: idx.FrameBytes, Fetch: target.RangeFetch(layer.Digest, idx)}
+		src.Prefetch, src.RecordReads = prefetchOf(ctx, target, cache, layer, idx)
+		return src, nil
 	}
+}
+
+// prefetchOf reads layer's prefetch list: the frames the first build on a
+// fresh node read, which this node fetches first. Without one, the
+// layer's reads here, once its copy is complete, become that list. A
+// list that cannot be read or fails its checks only changes the fetch
+// order: it is logged and ignored.
+func prefetchOf(ctx context.Context, target *remote.Target, cache layerfs.CacheRef, layer layerfs.ChainLayer, idx *remote.Index) ([]int, func(context.Context, []int) error) {
+	p, err := target.FetchPrefetch(ctx, layer.Digest, idx)
+	if err != nil {
+		logr.FromContextOrDiscard(ctx).Error(err, "Ignore the prefetch list of a layer; it is fetched in order", "cache", cache.String(), "digest", layer.Digest)
+	}
+	if len(p.Frames) > 0 {
+		return p.Frames, nil
+	}
+	record := func(ctx context.Context, chunks []int) error {
+		return target.PushPrefetch(ctx, layer.Digest, idx, chunks)
+	}
+	return nil, record
 }
 
 // syncOptions are the options of a Sync to a chain within bounds: with

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -150,5 +151,34 @@ func TestStillListed(t *testing.T) {
 				t.Errorf("stillListed = %v, want ErrNotFound containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestOpenLazyPrefetch: a layer without a prefetch list is opened to
+// record one (the reads of this node's builds); once one is stored, the
+// next node is given it to fetch first, and records none.
+func TestOpenLazyPrefetch(t *testing.T) {
+	ctx := context.Background()
+	target, layer := pushedLayer(t, registrytest.New(t), someImage(3*remote.FrameBytes))
+	open := openLazyFrom(target, &kit.RegistryRef{})
+	first, err := open(ctx, maven, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Prefetch) != 0 || first.RecordReads == nil {
+		t.Fatalf("first node: prefetch %v, records %v; want no list, and one to record", first.Prefetch, first.RecordReads != nil)
+	}
+	if err := first.RecordReads(ctx, []int{2, 0}); err != nil {
+		t.Fatal(err)
+	}
+	next, err := open(ctx, maven, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(next.Prefetch, []int{2, 0}) || next.RecordReads != nil {
+		t.Errorf("next node: prefetch %v, records %v; want [2 0], and nothing to record", next.Prefetch, next.RecordReads != nil)
+	}
+	if err := first.RecordReads(ctx, []int{3}); err == nil {
+		t.Error("stored a list with a frame past the layer's three")
 	}
 }
