@@ -181,6 +181,11 @@ var foreignKinds = map[string]bool{
 	"triggers.tekton.dev/v1beta1 TriggerBinding":  true,
 	"triggers.tekton.dev/v1beta1 TriggerTemplate": true,
 	"argoproj.io/v1alpha1 Workflow":               true,
+	// prometheus-operator's, for the monitoring docs; their rules are
+	// checked by promtool where they live.
+	"monitoring.coreos.com/v1 PodMonitor":     true,
+	"monitoring.coreos.com/v1 ServiceMonitor": true,
+	"monitoring.coreos.com/v1 PrometheusRule": true,
 }
 
 // docObject is a Kubernetes object of the docs, as the API server would
@@ -371,22 +376,36 @@ func checkCSIVolume(t *testing.T, where string, pod *corev1.Pod, src *corev1.CSI
 	}
 }
 
-// checkAnnotationFragments finds maps of layercache annotations in a
-// fragment (a claim's annotations, shown alone) and parses them as a
-// claim's.
+// claimAnnotations are the annotations a user puts on a claim.
+var claimAnnotations = []string{v1alpha1.AnnotationCache, v1alpha1.AnnotationFallback, v1alpha1.AnnotationMode, v1alpha1.AnnotationCommit, v1alpha1.AnnotationRelease}
+
+// checkAnnotationFragments finds a claim's annotations shown alone in a
+// fragment (a map with layercache.dev/cache) and parses them as a claim's;
+// a mode or commit value elsewhere is parsed alone. Other layercache.dev
+// keys (a Namespace's labels and annotations) are not a claim's.
 func checkAnnotationFragments(t *testing.T, where string, v any) {
 	t.Helper()
 	switch v := v.(type) {
 	case map[string]any:
 		annotations := map[string]string{}
 		for k, val := range v {
-			if strings.HasPrefix(k, "layercache.dev/") {
+			if slices.Contains(claimAnnotations, k) {
 				annotations[k] = fmt.Sprint(val)
 			} else {
 				checkAnnotationFragments(t, where, val)
 			}
 		}
-		if len(annotations) == 0 {
+		if _, ok := annotations[v1alpha1.AnnotationCache]; !ok {
+			if m, ok := annotations[v1alpha1.AnnotationMode]; ok {
+				if _, err := v1alpha1.ParseMode(m); err != nil {
+					t.Errorf("%s: %v", where, err)
+				}
+			}
+			if c, ok := annotations[v1alpha1.AnnotationCommit]; ok {
+				if _, err := v1alpha1.ParseCommitPolicy(c); err != nil {
+					t.Errorf("%s: %v", where, err)
+				}
+			}
 			return
 		}
 		class := v1alpha1.StorageClassName
