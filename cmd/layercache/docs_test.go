@@ -11,17 +11,17 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-// referenceFlags reads the table of flags that follows the line `heading`
-// in docs/reference.md: flag name -> its default cell.
+// referenceFlags reads the table of flags that follows the paragraph that
+// starts with `heading` in docs/reference.md: flag name -> its default cell.
 func referenceFlags(t *testing.T, heading string) map[string]string {
 	t.Helper()
 	data, err := os.ReadFile("../../docs/reference.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, after, ok := strings.Cut(string(data), "\n"+heading+"\n")
+	_, after, ok := strings.Cut(string(data), "\n\n"+heading)
 	if !ok {
-		t.Fatalf("docs/reference.md has no line %q before its table", heading)
+		t.Fatalf("docs/reference.md has no paragraph starting %q before its table", heading)
 	}
 	row := regexp.MustCompile("^\\| `(--[a-z0-9-]+)` \\| ([^|]*) \\|")
 	flags := map[string]string{}
@@ -70,7 +70,7 @@ func sameDefault(f *pflag.Flag, cell string) bool {
 }
 
 // TestReferenceListsEveryFlag: docs/reference.md's flag tables list every
-// flag of `layercache node` and `layercache manager` (but help and the
+// flag of `layercache node`, `lazyfs` and `manager` (but help and the
 // zap logging flags, which it names together) with its default, and no
 // flag the commands lack.
 func TestReferenceListsEveryFlag(t *testing.T) {
@@ -81,6 +81,7 @@ func TestReferenceListsEveryFlag(t *testing.T) {
 	root := newRootCommand()
 	for _, tc := range []struct{ command, heading string }{
 		{"node", "`layercache node`:"},
+		{"lazyfs", "`layercache lazyfs` ("},
 		{"manager", "`layercache manager`:"},
 	} {
 		t.Run(tc.command, func(t *testing.T) {
