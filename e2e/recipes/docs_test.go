@@ -623,3 +623,82 @@ func checkKubectl(t *testing.T, where string, args []string) {
 		}
 	}
 }
+
+// sectionRefRE finds a reference to a section of a Markdown file in
+// prose or a comment, as code comments, scripts and the docs name the
+// section that explains them: (docs/using.md, "Volume layouts"), or
+// (README, "Quick start") for the top-level guides.
+var sectionRefRE = regexp.MustCompile("`?((?:[A-Za-z0-9_.-]+/)*(?:[A-Za-z0-9_-]+\\.md|README|ARCHITECTURE|DEVELOPERS))`?, +\"([^\"]+)\"")
+
+// TestSectionReferencesExist: every such reference in the repository's
+// sources, scripts, manifests and docs names a Markdown file
+// that exists (from the repository's root, or beside the file that names
+// it) and the start of one of its headings, so that a moved or renamed
+// section cannot leave a comment or a help text pointing nowhere.
+func TestSectionReferencesExist(t *testing.T) {
+	headings := map[string][]string{}
+	headingsOf := func(file string) ([]string, error) {
+		if h, ok := headings[file]; ok {
+			return h, nil
+		}
+		data, err := os.ReadFile(filepath.Join(repoRoot, file))
+		if err != nil {
+			return nil, err
+		}
+		headings[file] = mdcheck.Parse(file, data).Headings
+		return headings[file], nil
+	}
+	// A comment or a paragraph may wrap between the file and the heading,
+	// or inside the heading.
+	wrap := regexp.MustCompile(`[ \t]*\n[ \t]*(?://|#)?[ \t]*`)
+	refs := 0
+	err := filepath.WalkDir(repoRoot, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != repoRoot && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "bin" || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		ext := filepath.Ext(name)
+		if !slices.Contains([]string{".go", ".sh", ".yaml", ".md", ".txt"}, ext) && name != "Makefile" {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(repoRoot, path)
+		if err != nil {
+			return err
+		}
+		for _, m := range sectionRefRE.FindAllStringSubmatch(wrap.ReplaceAllString(string(data), " "), -1) {
+			file, section := m[1], m[2]
+			if !strings.HasSuffix(file, ".md") {
+				file += ".md" // (README, "Quick start")
+			}
+			if _, err := os.Stat(filepath.Join(repoRoot, file)); err != nil {
+				file = filepath.ToSlash(filepath.Join(filepath.Dir(rel), file))
+			}
+			refs++
+			hs, err := headingsOf(file)
+			if err != nil {
+				t.Errorf("%s: names %s, %q: no such file", rel, m[1], section)
+				continue
+			}
+			if !slices.ContainsFunc(hs, func(h string) bool { return strings.HasPrefix(h, section) }) {
+				t.Errorf("%s: names %s, %q: no heading of %s starts so (%q)", rel, m[1], section, file, hs)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs < 15 {
+		t.Errorf("found %d section references; the sources have more: is the reader broken?", refs)
+	}
+}

@@ -75,6 +75,8 @@ type Doc struct {
 	Blocks  []Block
 	Links   []Link
 	Anchors map[string]bool // the heading anchors GitHub makes
+	// Headings are the headings' text as rendered (HeadingText).
+	Headings []string
 	// Problems are constructs this reader does not follow (an unclosed
 	// fence, a setext heading, a reference-style link definition), which
 	// would hide links or blocks from the checks.
@@ -134,6 +136,7 @@ func Parse(file string, data []byte) Doc {
 			continue
 		}
 		if m := headingRE.FindStringSubmatch(line); m != nil {
+			d.Headings = append(d.Headings, HeadingText(m[2]))
 			slug := Slug(m[2])
 			if i := slugs[slug]; i > 0 {
 				d.Anchors[fmt.Sprintf("%s-%d", slug, i)] = true
@@ -171,10 +174,8 @@ func Parse(file string, data []byte) Doc {
 // and underscores removed and each space made a hyphen. A repeated slug
 // gets -1, -2, ... (Parse adds those).
 func Slug(heading string) string {
-	text := linkRE.ReplaceAllString(heading, "$1")
-	text = strings.NewReplacer("`", "", "**", "", "__", "").Replace(text)
 	var b strings.Builder
-	for _, r := range strings.ToLower(text) {
+	for _, r := range strings.ToLower(HeadingText(heading)) {
 		switch {
 		case r == ' ':
 			b.WriteByte('-')
@@ -183,6 +184,13 @@ func Slug(heading string) string {
 		}
 	}
 	return b.String()
+}
+
+// HeadingText is a heading's text as rendered: inline code keeps its
+// content, links their text, emphasis markers go.
+func HeadingText(heading string) string {
+	text := linkRE.ReplaceAllString(heading, "$1")
+	return strings.NewReplacer("`", "", "**", "", "__", "").Replace(text)
 }
 
 // Command is one simple command of a shell block: its words, with quotes

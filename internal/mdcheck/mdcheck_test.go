@@ -51,6 +51,9 @@ func TestParse(t *testing.T) {
 	if len(doc.Problems) > 0 {
 		t.Fatalf("problems: %v", doc.Problems)
 	}
+	if want := []string{"Title", "Usage", "Usage"}; !reflect.DeepEqual(doc.Headings, want) {
+		t.Errorf("headings %q, want %q", doc.Headings, want)
+	}
 	wantAnchors := map[string]bool{"title": true, "usage": true, "usage-1": true}
 	if !reflect.DeepEqual(doc.Anchors, wantAnchors) {
 		t.Errorf("anchors %v, want %v", doc.Anchors, wantAnchors)
