@@ -12,12 +12,16 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
-// docs/reference.md lists the metrics and the Event reasons the code has,
-// and nothing the code lacks. They are read from the source (the node
-// agent's and the manager's packages, tests left out), so that a new
-// metric or Event cannot ship undocumented. The flags are checked against
+// docs/reference.md lists the StorageClass parameters, CSI volume
+// attributes, metrics and Event reasons the code has, and nothing the code
+// lacks, so that none can ship undocumented. The parameters and attributes
+// are read from the node agent's own refusal of an unknown one, the
+// metrics and Events from the source (the node agent's and the manager's
+// packages, tests left out). The flags are checked against
 // the commands themselves (cmd/layercache's TestReferenceListsEveryFlag).
 
 // referenceSection returns the text of docs/reference.md's `## title`
@@ -166,4 +170,49 @@ func TestReferenceListsEveryEvent(t *testing.T) {
 		})
 	}
 	compareSets(t, "Event reasons", code, firstColumn(referenceSection(t, "Events")))
+}
+
+// TestReferenceListsEveryClassParameter: the StorageClass parameters table
+// lists exactly the parameters the node agent takes, as its refusal of an
+// unknown one names them.
+func TestReferenceListsEveryClassParameter(t *testing.T) {
+	sc := shippedClass(t)
+	sc.Parameters = map[string]string{"not-a-parameter": "x"}
+	_, err := kit.ParseClass(sc)
+	if err == nil {
+		t.Fatal("the node agent takes a class with parameter not-a-parameter")
+	}
+	_, list, ok := strings.Cut(err.Error(), "the valid parameters are ")
+	if !ok {
+		t.Fatalf("the refusal %q does not list the valid parameters; this test reads them from it", err)
+	}
+	code := map[string]bool{}
+	for _, p := range regexp.MustCompile(`, | and `).Split(list, -1) {
+		code[strings.TrimSpace(p)] = true
+	}
+	compareSets(t, "StorageClass parameters", code, firstColumn(referenceSection(t, "StorageClass parameters")))
+}
+
+// TestReferenceListsEveryCSIAttribute: the CSI volume attributes table
+// lists exactly the attributes the node agent takes, as its refusal of an
+// unknown one names them.
+func TestReferenceListsEveryCSIAttribute(t *testing.T) {
+	attrs := map[string]string{kit.AttrEphemeral: "true", kit.AttrPodNamespace: "ci", kit.AttrPodName: "build", kit.AttrPodUID: "uid-1", "cache": "maven", "not-an-attribute": "x"}
+	pod, err := kit.ParseCSIPod(attrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = kit.CSISettings(attrs, pod, false, kit.CSILimits{Default: 1 << 30, Max: 1 << 30})
+	if err == nil {
+		t.Fatal("the node agent takes a CSI volume with attribute not-an-attribute")
+	}
+	_, list, ok := strings.Cut(err.Error(), "the valid ones are ")
+	if !ok {
+		t.Fatalf("the refusal %q does not list the valid attributes; this test reads them from it", err)
+	}
+	code := map[string]bool{}
+	for _, p := range regexp.MustCompile(`, | and `).Split(list, -1) {
+		code[strings.TrimSuffix(strings.TrimSpace(p), " (required)")] = true
+	}
+	compareSets(t, "CSI volume attributes", code, firstColumn(referenceSection(t, "CSI volume attributes")))
 }
