@@ -216,3 +216,37 @@ func TestReferenceListsEveryCSIAttribute(t *testing.T) {
 	}
 	compareSets(t, "CSI volume attributes", code, firstColumn(referenceSection(t, "CSI volume attributes")))
 }
+
+// TestReferenceNamesEveryLabelAndAnnotation: every layercache.dev/ name of
+// the API's public names (api/v1alpha1: annotations, labels, finalizers)
+// is in docs/reference.md.
+func TestReferenceNamesEveryLabelAndAnnotation(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repoRoot, "docs/reference.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := 0
+	for _, f := range goFiles(t, "api/v1alpha1") {
+		ast.Inspect(f, func(n ast.Node) bool {
+			spec, ok := n.(*ast.ValueSpec)
+			if !ok {
+				return true
+			}
+			for i, id := range spec.Names {
+				if i >= len(spec.Values) || id.Name == "ProvisionerName" {
+					continue // the provisioner's name, which a class names
+				}
+				if s, ok := stringLit(spec.Values[i]); ok && strings.HasPrefix(s, "layercache.dev/") {
+					names++
+					if !strings.Contains(string(data), "`"+s+"`") {
+						t.Errorf("%s (%s) is not in docs/reference.md", s, id.Name)
+					}
+				}
+			}
+			return true
+		})
+	}
+	if names < 15 {
+		t.Errorf("found %d layercache.dev/ names in api/v1alpha1; is the reader broken?", names)
+	}
+}
