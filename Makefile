@@ -117,7 +117,7 @@ bench: ## layerfs, registry-sync and cross-node handoff benchmarks at full size 
 	$(GO) run ./hack/benchcheck -size full -targets hack/bench-targets.txt _output/bench.txt
 
 .PHONY: bench-smoke
-bench-smoke: ## every benchmark of make bench at a small size (LAYERCACHE_BENCH_SIZE=smoke, about a minute), each ratio checked against its target with the margin (make test runs it; README figures come from make bench)
+bench-smoke: ## every benchmark of make bench at a small size (LAYERCACHE_BENCH_SIZE=smoke, about a minute), each ratio checked against its target with the margin (make test runs it; docs/performance.md's figures come from make bench)
 	@mkdir -p _output
 	LAYERCACHE_BENCH_SIZE=smoke $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 15m ./layerfs/ ./layerfs/lazy/ ./remote/ ./nodeagent/volumes/ | tee _output/bench-smoke.txt
 	$(GO) run ./hack/benchcheck -size smoke -targets hack/bench-targets.txt _output/bench-smoke.txt
@@ -277,5 +277,5 @@ bench-e2e: up ## layercache vs rancher/local-path-provisioner on the local clust
 
 .PHONY: bench-builds
 bench-builds: WITH = tekton argo
-bench-builds: up ## the Argo and Tekton warm-cache builds as the README's figures need: the median of three warm builds and the hostPath ceiling (make test runs one warm build, no ceiling)
+bench-builds: up ## the Argo and Tekton warm-cache builds as docs/ci-recipes.md's figures need: the median of three warm builds and the hostPath ceiling (make test runs one warm build, no ceiling)
 	LAYERCACHE_BUILD_CEILING=1 e2e/cluster/run-e2e.sh -v -run 'TestWorkflowWarmCache|TestPipelineRunWarmCache' ./e2e/argo/ ./e2e/tekton/

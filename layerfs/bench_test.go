@@ -27,7 +27,7 @@ import (
 // Each benchmark measures layercache and its baseline in the same run and
 // reports their ratio as a metric; absolute times vary between machines,
 // ratios much less. `make bench` runs them at full size, the sizes the
-// comments name and the README reports; `make bench-smoke` at smoke size
+// comments name and docs/performance.md reports; `make bench-smoke` at smoke size
 // (LAYERCACHE_BENCH_SIZE=smoke, internal/benchsize), small enough to
 // check every ratio in a minute or so. A metric whose name carries a size
 // (50k-files-µs, commit-100k/1k) names the size that ran.

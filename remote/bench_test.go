@@ -29,8 +29,8 @@ import (
 // in-process one over TLS on loopback. Each reports ratios against a
 // baseline measured in the same run. `make bench` runs them.
 //
-// The cache is 50,000 files, 1 GiB in all at full size (as the README
-// reports), 1,000 files and 16 MiB at smoke size (internal/benchsize);
+// The cache is 50,000 files, 1 GiB in all at full size (as
+// docs/performance.md reports), 1,000 files and 16 MiB at smoke size (internal/benchsize);
 // LAYERCACHE_BENCH_FILES and LAYERCACHE_BENCH_BYTES override them. Half of
 // each file is random and half repeats, so it compresses about 2:1, as
 // build caches of objects and archives do.

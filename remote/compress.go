@@ -17,8 +17,8 @@ type Compression string
 const (
 	// Zstd (the fastest level) is the default: `make bench` measured it
 	// faster than gzip on the push and, on the pull, faster than sending
-	// the image with only its runs of zeros folded (README, "Caches
-	// across nodes").
+	// the image with only its runs of zeros folded (docs/performance.md,
+	// "Caches across nodes").
 	Zstd Compression = "zstd"
 	// Gzip is for registries that refuse zstd blobs.
 	Gzip Compression = "gzip"

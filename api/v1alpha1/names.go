@@ -1,6 +1,6 @@
 package v1alpha1
 
-// Names shared by the node agent, the manager and users (README, "Using it").
+// Names shared by the node agent, the manager and users (docs/reference.md, "Claim annotations").
 // They are part of the public interface: keep them stable.
 const (
 	// ProvisionerName is the provisioner of layercache StorageClasses.
@@ -34,7 +34,7 @@ const (
 	StorageClassName = "layercache"
 
 	// SnapshotStorageClassName is the default install's class of the
-	// snapshot layout (README, "Volume layouts").
+	// snapshot layout (docs/using.md, "Volume layouts").
 	SnapshotStorageClassName = "layercache-snapshot"
 
 	// AnnotationCache on a PVC names its cache: NAME (same namespace) or

@@ -20,7 +20,7 @@ import (
 // This file is TestBenchCSI's (csi_test.go): layercache's CSI inline
 // volumes (driver layercache.dev) against an emptyDir and a hostPath, and
 // beside them the claim mode (a generic ephemeral claim of StorageClass
-// layercache). See README.md, "CSI inline volumes".
+// layercache). See docs/performance.md, "CSI inline volumes".
 
 // Variant is how a CSI benchmark pod gets its /cache.
 type Variant string

@@ -2,8 +2,8 @@
 // rancher/local-path-provisioner, on the local e2e cluster in one run
 // (`make bench-e2e`, which runs e2e/bench/run.sh and TestBenchPeer).
 // The same run measures layercache's CSI inline volumes against an
-// emptyDir and a hostPath (TestBenchCSI, csi.go; README.md, "CSI inline
-// volumes"): what follows is TestBenchPeer's.
+// emptyDir and a hostPath (TestBenchCSI, csi.go; docs/performance.md, "CSI
+// inline volumes"): what follows is TestBenchPeer's.
 //
 // # Workload
 //

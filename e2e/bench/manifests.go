@@ -29,7 +29,7 @@ const (
 	NodeRoot = "/var/lib/layercache-bench"
 	// PeerNodePath is where local-path keeps its volumes.
 	PeerNodePath = NodeRoot + "/local-path"
-	// LayercacheRoot is layercache's store on the node (README, "Operating it").
+	// LayercacheRoot is layercache's store on the node (docs/operating.md, "The node's store").
 	LayercacheRoot = "/var/lib/layercache"
 )
 

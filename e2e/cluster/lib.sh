@@ -31,7 +31,7 @@ if [[ ! -x $KUBECTL ]] && command -v kubectl >/dev/null; then KUBECTL=$(command 
 # of containerd's shim. down.sh kills and removes the whole subtree.
 CGROUP_NAME=layercache-e2e
 
-# The node's store root, as the project's pods see it (README, "Operating it").
+# The node's store root, as the project's pods see it (docs/operating.md, "The node's store").
 LAYERCACHE_ROOT=/var/lib/layercache
 # Each node's kubelet directory (node_dir N/kubelet) is bind-mounted here in
 # that node's mount namespace (node.sh).

@@ -196,7 +196,7 @@ func (f *Framework) HostPathCacheDir(ctx context.Context, node Node, dir string)
 }
 
 // EnvBuildCeiling set to 1 makes the CI systems' warm-cache scenarios
-// measure as the README's figures need (make bench-builds).
+// measure as docs/ci-recipes.md's figures need (make bench-builds).
 const EnvBuildCeiling = "LAYERCACHE_BUILD_CEILING"
 
 // BuildRuns is how the CI systems' warm-cache scenarios (Argo's, Tekton's)

@@ -51,7 +51,7 @@ const (
 	mountPath  = "/cache"
 
 	// snapshotClass is config/'s StorageClass of the snapshot layout
-	// (README, "Volume layouts"): btrfs snapshots instead of overlay
+	// (docs/using.md, "Volume layouts"): btrfs snapshots instead of overlay
 	// mounts, so that BuildKit can stack its own overlay mounts on the
 	// volume.
 	snapshotClass = "layercache-snapshot"

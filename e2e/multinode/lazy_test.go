@@ -24,7 +24,7 @@ import (
 // lazyCacheMiB is the cache TestFreshNodeMountsFirst publishes, in 1 MiB
 // files: large enough that fetching it whole would show in a pod's start
 // (about 1 s per 256 MiB here), small enough for CI's budget. LAZY_E2E_MIB
-// sets another size (the README's figures are of 1024 and 4096).
+// sets another size (docs/performance.md, "Mount first", has 256 and 1024).
 func lazyCacheMiB(t *testing.T) int {
 	s := os.Getenv("LAZY_E2E_MIB")
 	if s == "" {

@@ -1,7 +1,7 @@
 // Package benchsize is the one size knob of the benchmarks that make bench
 // and make bench-smoke run (layerfs, remote, nodeagent): the environment
-// variable LAYERCACHE_BENCH_SIZE, full (the default: the data sets the
-// README's figures come from) or smoke (small ones, so that every
+// variable LAYERCACHE_BENCH_SIZE, full (the default: the data sets
+// docs/performance.md's figures come from) or smoke (small ones, so that every
 // benchmark runs and every ratio is checked in about a minute). A
 // benchmark picks each of its sizes with Pick; a specific knob
 // (LAYERFS_BENCH_SEED_MIB and the like, read with Env) overrides the pick.

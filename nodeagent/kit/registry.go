@@ -130,7 +130,7 @@ func ParseRegistry(class *storagev1.StorageClass) (*RegistryParams, error) {
 		p.MaxLayerBytes, p.MaxLayerSet = n, true
 	}
 	if v, ok := class.Parameters[ParamMountFirst]; ok {
-		// Only the two spellings the README gives: a class that says
+		// Only the two spellings docs/reference.md gives: a class that says
 		// "yes" or "False" is a typo, better refused than guessed.
 		switch v {
 		case "true", "false":
