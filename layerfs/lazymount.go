@@ -22,6 +22,7 @@ import (
 	"github.com/layercache/layercache/layerfs/lazyfs"
 	"github.com/layercache/layercache/layerfs/loop"
 	"github.com/layercache/layercache/layerfs/ondisk"
+	"github.com/layercache/layercache/layerfs/receive"
 )
 
 // Mount first: a chain layer that can be read by range (ChainLayer.Lazy)
@@ -481,8 +482,8 @@ func (s *Store) settle(ctx context.Context, l *lazyLayer) error {
 	// the copy is the image already. RenameDurable has the fault points
 	// of the rename; after it, the loop device still reads lazyfs.
 	if !s.images().Has(l.id) {
-		if err := ondisk.RenameDurable(s.partialCopy(l.id), img); err != nil {
-			return fmt.Errorf("settle layer %s: move its copy into the store: %w", l.id, err)
+		if err := s.writeSettled(ctx, l.id); err != nil {
+			return fmt.Errorf("settle layer %s: %w", l.id, err)
 		}
 	}
 	if err := lazyfs.SettleImage(srv.Path(l.id), s.layerDir(l.id), img); err != nil {
@@ -536,6 +537,48 @@ func (s *Store) recordReads(l *lazyLayer) {
 	}()
 }
 
+// writeSettled writes the complete copy of partial layer id again, in
+// order, as the layer's image. The copy was written in the order its
+// chunks came (reads first, then four fetches at a time, synced every
+// 64 MiB), which leaves it in many extents on disk: 41 to 47 against a
+// pulled image's 6 at 512 MiB, and a settled layer read 0.43x to 0.68x
+// as fast as a pulled one (BenchmarkLazyBuild). Holes stay holes; the
+// temp file is one Recover removes.
+func (s *Store) writeSettled(ctx context.Context, id string) error {
+	src, err := os.Open(s.partialCopy(id))
+	if err != nil {
+		return fmt.Errorf("open its copy: %w", err)
+	}
+	defer src.Close()
+	tmp := filepath.Join(s.partialDir(), "."+id+".tmp-settle")
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the image a settle left: %w", err)
+	}
+	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("write its image: %w", err)
+	}
+	sw := receive.NewSparseWriter(dst, 0)
+	_, err = io.CopyBuffer(sw, receive.WithContext(ctx, src), make([]byte, 1<<20))
+	if err == nil {
+		err = sw.Finish()
+	}
+	if err == nil {
+		err = dst.Sync()
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = ondisk.RenameDurable(tmp, s.images().Path(id))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write its image: %w", err)
+	}
+	return nil
+}
+
 // forget stops serving l in this process, keeping what it fetched in the
 // totals; a sidecar still serves its file (the caller removes it there).
 // Its completion must be done or cancelled.
@@ -565,7 +608,7 @@ func (s *Store) removePartial(id string) {
 		s.lazy.log.Error(err, "Mark the volumes over a layer whose read failed while no agent answered", "layer", id)
 	}
 	for _, p := range []string{s.partialCopy(id), s.partialCopy(id) + ".state"} {
-		if os.Remove(p) == nil { // a settled layer's copy was renamed already: no new state
+		if os.Remove(p) == nil { // a fault point after each removal
 			ondisk.FaultPoint()
 		}
 	}
