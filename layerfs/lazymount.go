@@ -95,8 +95,8 @@ type lazyServer interface {
 	Add(name string, img lazyfs.Image) error
 	Remove(name string)
 	// Serves tells whether image name is served (by the sidecar, for the
-	// process before this one).
-	Serves(name string) bool
+	// process before this one, or since this one added it).
+	Serves(name string) (bool, error)
 	// Detach ends this process's part; devices over the files of an
 	// in-process lazyfs read errors from then on.
 	Detach() error
@@ -421,6 +421,9 @@ func (s *Store) sawFailedRead(r *volumeRecord) string {
 		if err := readJSON(s.sidecarMarker(id), &m); !errors.Is(err, ErrNotFound) {
 			return fmt.Sprintf("a read of layer %s, fetched on demand, failed while no node agent answered: %s", id, m.Error)
 		}
+		if lost, err := s.lostBySidecar(id); err != nil || lost {
+			return fmt.Sprintf("layer %s, fetched on demand, was no longer served by the lazyfs sidecar (restarted, or away: %v)", id, err)
+		}
 	}
 	var fr failedRead
 	if err := readJSON(s.failedReadFile(r.ID), &fr); errors.Is(err, ErrNotFound) {
@@ -476,6 +479,13 @@ func (s *Store) settle(ctx context.Context, l *lazyLayer) error {
 	s.lazy.mu.Unlock()
 	if !served {
 		return nil // the sweep dropped it
+	}
+	if lost, err := s.lostBySidecar(l.id); err != nil {
+		return err
+	} else if lost { // the volumes over it read errors since
+		if err := s.markVolumesOver(l.id, "the lazyfs sidecar that served the layer restarted while it was mounted"); err != nil {
+			return err
+		}
 	}
 	img := s.images().Path(l.id)
 	// A settle that failed after the rename (the loop switch) is retried:
@@ -669,6 +679,9 @@ func (s *Store) readyLayers(ids []string) error {
 		if !served {
 			return fmt.Errorf("layer %s: %w (the node agent serves it again once it has started; a store opened by the layerfs CLI cannot)", id, ErrLazyNotServed)
 		}
+		if lost, err := s.lostBySidecar(id); err != nil || lost {
+			return fmt.Errorf("layer %s: %w: the lazyfs sidecar does not serve it (restarted, or away: %v); the node agent serves it again at its next pass", id, ErrLazyNotServed, err)
+		}
 	}
 	return nil
 }
@@ -684,6 +697,7 @@ func (s *Store) readyLayers(ids []string) error {
 // over it) and is named in the error; call ResumeLazy again later.
 func (s *Store) ResumeLazy(ctx context.Context, open OpenLazy) error {
 	s.detachEndedLazyfs()
+	s.dropLostBySidecar()
 	lock, err := s.lockStore(ctx, false)
 	if err != nil {
 		return err
@@ -746,7 +760,9 @@ func (s *Store) liveLazyMount(id string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if srv.Serves(id) {
+	if served, err := srv.Serves(id); err != nil {
+		return false, err
+	} else if served {
 		return true, s.takeSidecarMarker(id)
 	}
 	if err := s.markVolumesOver(id, "the process that served the layer ended while it was mounted"); err != nil {
@@ -754,6 +770,49 @@ func (s *Store) liveLazyMount(id string) (bool, error) {
 	}
 	detachStale(dir)
 	return false, s.takeSidecarMarker(id)
+}
+
+// lostBySidecar tells whether layer id, served by this process, is no
+// longer served by the sidecar: it restarted, which ended the mounts over
+// its files (their reads fail until the layer is served and mounted
+// again). Not in sidecar mode, or not served here: false.
+func (s *Store) lostBySidecar(id string) (bool, error) {
+	if !s.opts.LazyfsSidecar {
+		return false, nil
+	}
+	s.lazy.mu.Lock()
+	_, here := s.lazy.served[id]
+	srv := s.lazy.server
+	s.lazy.mu.Unlock()
+	if !here || srv == nil {
+		return false, nil
+	}
+	served, err := srv.Serves(id)
+	return !served, err
+}
+
+// dropLostBySidecar stops serving, here, the layers the sidecar lost, so
+// that the resume that follows marks the volumes over them and serves and
+// mounts them again.
+func (s *Store) dropLostBySidecar() {
+	s.lazy.mu.Lock()
+	served := make([]*lazyLayer, 0, len(s.lazy.served))
+	for _, l := range s.lazy.served {
+		served = append(served, l)
+	}
+	s.lazy.mu.Unlock()
+	for _, l := range served {
+		lost, err := s.lostBySidecar(l.id)
+		if err != nil {
+			s.lazy.log.Error(err, "Check that the lazyfs sidecar still serves a layer", "layer", l.id)
+			continue
+		}
+		if lost {
+			s.lazy.log.Info("The lazyfs sidecar lost a layer (it restarted): the volumes over it are discarded at their end, and it is served again", "cache", l.rec.Cache.String(), "layer", l.id)
+			l.cancel()
+			s.forget(l)
+		}
+	}
 }
 
 // takeSidecarMarker marks the volumes over partial layer id if a read of
@@ -837,8 +896,11 @@ func (s *Store) settleOverSidecar(id, dev string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if file, err := loop.BackingFile(dev); err != nil || file != srv.Path(id) || !srv.Serves(id) {
+	if file, err := loop.BackingFile(dev); err != nil || file != srv.Path(id) {
 		return false, nil
+	}
+	if served, err := srv.Serves(id); err != nil || !served {
+		return false, err
 	}
 	f, err := os.Open(s.images().Path(id))
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -497,4 +498,45 @@ func TestPrefetchList(t *testing.T) {
 		t.Errorf("a store given a prefetch list recorded another: %v", got)
 	default:
 	}
+}
+
+// TestSidecarRestartLosesTheLayer: the lazyfs sidecar restarts while a
+// build's volume is mounted over a layer it served, which ends that
+// mount: the volume is discarded at its end, no volume is mounted over
+// the lost layer until the next resume, which serves and mounts it again.
+// Needs root.
+func TestSidecarRestartLosesTheLayer(t *testing.T) {
+	ctx := context.Background()
+	e := newLazyEnv(t, 150*time.Millisecond) // the copy completes in seconds
+	opts := e.opts
+	opts.Root, opts.LazyfsSidecar = t.TempDir(), true
+	b := newTestStore(t, opts)
+	cfg := LazyfsSidecar(opts.Root)
+	sc, err := lazyfs.ServeSidecar(cfg, testr.New(t).WithName("sidecar"))
+	must(t, err)
+	syncLazy(t, b, e.chain, e.rr, 0)
+	mustMount(t, b, "build-2", "ns/c")
+
+	must(t, sc.Close())
+	sc, err = lazyfs.ServeSidecar(cfg, testr.New(t).WithName("sidecar-2"))
+	must(t, err)
+	t.Cleanup(func() { must(t, sc.Close()) })
+	if _, err := b.Mount(ctx, "build-3", MountOptions{Cache: mustRef(t, "ns/c")}); !errors.Is(err, ErrLazyNotServed) {
+		t.Fatalf("Mount over a layer the sidecar lost: %v, want ErrLazyNotServed", err)
+	}
+	res, err := b.End(ctx, "build-2", EndOptions{})
+	must(t, err)
+	if res.Kept || !strings.Contains(res.FailedRead, "lazyfs sidecar") {
+		t.Errorf("End of a volume over a layer the sidecar lost = %+v, want a discard that says why", res)
+	}
+	must(t, b.ResumeLazy(ctx, e.rr.open))
+	dir := mustMount(t, b, "build-3", "ns/c")
+	if got, err := os.ReadFile(filepath.Join(dir, "big.bin")); err != nil || !bytes.Equal(got, e.big) {
+		t.Errorf("big.bin after the resume: %d bytes, %v", len(got), err)
+	}
+	waitComplete(t, &e.f)
+	if res, err := b.End(ctx, "build-3", EndOptions{}); err != nil || res.FailedRead != "" {
+		t.Errorf("End of the volume mounted after the resume = %+v, %v", res, err)
+	}
+	assertNoOrphans(t, b)
 }

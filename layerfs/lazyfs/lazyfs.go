@@ -247,7 +247,11 @@ func MountsAt(dir string) mountinfo.FilterFunc {
 }
 
 // Serves tells whether image name is served here.
-func (s *Server) Serves(name string) bool {
+func (s *Server) Serves(name string) (bool, error) {
+	return s.serves(name), nil
+}
+
+func (s *Server) serves(name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.images[name]

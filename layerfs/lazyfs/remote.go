@@ -77,15 +77,15 @@ func (r *Remote) Remove(name string) {
 	}
 }
 
-// Serves tells whether the sidecar serves image name (mounts over it
-// outlived the agent before this one).
-func (r *Remote) Serves(name string) bool {
+// Serves tells whether the sidecar serves image name: mounts over it
+// outlived the agent before this one, and, for an image this agent added,
+// the sidecar has not restarted since (which ended their mounts).
+func (r *Remote) Serves(name string) (bool, error) {
 	var served bool
 	if err := r.callSidecar("Lazyfs.Serves", name, &served); err != nil {
-		r.log.Error(err, "Ask the lazyfs sidecar what it serves", "image", name)
-		return false
+		return false, fmt.Errorf("ask the lazyfs sidecar whether it serves image %s: %w", name, err)
 	}
-	return served
+	return served, nil
 }
 
 // Detach stops answering the sidecar's reads, as this process's end

@@ -93,6 +93,7 @@ type Sidecar struct {
 	cfg   SidecarConfig
 	srv   *Server
 	ln    net.Listener
+	conns connSet
 	agent *rpcDialer
 	log   logr.Logger
 }
@@ -125,7 +126,7 @@ func ServeSidecar(cfg SidecarConfig, log logr.Logger) (*Sidecar, error) {
 		_ = srv.Close()
 		return nil, fmt.Errorf("serve lazyfs control: %w", err)
 	}
-	go acceptRPC(ln, rs, nil)
+	go acceptRPC(ln, rs, &s.conns)
 	return s, nil
 }
 
@@ -133,6 +134,7 @@ func ServeSidecar(cfg SidecarConfig, log logr.Logger) (*Sidecar, error) {
 // errors from then on.
 func (s *Sidecar) Close() error {
 	s.ln.Close()
+	s.conns.close()
 	s.agent.close()
 	return s.srv.Detach()
 }
@@ -179,7 +181,7 @@ func (r *sidecarRPC) Remove(name string, _ *struct{}) error {
 
 // Serves tells whether image name is served.
 func (r *sidecarRPC) Serves(name string, served *bool) error {
-	*served = r.s.srv.Serves(name)
+	*served = r.s.srv.serves(name)
 	return nil
 }
 
@@ -302,14 +304,14 @@ func (d *rpcDialer) close() {
 }
 
 // acceptRPC serves each connection ln accepts until it is closed,
-// tracking them in conns if set.
+// tracking them in conns.
 func acceptRPC(ln net.Listener, rs *rpc.Server, conns *connSet) {
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
 			return
 		}
-		if conns != nil && !conns.add(conn) {
+		if !conns.add(conn) {
 			conn.Close()
 			return
 		}

@@ -96,8 +96,8 @@ func TestSidecarOutlivesItsAgent(t *testing.T) {
 	case <-time.After(time.Second):
 	}
 	next := e.connect(t)
-	if !next.Serves("layer-1") {
-		t.Fatal("the sidecar no longer serves layer-1 to the next agent")
+	if served, err := next.Serves("layer-1"); err != nil || !served {
+		t.Fatalf("the sidecar serves layer-1 to the next agent: %v, %v; want true", served, err)
 	}
 	must(t, next.Add("layer-1", e.img))
 	select {
