@@ -139,7 +139,10 @@ func (t *Target) FetchPrefetch(ctx context.Context, layerDigest string, idx *Ind
 	return p, nil
 }
 
-// readBlob reads blob digest whole, at most size bytes, verified.
+// readBlob reads blob digest whole, at most size bytes (the size stated
+// for it), verified: one byte over the bound tells a longer blob from one
+// that ends there, and reading to the end is what makes the digest check
+// run.
 func (t *Target) readBlob(ctx context.Context, digest string, size int64) ([]byte, error) {
 	rc, err := t.FetchCompressed(ctx, digest)
 	if err != nil {
@@ -151,7 +154,7 @@ func (t *Target) readBlob(ctx context.Context, digest string, size int64) ([]byt
 		return nil, err
 	}
 	if int64(len(data)) > size {
-		return nil, fmt.Errorf("blob %s is longer than the %d bytes its manifest states", digest, size)
+		return nil, fmt.Errorf("blob %s is longer than the %d bytes stated for it: refused", digest, size)
 	}
 	return data, nil
 }

@@ -25,19 +25,9 @@ func (t *Target) OpenIndex(ctx context.Context, indexDigest string, maxBytes int
 	if maxBytes <= 0 {
 		return nil, fmt.Errorf("open layer index %s: its size bound is %d; pass the index size the chain records (Blob.IndexSize)", indexDigest, maxBytes)
 	}
-	rc, err := t.FetchCompressed(ctx, indexDigest)
-	if err != nil {
-		return nil, err
-	}
-	defer rc.Close()
-	// One byte over the bound tells a longer blob from one that ends there;
-	// ReadAll to the end is what makes the digest check run.
-	data, err := io.ReadAll(io.LimitReader(rc, maxBytes+1))
+	data, err := t.readBlob(ctx, indexDigest, maxBytes)
 	if err != nil {
 		return nil, fmt.Errorf("read layer index %s from %s: %w", indexDigest, t.Repository, err)
-	}
-	if int64(len(data)) > maxBytes {
-		return nil, fmt.Errorf("layer index %s is longer than the %d bytes its chain states: refused", indexDigest, maxBytes)
 	}
 	return parseIndex(indexDigest, data)
 }
