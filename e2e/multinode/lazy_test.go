@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -56,7 +57,7 @@ func TestFreshNodeMountsFirst(t *testing.T) {
 
 	write := fmt.Sprintf(`mkdir -p /cache/data; for i in $(seq %d); do head -c 1048576 /dev/urandom > /cache/data/$i; done
 echo hello > /cache/small.txt; cd /cache/data && md5sum * | md5sum | cut -d' ' -f1 > /cache/sums`, mib)
-	e.run(ctx, e.buildPod("write", a, "big", "", write))
+	e.run(ctx, withRequest(e.buildPod("write", a, "big", "", write), mib))
 	e.waitPublishedIn(ctx, "big", 1, publishTimeout+time.Duration(mib/256)*time.Minute)
 
 	read := "cat /cache/small.txt"
@@ -74,6 +75,18 @@ echo hello > /cache/small.txt; cd /cache/data && md5sum * | md5sum | cut -d' ' -
 	if sums := strings.Fields(out); len(sums) != 2 || sums[0] != sums[1] {
 		t.Errorf("node %s's copy of the %d files: checksums %q, want them equal to node %s's", b, mib, sums, a)
 	}
+}
+
+// withRequest makes pod's claim ask for room for mib MiB and more: the
+// claim's request bounds the layer its build commits and publishes
+// (maxLayerSize's default), and buildPod asks for 2 GiB.
+func withRequest(pod *corev1.Pod, mib int) *corev1.Pod {
+	want := resource.MustParse(fmt.Sprintf("%dMi", mib+mib/4+512))
+	spec := &pod.Spec.Volumes[0].Ephemeral.VolumeClaimTemplate.Spec
+	if want.Cmp(spec.Resources.Requests[corev1.ResourceStorage]) > 0 {
+		spec.Resources.Requests[corev1.ResourceStorage] = want
+	}
+	return pod
 }
 
 // timedRun runs a pod that uses cache on node and returns how long it
