@@ -72,7 +72,7 @@ func TestSyncSquashReplacesTheRunItCovers(t *testing.T) {
 	if len(pub.Layers) != 1 || len(pub.Layers[0].Covers) != 3 || pub.Generation != 3 || pub.Layers[0].Generation != 3 {
 		t.Fatalf("chain %+v: want one squash layer covering the three, at generation 3", pub)
 	}
-	before := c.reg.Requests.Load()
+	before := quietRequests(t, c.reg)
 	onB := c.provision(t, "node-b", "after-squash")
 	if n := c.reg.Requests.Load() - before; n != 0 {
 		t.Errorf("node-b, which holds the covered layers, made %d registry requests, want 0", n)
