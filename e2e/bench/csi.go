@@ -112,12 +112,15 @@ var Groups = []string{GroupTrivial, GroupGoBuild}
 //
 // TargetWrites is the plain CSI volume's. The registry class's CSI pod
 // has no write target: the issue set none for it, and it writes more by
-// design. Counted from the node agent's code, it makes the plain pod's 4
-// plus 2 Cache status updates (the announcement of its commit before the
+// design. Counted from the node agent's code, it makes what the plain pod
+// makes (4 of the node agent's, and the manager's summary of the Cache,
+// which docs/performance.md measured as the plain pod's fifth write) plus
+// 2 Cache status updates (the announcement of its commit before the
 // seal, registrysync.Announce, and the append of its pushed layer to the
 // chain, which replaces the announcement, registrysync.appendPushed), and
-// the CacheReplica report after the publish (unpublished 1 → 0) unless
-// the commit's report coalesced with it: 6 to 7 (RegistryWritesExpected).
+// maybe a CacheReplica report after the publish (unpublished 1 → 0)
+// where the commit's report did not coalesce with it, and the manager's
+// summary of that: 7 to 9 (RegistryWritesExpected).
 // csi.txt shows its count beside the plain pod's; the publish at mount
 // writes nothing on a node that has the cache (the chain and the
 // registry finalizer are already there).
@@ -128,7 +131,7 @@ const (
 	FailWrites   = 5.0
 	// RegistryWritesExpected is what the registry CSI pod should write
 	// at most by the count above: a figure for csi.txt, not a target.
-	RegistryWritesExpected = 7.0
+	RegistryWritesExpected = 9.0
 	csiCacheTrivial        = "csi-trivial"
 	// csiCacheRegistry is the registry variant's own cache: a cache that
 	// syncs through a registry refuses a CSI volume without its class
@@ -626,7 +629,7 @@ var CSIDefinitions = []string{
 		"net per pod: the median over runs of (writes − background rate × window). Target ≤ " + strconv.FormatFloat(TargetWrites, 'f', -1, 64) +
 		" per completed CSI pod of the plain CSI volume (both groups); the test fails above " + strconv.FormatFloat(FailWrites, 'f', -1, 64) +
 		". The registry StorageClass's CSI pod has no target: it also announces its commit and appends its pushed layer to the chain " +
-		"(2 Cache status updates) and may report its CacheReplica once more after the publish, so up to " +
+		"(2 Cache status updates) and may report its CacheReplica once more after the publish (and the manager summarize that), so up to " +
 		strconv.FormatFloat(RegistryWritesExpected, 'f', -1, 64) + " by the node agent's code",
 	"registry StorageClass's CSI pod: its warm-up pod makes the node hold the cache; every measured pod finds the generation the pod " +
 		"before committed and published from this node, so its publish syncs to a chain the node has and pulls nothing",
