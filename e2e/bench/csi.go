@@ -632,7 +632,8 @@ var CSIDefinitions = []string{
 		"(2 Cache status updates) and may report its CacheReplica once more after the publish (and the manager summarize that), so up to " +
 		strconv.FormatFloat(RegistryWritesExpected, 'f', -1, 64) + " by the node agent's code",
 	"registry StorageClass's CSI pod: its warm-up pod makes the node hold the cache; every measured pod finds the generation the pod " +
-		"before committed and published from this node, so its publish syncs to a chain the node has and pulls nothing",
+		"before committed on this node (published since, or still on its way, as the other variants' pods run in between), " +
+		"so its publish syncs to a chain whose layers the node has, keeps an unpublished one on top, and pulls nothing",
 	"PV and claim objects: every claim and PV of the test's namespace seen by an informer during the whole test; " +
 		"the claim variant's pods make theirs, a CSI pod must make none",
 }
