@@ -23,11 +23,13 @@ import (
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/e2e/framework"
+	"github.com/layercache/layercache/nodeagent/kit"
 )
 
 // csiMinDuration is about what TestBenchCSI takes with 5 runs on the
-// 2-core machine kind.
-const csiMinDuration = 8 * time.Minute
+// 2-core machine kind: 8 minutes before the registry variant, whose six
+// trivial pods (and their publishes) add about one.
+const csiMinDuration = 9 * time.Minute
 
 // eventTimeout bounds the wait for the Committed Event on a CSI pod once
 // its commit was seen.
@@ -36,7 +38,9 @@ const eventTimeout = 30 * time.Second
 // TestBenchCSI measures layercache's CSI inline volumes (driver
 // layercache.dev): a trivial pod's create → Succeeded with a CSI volume
 // against the same pod with an emptyDir, the claim mode (a generic
-// ephemeral claim of StorageClass layercache) beside it; the warm Go build
+// ephemeral claim of StorageClass layercache) beside it, and a CSI volume
+// of the cluster's registry StorageClass on the node that has its cache
+// (issue 36); the warm Go build
 // pod end to end with a CSI cache against the same pod with a hostPath
 // cache; layercache's API writes per completed CSI pod; and that no CSI
 // pod makes a claim or a PV. Results: csi.txt and csi.json in
@@ -72,7 +76,7 @@ func TestBenchCSI(t *testing.T) {
 	removeLeftovers(t)
 	f := framework.New(t)
 	b = newBench(t, f, opts)
-	sameFS := b.csiPreflight(ctx)
+	sameFS, registryClass := b.csiPreflight(ctx)
 	objects := b.trackVolumeObjects(ctx)
 
 	goroot, downloads := framework.GoPaths(t)
@@ -84,7 +88,7 @@ func TestBenchCSI(t *testing.T) {
 		if g == GroupTrivial {
 			// The warm-up pod finds an empty cache; every later one the
 			// file of the one before.
-			return TrivialPod(v, run, b.hostname, run >= 0 && v.layercache())
+			return TrivialPod(v, run, b.hostname, run >= 0 && v.layercache(), registryClass)
 		}
 		return GoBuildPod(v, run, b.hostname, goroot, downloads, hostDir)
 	}
@@ -142,6 +146,8 @@ func TestBenchCSI(t *testing.T) {
 		}
 	}
 	for _, g := range Groups {
+		// The plain CSI volume's target; the registry class's pod has
+		// none (see TargetWrites), csi.txt shows its count.
 		i := slices.IndexFunc(writes, func(w CSIWrites) bool { return w.Group == g && w.Variant == VariantCSI })
 		if i < 0 {
 			t.Errorf("%s, CSI: layercache's API writes could not be counted (%s)", g, strings.Join(notes, "; "))
@@ -156,10 +162,12 @@ func TestBenchCSI(t *testing.T) {
 	}
 }
 
-// csiPreflight fails the test unless layercache, its CSIDriver and its
-// StorageClass are deployed and ready, and reports whether layercache's
-// store and the benchmark's hostPath directory share a filesystem.
-func (b *bench) csiPreflight(ctx context.Context) (sameFilesystem bool) {
+// csiPreflight fails the test unless layercache, its CSIDriver, its
+// StorageClass and the cluster's registry with its StorageClass are
+// deployed and ready, reports whether layercache's store and the
+// benchmark's hostPath directory share a filesystem, and returns the
+// registry's StorageClass.
+func (b *bench) csiPreflight(ctx context.Context) (sameFilesystem bool, registryClass string) {
 	t, client := b.t, b.f.Client
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -186,6 +194,21 @@ func (b *bench) csiPreflight(ctx context.Context) (sameFilesystem bool) {
 	if sc.Provisioner != v1alpha1.ProvisionerName {
 		t.Fatalf("StorageClass %s has provisioner %s, want %s; %s", sc.Name, sc.Provisioner, v1alpha1.ProvisionerName, fix)
 	}
+	// The registry variant needs the registry and its class; run.sh
+	// checks them too, before the peer's build.
+	const registryFix = "make bench-e2e starts the cluster with the registry (make up WITH=registry, local backend only)"
+	reg := b.f.Cluster.Registry
+	if reg == nil || reg.StorageClass == "" {
+		t.Fatalf("the cluster has no registry in cluster.json; %s", registryFix)
+	}
+	rsc, err := client.StorageV1().StorageClasses().Get(ctx, reg.StorageClass, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the registry's StorageClass %s: %v; %s", reg.StorageClass, err, registryFix)
+	}
+	if rsc.Provisioner != v1alpha1.ProvisionerName || rsc.Parameters[kit.ParamRegistry] == "" {
+		t.Fatalf("StorageClass %s has provisioner %s and parameters %v, want %s with a registry; %s",
+			rsc.Name, rsc.Provisioner, rsc.Parameters, v1alpha1.ProvisionerName, registryFix)
+	}
 	ds, err := client.AppsV1().DaemonSets(framework.SystemNamespace).Get(ctx, "layercache-node", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("layercache's node agent: %v; %s", err, fix)
@@ -209,21 +232,7 @@ func (b *bench) csiPreflight(ctx context.Context) (sameFilesystem bool) {
 	if !sameFilesystem {
 		t.Logf("WARNING: %s and %s are on different filesystems (devices %v); the Go build comparison is not fair", LayercacheRoot, NodeRoot, devs)
 	}
-	return sameFilesystem
-}
-
-// csiCache is the layercache cache of a group's variant; "" for the
-// baselines.
-func csiCache(g string, v Variant) string {
-	switch {
-	case v == VariantClaim:
-		return csiCacheClaim
-	case v == VariantCSI && g == GroupTrivial:
-		return csiCacheTrivial
-	case v == VariantCSI:
-		return csiCacheGoBuild
-	}
-	return ""
+	return sameFilesystem, reg.StorageClass
 }
 
 // csiRun runs one pod: the time from the create call to the watch seeing
@@ -260,7 +269,7 @@ func (b *bench) csiRun(ctx context.Context, g string, v Variant, run int, pod *c
 		}
 		r.CommitSeconds = res.at.Sub(succeeded).Seconds()
 	}
-	if v == VariantCSI {
+	if v.csi() {
 		if err := b.noVolumeObjects(ctx); err != nil {
 			return r, fmt.Errorf("pod %s with a CSI volume: %w", pod.Name, err)
 		}

@@ -1,9 +1,10 @@
 // Package bench measures layercache against a peer,
 // rancher/local-path-provisioner, on the local e2e cluster in one run
 // (`make bench-e2e`, which runs e2e/bench/run.sh and TestBenchPeer).
-// The same run measures layercache's CSI inline volumes against an
-// emptyDir and a hostPath (TestBenchCSI, csi.go; docs/performance.md, "CSI
-// inline volumes"): what follows is TestBenchPeer's.
+// The same run measures layercache's CSI inline volumes, plain and of
+// the registry's StorageClass, against an emptyDir and a hostPath
+// (TestBenchCSI, csi.go; docs/performance.md, "CSI inline volumes"): what
+// follows is TestBenchPeer's.
 //
 // # Workload
 //

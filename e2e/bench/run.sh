@@ -9,8 +9,9 @@
 # (hack/imagebuild), imports it into every node's containerd, deploys it
 # (e2e/bench/manifests/local-path.yaml), runs TestBenchPeer, then
 # TestBenchCSI (layercache's CSI inline volumes against emptyDir and
-# hostPath, which needs no peer), prints both tables and removes the peer
-# again. Results, the test logs and the peer's log go to _output/bench.
+# hostPath, which needs no peer but the cluster's registry: one variant is
+# a CSI volume of its StorageClass), prints both tables and removes the
+# peer again. Results, the test logs and the peer's log go to _output/bench.
 #
 # Environment: BENCH_RUNS (runs per system and case, default 5),
 # BENCH_BIG_FILES and BENCH_BIG_BYTES (the big cache, default 50000 files,
@@ -54,6 +55,13 @@ preflight() {
 	kind) command -v docker >/dev/null || die "the kind backend needs docker" ;;
 	*) die "$CLUSTER_JSON names backend '$BACKEND'; want local or kind" ;;
 	esac
+	# TestBenchCSI's registry variant (a CSI volume of this class) needs
+	# the registry; fail before the peer's 3-minute build, not after.
+	local no_registry="make bench-e2e starts the cluster with the registry (make up WITH=registry; the local backend only)"
+	[[ $(jq -r '.registry.storageClass // empty' "$CLUSTER_JSON") == "$REGISTRY_STORAGECLASS" ]] ||
+		die "$CLUSTER_JSON has no registry with StorageClass $REGISTRY_STORAGECLASS, which TestBenchCSI's registry variant uses; $no_registry"
+	kubectl get storageclass "$REGISTRY_STORAGECLASS" >/dev/null 2>&1 ||
+		die "StorageClass $REGISTRY_STORAGECLASS is missing, which TestBenchCSI's registry variant uses; $no_registry"
 	mkdir -p "$BENCH_OUT"
 }
 
@@ -158,7 +166,7 @@ run_benchmark() {
 		tee "$BENCH_OUT/test.log" || rc=$?
 	# The CSI figures need no peer; they run in a go test of their own, so
 	# that each has the whole of its -timeout.
-	log "running TestBenchCSI: ${BENCH_RUNS:-5} runs per variant (about 4 to 10 minutes); log: $BENCH_OUT/csi-test.log"
+	log "running TestBenchCSI: ${BENCH_RUNS:-5} runs per variant (about 5 to 11 minutes); log: $BENCH_OUT/csi-test.log"
 	(cd "$REPO_DIR" && BENCH_OUTPUT="$BENCH_OUT" KUBECONFIG="$KUBECONFIG_FILE" \
 		go test -tags e2e,benchpeer -run '^TestBenchCSI$' -count=1 -v -timeout "${BENCH_CSI_TIMEOUT:-30m}" ./e2e/bench/) 2>&1 |
 		tee "$BENCH_OUT/csi-test.log" || csi_rc=$?
