@@ -239,6 +239,19 @@ $(BIN)/controller-gen: hack/tools/controller-gen/go.mod hack/tools/controller-ge
 $(BIN)/kwok: hack/tools/kwok/go.mod hack/tools/kwok/go.sum
 	cd hack/tools/kwok && $(GO) build -o $@ sigs.k8s.io/kwok/cmd/kwok
 
+# Helm (make up DEPLOY=helm, make test-chart) from hack/tools/helm. Built
+# as Helm's own Makefile builds it: its version, and the Kubernetes version
+# it renders and lints for when no cluster says (1.37, its client-go's;
+# without it helm assumes 1.20 and refuses the chart's kubeVersion). flock:
+# make test-unit and make e2e-build (DEPLOY=helm) may both build it at once.
+HELM_VERSION := v3.22.0
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	$(foreach pkg,helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil,-X $(pkg).k8sVersionMajor=1 -X $(pkg).k8sVersionMinor=37)
+
+$(BIN)/helm: hack/tools/helm/go.mod hack/tools/helm/go.sum
+	@mkdir -p $(BIN)
+	cd hack/tools/helm && flock $(BIN)/.helm.lock $(GO) build -ldflags "$(HELM_LDFLAGS)" -o $@ helm.sh/helm/v3/cmd/helm
+
 $(BIN)/kpt: hack/tools/kpt/go.mod hack/tools/kpt/go.sum
 	cd hack/tools/kpt && $(GO) build -ldflags "-X github.com/GoogleContainerTools/kpt/run.version=$(KPT_VERSION)" -o $@ github.com/GoogleContainerTools/kpt
 
