@@ -1,3 +1,10 @@
+// Helm, which make up DEPLOY=helm (make e2e's install) and the chart's test
+// (charts/chart_test.go: helm lint and helm template) run, built from its Go
+// module with `go build` into bin/helm (Makefile, $(BIN)/helm, with the
+// version ldflags Helm's own Makefile sets). Its own module: Helm's
+// dependency tree (containerd, oras, the Kubernetes CLI libraries) stays
+// out of the main module's go.mod. The checksum database knows
+// helm.sh/helm/v3 v3.22.0; go.sum pins it.
 module github.com/layercache/layercache/hack/tools/helm
 
 go 1.26.8
