@@ -268,15 +268,16 @@ func diff(want, got any) string {
 		if !reflect.DeepEqual(w, g) {
 			wy, _ := yaml.Marshal(w)
 			gy, _ := yaml.Marshal(g)
-			fmt.Fprintf(&b, "  %s:\n    package: %s    chart:   %s", path, indent(wy), indent(gy))
+			fmt.Fprintf(&b, "  %s:\n    package: %s\n    chart:   %s\n", path, indent(wy), indent(gy))
 		}
 	}
 	walk("", want, got)
 	return b.String()
 }
 
+// indent lines up a multi-line YAML value under its label.
 func indent(y []byte) string {
-	return strings.ReplaceAll(string(y), "\n", "\n             ")
+	return strings.ReplaceAll(strings.TrimSuffix(string(y), "\n"), "\n", "\n             ")
 }
 
 // TestCRDsSurviveUpgradeAndUninstall: a CRD's deletion deletes every Cache,
