@@ -59,7 +59,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e ./e2e/...
 	$(GO) vet -tags e2e,benchpeer ./e2e/bench/
 	$(GO) vet -tags envtest ./cachemanager/
-	$(GO) vet -tags e2e,multinode,faults ./e2e/multinode/
+	$(GO) vet -tags e2e,multinode,faults ./e2e/multinode/ ./e2e/cache/
 	$(GO) vet -tags e2e,faults ./e2e/soak/
 	$(GO) vet -tags scale ./e2e/scale/
 
@@ -215,9 +215,10 @@ soak-registry: up ## make soak's load on node 1 of a two-node cluster with the r
 SOAK_FAULT_TESTS = AgentKilled|APIServerDown|NodeRestart|NodeReboot|ManagerLeader
 # make e2e-faults adds the registry fault and e2e/multinode's scenarios
 # that SIGKILL node agents (build tag faults too), which would kill the
-# agent under the one-node scenarios of node 1; -p 1 runs the two packages
-# one after the other.
-E2E_FAULTS = e2e/cluster/run-e2e.sh -tags e2e,multinode,faults -p 1 -run '^(TestLoad($(SOAK_FAULT_TESTS)|RegistryDown)|TestStandaloneClaimPodEndsWithoutManager|TestAgentKilledMidPushAndMidPull|TestAgentKilledDuringALazyBuild|TestAnAnnouncedLayerArrivesAfterTheAgentReturns)$$' -timeout 30m ./e2e/soak/ ./e2e/multinode/
+# agent under the one-node scenarios of node 1, and e2e/cache's helm
+# upgrade (it restarts every node agent; the cluster is a Helm install,
+# E2E_DEPLOY); -p 1 runs the packages one after the other.
+E2E_FAULTS = e2e/cluster/run-e2e.sh -tags e2e,multinode,faults -p 1 -run '^(TestLoad($(SOAK_FAULT_TESTS)|RegistryDown)|TestStandaloneClaimPodEndsWithoutManager|TestAgentKilledMidPushAndMidPull|TestAgentKilledDuringALazyBuild|TestAnAnnouncedLayerArrivesAfterTheAgentReturns|TestHelmUpgradeKeepsCaches)$$' -timeout 30m ./e2e/soak/ ./e2e/multinode/ ./e2e/cache/
 SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad($(SOAK_FAULT_TESTS)|AgentOOM)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 40m ./e2e/soak/
 
 .PHONY: soak-faults
