@@ -434,6 +434,7 @@ func TestEveryFlagIsAValue(t *testing.T) {
 				v.path = "node.logLevel"
 			}
 			t.Run(tc.component+"/"+flag, func(t *testing.T) {
+				t.Parallel() // each case is one helm process
 				args := containerArgs(t, renderChart(t, "--set", v.path+"="+v.set), tc.workload, tc.container)
 				switch flag {
 				case "lazyfs-sidecar":
