@@ -611,3 +611,64 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		})
 	}
 }
+
+// TestHostPathsFollowTheirValues: PVs carry host paths and the kubelet
+// dials the CSI socket where the agent names it, so the agent must see
+// the store and the kubelet's directory at the host's paths: the values
+// move the flag, the mounts and the host paths together, and an empty
+// kubeletDir drops CSI volumes' flag, mount and CSIDriver.
+func TestHostPathsFollowTheirValues(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		sets             []string
+		root, kubeletDir string
+	}{
+		{"defaults", nil, "/var/lib/layercache", "/var/lib/kubelet"},
+		{"moved", []string{"--set", "hostRoot=/srv/layercache", "--set", "kubeletDir=/srv/kubelet"}, "/srv/layercache", "/srv/kubelet"},
+		{"no CSI volumes", []string{"--set", "kubeletDir="}, "/var/lib/layercache", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ds appsv1.DaemonSet
+			csiDriver := false
+			for _, o := range renderChart(t, tc.sets...) {
+				csiDriver = csiDriver || o.GetKind() == "CSIDriver"
+				if o.GetKind() == "DaemonSet" {
+					if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &ds); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			hostPaths := map[string]string{}
+			for _, v := range ds.Spec.Template.Spec.Volumes {
+				if v.HostPath != nil {
+					hostPaths[v.Name] = v.HostPath.Path
+				}
+			}
+			want := map[string]string{"root": tc.root}
+			if tc.kubeletDir != "" {
+				want["kubelet"] = tc.kubeletDir
+			}
+			if !reflect.DeepEqual(hostPaths, want) {
+				t.Errorf("host path volumes %v, want %v", hostPaths, want)
+			}
+			for _, c := range ds.Spec.Template.Spec.Containers {
+				for _, m := range c.VolumeMounts {
+					if m.MountPath != hostPaths[m.Name] {
+						t.Errorf("container %s mounts %s at %s, the host has it at %s", c.Name, m.Name, m.MountPath, hostPaths[m.Name])
+					}
+				}
+				if !slices.Contains(c.Args, "--root="+tc.root) {
+					t.Errorf("container %s args %q lack --root=%s", c.Name, c.Args, tc.root)
+				}
+			}
+			agentArgs := ds.Spec.Template.Spec.Containers[0].Args
+			hasFlag := slices.ContainsFunc(agentArgs, func(a string) bool { return strings.HasPrefix(a, "--kubelet-dir") })
+			if csiDriver != (tc.kubeletDir != "") {
+				t.Errorf("CSIDriver rendered: %v, want it exactly when the agent serves CSI volumes (kubeletDir %q)", csiDriver, tc.kubeletDir)
+			}
+			if hasFlag != (tc.kubeletDir != "") || (hasFlag && !slices.Contains(agentArgs, "--kubelet-dir="+tc.kubeletDir)) {
+				t.Errorf("node agent args %q, want --kubelet-dir=%s (none if empty)", agentArgs, tc.kubeletDir)
+			}
+		})
+	}
+}
