@@ -672,3 +672,25 @@ func TestHostPathsFollowTheirValues(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseNamespace: installed into another namespace, every namespaced
+// object, binding subject and the admission policy that names the agents'
+// service account follow the release's namespace; none is left in the
+// package's.
+func TestReleaseNamespace(t *testing.T) {
+	const other = "ci-cache"
+	out, err := helm(t, "template", release, chartDir, "--namespace", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(out, []byte(namespace)) {
+		for i, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, namespace) {
+				t.Errorf("line %d of the chart in namespace %s still names %s: %s", i+1, other, namespace, line)
+			}
+		}
+	}
+	if !bytes.Contains(out, []byte("r'"+other+"'")) {
+		t.Errorf("policy layercache-agent-state does not name the agents' namespace %s", other)
+	}
+}
