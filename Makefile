@@ -148,7 +148,7 @@ E2E_DEPLOY = helm
 e2e: e2e-up e2e-packages e2e-faults ## the e2e suite on one two-node cluster with the registry, Tekton, Argo Workflows and BuildKit: every package side by side, then the short fault tests alone
 
 .PHONY: e2e-build
-e2e-build: ## build everything make e2e's cluster runs (Kubernetes, the images, kpt, Tekton, Argo, BuildKit, the registry) and start nothing; make test runs it beside its unit stages
+e2e-build: ## build everything make e2e's cluster runs (Kubernetes, the images, helm (E2E_DEPLOY), Tekton, Argo, BuildKit, the registry) and start nothing; make test runs it beside its unit stages
 	e2e/cluster/up.sh --build-only --nodes 2 --with "$(E2E_WITH)" --deploy $(E2E_DEPLOY)
 
 .PHONY: e2e-up
