@@ -13,8 +13,9 @@ CLUSTER ?= local
 # built from source; WITH=registry (the registry of e2e/multinode, always
 # there with NODES=2); or several: WITH="tekton argo".
 WITH ?=
-# How make up deploys layercache: kpt (make deploy's path; e2e) or kubectl
-# (apply -k; make demo, which then need not build kpt).
+# How make up deploys layercache: kpt (make deploy's path), kubectl
+# (apply -k; make demo, which then need not build kpt) or helm (the chart
+# charts/layercache; make e2e's path, E2E_DEPLOY).
 DEPLOY ?= kpt
 export GOFLAGS ?= -buildvcs=false
 
@@ -58,7 +59,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e ./e2e/...
 	$(GO) vet -tags e2e,benchpeer ./e2e/bench/
 	$(GO) vet -tags envtest ./cachemanager/
-	$(GO) vet -tags e2e,multinode,faults ./e2e/multinode/
+	$(GO) vet -tags e2e,multinode,faults ./e2e/multinode/ ./e2e/cache/
 	$(GO) vet -tags e2e,faults ./e2e/soak/
 	$(GO) vet -tags scale ./e2e/scale/
 
@@ -69,8 +70,10 @@ lint: ## gofmt and go vet
 test: ## everything: generated files current, unit and real-mount tests, the manager against a real API server, the short scale test (kwok), the benchmarks at a small size, then e2e on a local cluster; ends with a table of where the time went
 	hack/test.sh
 
+# charts/chart_test.go runs bin/helm: helm lint, and the chart rendered
+# against the kustomize build of config/.
 .PHONY: test-unit
-test-unit: test-deps ## unit tests and real-mount tests (needs root)
+test-unit: test-deps $(BIN)/helm ## unit tests and real-mount tests (needs root), helm lint and the chart against config/
 	$(GO) test -count=1 ./...
 
 # fsck.erofs (Debian's erofs-utils) checks every image the EROFS writer's
@@ -125,7 +128,7 @@ bench-smoke: ## every benchmark of make bench at a small size (LAYERCACHE_BENCH_
 ##@ Cluster (e2e harness)
 
 .PHONY: up
-up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH="tekton argo buildkit registry", DEPLOY=kpt|kubectl; NODES=2 has the registry) with layercache deployed
+up: ## start a local cluster (NODES=1|2, CLUSTER=local|kind, WITH="tekton argo buildkit registry", DEPLOY=kpt|kubectl|helm; NODES=2 has the registry) with layercache deployed
 	e2e/cluster/up.sh --nodes $(NODES) --backend $(CLUSTER) --with "$(WITH)" --deploy $(DEPLOY)
 
 .PHONY: down
@@ -137,17 +140,20 @@ down: ## stop the local cluster and remove everything it made
 # one-node scenarios keep their pods on node 1 (framework.New), the
 # two-node ones (e2e/multinode) use both, side by side.
 E2E_WITH = tekton argo buildkit
+# make e2e installs layercache with the chart, so every e2e package runs on
+# a Helm install (make up's default, kpt, is what developers' clusters run).
+E2E_DEPLOY = helm
 
 .PHONY: e2e
 e2e: e2e-up e2e-packages e2e-faults ## the e2e suite on one two-node cluster with the registry, Tekton, Argo Workflows and BuildKit: every package side by side, then the short fault tests alone
 
 .PHONY: e2e-build
-e2e-build: ## build everything make e2e's cluster runs (Kubernetes, the images, kpt, Tekton, Argo, BuildKit, the registry) and start nothing; make test runs it beside its unit stages
-	e2e/cluster/up.sh --build-only --nodes 2 --with "$(E2E_WITH)" --deploy $(DEPLOY)
+e2e-build: ## build everything make e2e's cluster runs (Kubernetes, the images, helm (E2E_DEPLOY), Tekton, Argo, BuildKit, the registry) and start nothing; make test runs it beside its unit stages
+	e2e/cluster/up.sh --build-only --nodes 2 --with "$(E2E_WITH)" --deploy $(E2E_DEPLOY)
 
 .PHONY: e2e-up
 e2e-up: ## make up for make e2e: two nodes and the registry, with Tekton, Argo Workflows and BuildKit
-	$(MAKE) up NODES=2 WITH="$(E2E_WITH)"
+	$(MAKE) up NODES=2 WITH="$(E2E_WITH)" DEPLOY=$(E2E_DEPLOY)
 
 .PHONY: e2e-packages
 e2e-packages: ## every e2e package on the running cluster (make e2e-up), e2e/multinode included, side by side
@@ -209,9 +215,10 @@ soak-registry: up ## make soak's load on node 1 of a two-node cluster with the r
 SOAK_FAULT_TESTS = AgentKilled|APIServerDown|NodeRestart|NodeReboot|ManagerLeader
 # make e2e-faults adds the registry fault and e2e/multinode's scenarios
 # that SIGKILL node agents (build tag faults too), which would kill the
-# agent under the one-node scenarios of node 1; -p 1 runs the two packages
-# one after the other.
-E2E_FAULTS = e2e/cluster/run-e2e.sh -tags e2e,multinode,faults -p 1 -run '^(TestLoad($(SOAK_FAULT_TESTS)|RegistryDown)|TestStandaloneClaimPodEndsWithoutManager|TestAgentKilledMidPushAndMidPull|TestAgentKilledDuringALazyBuild|TestAnAnnouncedLayerArrivesAfterTheAgentReturns)$$' -timeout 30m ./e2e/soak/ ./e2e/multinode/
+# agent under the one-node scenarios of node 1, and e2e/cache's helm
+# upgrade (it restarts every node agent; the cluster is a Helm install,
+# E2E_DEPLOY); -p 1 runs the packages one after the other.
+E2E_FAULTS = e2e/cluster/run-e2e.sh -tags e2e,multinode,faults -p 1 -run '^(TestLoad($(SOAK_FAULT_TESTS)|RegistryDown)|TestStandaloneClaimPodEndsWithoutManager|TestAgentKilledMidPushAndMidPull|TestAgentKilledDuringALazyBuild|TestAnAnnouncedLayerArrivesAfterTheAgentReturns|TestHelmUpgradeKeepsCaches)$$' -timeout 30m ./e2e/soak/ ./e2e/multinode/ ./e2e/cache/
 SOAK_FAULTS_SHORT_ALL = e2e/cluster/run-e2e.sh -tags e2e,faults -run '^(TestLoad($(SOAK_FAULT_TESTS)|AgentOOM)|TestStandaloneClaimPodEndsWithoutManager)$$' -timeout 40m ./e2e/soak/
 
 .PHONY: soak-faults
@@ -239,20 +246,44 @@ $(BIN)/controller-gen: hack/tools/controller-gen/go.mod hack/tools/controller-ge
 $(BIN)/kwok: hack/tools/kwok/go.mod hack/tools/kwok/go.sum
 	cd hack/tools/kwok && $(GO) build -o $@ sigs.k8s.io/kwok/cmd/kwok
 
+# Helm (make up DEPLOY=helm, make test-chart) from hack/tools/helm. Built
+# as Helm's own Makefile builds it: its version, and the Kubernetes version
+# it renders and lints for when no cluster says (1.37, its client-go's;
+# without it helm assumes 1.20 and refuses the chart's kubeVersion). flock:
+# make test-unit and make e2e-build (DEPLOY=helm) may both build it at once.
+HELM_VERSION := v3.22.0
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	$(foreach pkg,helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil,-X $(pkg).k8sVersionMajor=1 -X $(pkg).k8sVersionMinor=37)
+
+$(BIN)/helm: hack/tools/helm/go.mod hack/tools/helm/go.sum
+	@mkdir -p $(BIN)
+	cd hack/tools/helm && flock $(BIN)/.helm.lock $(GO) build -ldflags "$(HELM_LDFLAGS)" -o $@ helm.sh/helm/v3/cmd/helm
+
+# make bin/helm, as the chart's test tells to run.
+bin/helm: $(BIN)/helm ;
+
 $(BIN)/kpt: hack/tools/kpt/go.mod hack/tools/kpt/go.sum
 	cd hack/tools/kpt && $(GO) build -ldflags "-X github.com/GoogleContainerTools/kpt/run.version=$(KPT_VERSION)" -o $@ github.com/GoogleContainerTools/kpt
 
+# The package's files that the chart renders as they are (its
+# templates/config.yaml), copied to charts/layercache/files/config with
+# their paths' slashes as dashes.
+CHART_COPIES := crd/layercache.dev_caches.yaml crd/layercache.dev_cachereplicas.yaml \
+	rbac/node.yaml rbac/node/role.yaml rbac/agent-state.yaml rbac/metrics.yaml rbac/manager.yaml rbac/manager/role.yaml
+
 .PHONY: generate
-generate: $(BIN)/controller-gen ## regenerate api/v1alpha1 deepcopy, the Cache CRD (config/crd) and RBAC from +kubebuilder:rbac markers (config/rbac/{node,manager})
+generate: $(BIN)/controller-gen ## regenerate api/v1alpha1 deepcopy, the Cache CRD (config/crd) and RBAC from +kubebuilder:rbac markers (config/rbac/{node,manager}), and the chart's copies of them
 	$(BIN)/controller-gen object paths=./api/... crd paths=./api/... output:crd:dir=./config/crd
 	$(BIN)/controller-gen rbac:roleName=layercache-node paths=./nodeagent/... output:rbac:artifacts:config=config/rbac/node
 	$(BIN)/controller-gen rbac:roleName=layercache-manager paths=./cachemanager/... output:rbac:artifacts:config=config/rbac/manager
 	@# kpt's apply-setters changes the namespace where this comment marks it.
 	sed -i 's/^\(  namespace: layercache-system\)$$/\1 # kpt-set: $${namespace}/' config/rbac/node/role.yaml config/rbac/manager/role.yaml
+	rm -f charts/layercache/files/config/*.yaml
+	for f in $(CHART_COPIES); do cp config/$$f charts/layercache/files/config/$$(echo $$f | tr / -); done
 
 .PHONY: verify-generate
 verify-generate: generate ## fail if make generate changes a checked-in file (CI runs it)
-	@git diff --exit-code -- api config || { echo "make generate changed the files above: run it and commit the result" >&2; exit 1; }
+	@git diff --exit-code -- api config charts || { echo "make generate changed the files above: run it and commit the result" >&2; exit 1; }
 
 # The local cluster's kubeconfig unless KUBECONFIG is set.
 deploy undeploy: export KUBECONFIG ?= $(firstword $(wildcard $(CURDIR)/_output/cluster/kubeconfig) $(HOME)/.kube/config)

@@ -258,10 +258,14 @@ func TestE2EOverlay(t *testing.T) {
 		if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
 			t.Errorf("%s: hostNetwork %v dnsPolicy %s, want true and ClusterFirstWithHostNet", name, spec.HostNetwork, spec.DNSPolicy)
 		}
-		c := spec.Containers[0]
-		if c.Image != e2eImage || c.ImagePullPolicy != corev1.PullNever {
-			t.Errorf("%s: image %s pull %s, want %s and Never", name, c.Image, c.ImagePullPolicy, e2eImage)
+		// Every container: the node agent's lazyfs sidecar runs the
+		// same image, which no registry of the local cluster serves.
+		for _, c := range spec.Containers {
+			if c.Image != e2eImage || c.ImagePullPolicy != corev1.PullNever {
+				t.Errorf("%s: container %s: image %s pull %s, want %s and Never", name, c.Name, c.Image, c.ImagePullPolicy, e2eImage)
+			}
 		}
+		c := spec.Containers[0]
 		env := map[string]string{}
 		for _, e := range c.Env {
 			env[e.Name] = e.Value

@@ -6,7 +6,7 @@
 # Order (DEVELOPERS.md, "CI and its budget"):
 #   host-packages   every Debian package, one apt transaction (two apt-get
 #                   at once fail on dpkg's lock)
-#   e2e-build       in the background: Kubernetes, the images, kpt, Tekton,
+#   e2e-build       in the background: Kubernetes, the images, helm, Tekton,
 #                   Argo and BuildKit (make e2e-build); its log is
 #                   _output/test/e2e-build.log
 #   verify-generate, test-unit, test-envtest, test-scale, one after the other

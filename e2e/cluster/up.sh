@@ -2,7 +2,7 @@
 # Start the e2e cluster and deploy layercache into it.
 #
 #   up.sh [--nodes N] [--backend local|kind] [--with "tekton argo buildkit registry"]
-#         [--deploy kpt|kubectl] [--build-only]
+#         [--deploy kpt|kubectl|helm] [--build-only]
 #
 # local (default, what CI runs): a real cluster on this machine, as root,
 # from source-built Kubernetes binaries, Debian's containerd and etcd, and
@@ -14,9 +14,11 @@
 # image for e2e/imagebuild, e2e/cluster/buildkit.sh), registry
 # (e2e/cluster/registry.sh, with its Secrets and StorageClass; always there
 # with two nodes or more). All on the local backend only.
-# --deploy: kpt live apply (make deploy's path, the default, tested on every
-# e2e cluster) or kubectl apply -k, which spares the quick start building
-# kpt (about 3 minutes of a cold 2-core machine).
+# --deploy: kpt live apply (make deploy's path, the default), kubectl apply
+# -k, which spares the quick start building kpt (about 3 minutes of a cold
+# 2-core machine), or helm upgrade --install of charts/layercache with the
+# values that mirror config/e2e (make e2e's path: every e2e package runs on
+# a Helm install).
 # --build-only (local backend): build what that cluster needs (Kubernetes,
 # the images, kpt, the --with parts) and start nothing; make e2e-build,
 # which make test runs beside its unit stages.
@@ -36,14 +38,14 @@ while (($#)); do
 	--backend=*) BACKEND=${1#*=}; shift ;;
 	--with) WITH+=" ${2?--with needs a list of parts, e.g. tekton,registry}"; shift 2 ;;
 	--with=*) WITH+=" ${1#*=}"; shift ;;
-	--deploy) DEPLOY=${2:?--deploy needs kpt or kubectl}; shift 2 ;;
+	--deploy) DEPLOY=${2:?--deploy needs kpt, kubectl or helm}; shift 2 ;;
 	--deploy=*) DEPLOY=${1#*=}; shift ;;
 	--build-only) BUILD_ONLY=1; shift ;;
-	-h | --help) sed -n '2,22p' "$0"; exit 0 ;;
-	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with \"tekton argo buildkit registry\"] [--deploy kpt|kubectl] [--build-only])" ;;
+	-h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+	*) die "unknown argument $1 (usage: up.sh [--nodes N] [--backend local|kind] [--with \"tekton argo buildkit registry\"] [--deploy kpt|kubectl|helm] [--build-only])" ;;
 	esac
 done
-[[ $DEPLOY == kpt || $DEPLOY == kubectl ]] || die "--deploy $DEPLOY: want kpt or kubectl"
+[[ $DEPLOY == kpt || $DEPLOY == kubectl || $DEPLOY == helm ]] || die "--deploy $DEPLOY: want kpt, kubectl or helm"
 [[ $NODES =~ ^[1-4]$ ]] || die "--nodes $NODES: want 1 to 4"
 [[ $BACKEND == local || $BACKEND == kind ]] || die "--backend $BACKEND: want local or kind"
 WITH_TEKTON=
@@ -159,12 +161,13 @@ build_cluster() {
 	assemble_images
 }
 
-# build_local_only: what up_local and the --with parts build, and kpt for
-# --deploy kpt; nothing starts.
+# build_local_only: what up_local and the --with parts build, and kpt or
+# helm for --deploy kpt or helm; nothing starts.
 build_local_only() {
 	require_root
 	build_cluster
 	[[ $DEPLOY != kpt ]] || make -s -C "$REPO_DIR" "$REPO_DIR/bin/kpt" >/dev/null
+	[[ $DEPLOY != helm ]] || make -s -C "$REPO_DIR" "$REPO_DIR/bin/helm" >/dev/null
 	[[ -z $WITH_TEKTON ]] || "$CLUSTER_LIB/tekton.sh" --build-only
 	[[ -z $WITH_ARGO ]] || "$CLUSTER_LIB/argo.sh" --build-only
 	[[ -z $WITH_BUILDKIT ]] || "$CLUSTER_LIB/buildkit.sh" --build-only
@@ -634,18 +637,45 @@ up_local() {
 }
 
 # apply_config OVERLAY applies config/OVERLAY as --deploy says. kpt, as make
-# deploy uses it, tests the deploy package's real path on every e2e cluster
-# (built once from hack/tools/kpt); a later kpt apply adopts what kubectl
-# applied.
+# deploy uses it, tests the deploy package's real path (built once from
+# hack/tools/kpt); a later kpt apply adopts what kubectl applied. helm
+# installs charts/layercache with the values that mirror the overlay
+# (charts/layercache/ci/OVERLAY-values.yaml; charts/chart_test.go checks
+# they render the same objects) and takes over what kpt or kubectl applied.
 apply_config() {
 	local overlay=$1
-	if [[ $DEPLOY == kubectl ]]; then
+	case $DEPLOY in
+	kubectl)
 		kubectl apply --server-side --force-conflicts -k "$REPO_DIR/config/$overlay"
 		return
-	fi
+		;;
+	helm)
+		helm_install "$overlay"
+		return
+		;;
+	esac
 	make -s -C "$REPO_DIR" "$REPO_DIR/bin/kpt" >/dev/null
 	KPT=$REPO_DIR/bin/kpt KUBECTL=$KUBECTL KUBECONFIG=$KUBECONFIG_FILE DEPLOY_TIMEOUT=3m \
 		"$REPO_DIR/hack/deploy.sh" "$overlay"
+}
+
+# helm_install OVERLAY: helm upgrade --install of the chart, the e2e
+# overlay's values for e2e. The chart leaves out the Namespace, which holds
+# the release and must exist first: the package's, with its pod security
+# label (the node agent is privileged).
+helm_install() {
+	local overlay=$1 values=()
+	local chart=$REPO_DIR/charts/layercache
+	if [[ $overlay != default ]]; then
+		[[ -f $chart/ci/$overlay-values.yaml ]] || die "no values $chart/ci/$overlay-values.yaml for config/$overlay"
+		values=(--values "$chart/ci/$overlay-values.yaml")
+	fi
+	make -s -C "$REPO_DIR" "$REPO_DIR/bin/helm" >/dev/null
+	kubectl apply --server-side -f "$REPO_DIR/config/default/namespace.yaml"
+	# --take-ownership: a cluster deployed earlier with kpt or kubectl
+	# (make up's default) keeps its objects, now the release's.
+	"$REPO_DIR/bin/helm" --kubeconfig "$KUBECONFIG_FILE" upgrade --install layercache "$chart" \
+		--namespace layercache-system "${values[@]}" --take-ownership --wait --timeout 3m
 }
 
 # deploy applies the project's e2e overlay, and restarts its pods when the

@@ -1,0 +1,103 @@
+//go:build e2e && faults
+
+package cache
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/layercache/layercache/e2e/framework"
+)
+
+// helmRelease is the release make e2e installs (e2e/cluster/up.sh,
+// --deploy helm).
+const helmRelease = "layercache"
+
+// TestHelmUpgradeKeepsCaches: a helm upgrade that changes both components'
+// pods (every node agent and the manager restart) keeps a committed cache:
+// the CRD and the Cache are the same objects (same UIDs: not deleted and
+// recreated), the cache keeps its generation, and the next build reads the
+// files. It restarts every node agent, so it runs alone with the faults
+// (make e2e-faults), on a cluster installed with the chart (make e2e-up).
+func TestHelmUpgradeKeepsCaches(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
+	defer cancel()
+	const cacheName = "upgraded"
+
+	helm := filepath.Join("..", "..", "bin", "helm")
+	if _, err := os.Stat(helm); err != nil {
+		t.Fatalf("no helm at %s (%v): make e2e-up builds it (make bin/helm)", helm, err)
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		cmd := exec.CommandContext(ctx, helm, args...)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("helm %v: %v\n%s", args, err, out.String())
+		}
+		return out.String()
+	}
+	if out := run("status", helmRelease, "--namespace", framework.SystemNamespace); !bytes.Contains([]byte(out), []byte("STATUS: deployed")) {
+		t.Fatalf("layercache is not a deployed Helm release (make e2e-up installs it with --deploy helm):\n%s", out)
+	}
+
+	e.runPod(ctx, e.cachePod("before", cacheAnnotations(cacheName), "echo kept > /cache/file"), corev1.PodSucceeded)
+	e.expectVolumeEnd(ctx, "before", "Committed")
+	before := e.waitGeneration(ctx, cacheName, 1)
+	crd := crdMetadata(ctx, t, e)
+	agent := e.agentPod(ctx)
+
+	// A log level on both components changes both pod templates; the
+	// cleanup puts it back (another rollout, which the next fault waits out
+	// as it waits for its agent).
+	upgrade := func(level string) {
+		run("upgrade", helmRelease, filepath.Join("..", "..", "charts", "layercache"), "--namespace", framework.SystemNamespace,
+			"--reuse-values", "--set", "node.logLevel="+level, "--set", "manager.logLevel="+level, "--wait", "--timeout", "3m")
+	}
+	t.Cleanup(func() { upgrade("null") })
+	start := time.Now()
+	upgrade("debug")
+	e.waitAgentReady(ctx, string(agent.UID), agentRestartTimeout)
+	t.Logf("helm upgrade and the agents' rollout took %s", time.Since(start).Round(time.Second))
+
+	if crdAfter := crdMetadata(ctx, t, e); crdAfter.UID != crd.UID {
+		t.Errorf("the Cache CRD was recreated by the upgrade (UID %s, was %s): every Cache went with it", crdAfter.UID, crd.UID)
+	}
+	after, err := e.cache(ctx, cacheName)
+	if err != nil {
+		t.Fatalf("Cache %s after the upgrade: %v", cacheName, err)
+	}
+	if after.UID != before.UID || after.Status.Generation != before.Status.Generation {
+		t.Errorf("Cache %s after the upgrade: UID %s generation %d, want the same object (%s) at generation %d",
+			cacheName, after.UID, after.Status.Generation, before.UID, before.Status.Generation)
+	}
+
+	e.runPod(ctx, e.cachePod("after", cacheAnnotations(cacheName), "cat /cache/file"), corev1.PodSucceeded)
+	if got := e.logs(ctx, "after"); got != "kept\n" {
+		t.Errorf("the build after the upgrade read %q from the cache, want %q", got, "kept\n")
+	}
+}
+
+// crdMetadata reads the Cache CRD's metadata (the scenario's scheme has no
+// CRD type; the metadata is all it compares).
+func crdMetadata(ctx context.Context, t *testing.T, e *env) *metav1.PartialObjectMetadata {
+	t.Helper()
+	crd := &metav1.PartialObjectMetadata{}
+	crd.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"})
+	if err := e.Caches.Get(ctx, client.ObjectKey{Name: "caches.layercache.dev"}, crd); err != nil {
+		t.Fatalf("reading the Cache CRD: %v", err)
+	}
+	return crd
+}
