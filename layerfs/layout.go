@@ -27,10 +27,6 @@ const (
 // layout other than the one it was created with.
 var ErrLayoutMismatch = errors.New("layout mismatch")
 
-// ErrSnapshotUnsupported is returned (wrapped) by operations that only
-// overlay caches have (registry export and sync).
-var ErrSnapshotUnsupported = errors.New("not supported by the snapshot layout")
-
 // ParseLayout parses a layout name; "" is the default, overlay.
 func ParseLayout(s string) (Layout, error) {
 	switch Layout(s) {

@@ -326,8 +326,12 @@ func (s *Store) snapshotRefs() (gens, vols map[string]bool, err error) {
 	return gens, vols, nil
 }
 
-// refuseRegistry refuses registry export and sync: a snapshot cache
-// stays on its node.
-func (s snapshotLayout) refuseRegistry(h *head, what string) error {
-	return fmt.Errorf("%s of cache %s: %w: a snapshot cache stays on its node (no registry sync); use the overlay layout for caches shared across nodes", what, h.Cache, ErrSnapshotUnsupported)
+// exportDir is the generation's read-only subvolume: its image is the
+// whole cache, which a fresh node receives as a generation of its own
+// (snapshot_sync.go).
+func (s snapshotLayout) exportDir(ctx context.Context, id string) (string, error) {
+	if err := s.ensureSnapshotArea(ctx); err != nil {
+		return "", err
+	}
+	return s.snapshots.GenerationPath(id), nil
 }
