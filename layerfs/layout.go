@@ -47,11 +47,6 @@ func (l Layout) orDefault() Layout {
 	return l
 }
 
-// seeds tells whether a new cache of layout l can start from a
-// fallback's layers (seed.go): they are overlay layers, which only an
-// overlay mount can stack.
-func (l Layout) seeds() bool { return l.orDefault() == LayoutOverlay }
-
 // checkLayout refuses to use a cache of one layout as the other.
 func checkLayout(cache CacheRef, has, want Layout) error {
 	if has.orDefault() == want.orDefault() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/layercache/layercache/layerfs/flock"
@@ -37,9 +38,13 @@ func (s snapshotLayout) sealsUnlocked() bool { return false }
 
 // push makes layer the one generation that holds the whole cache.
 func (s snapshotLayout) push(h *head, layer LayerInfo, r *volumeRecord) {
+	lineage := h.Qgroups
+	if len(h.Layers) == 0 && r.SeededFrom != nil {
+		lineage = r.SeedQgroups // it lands as the seed's successor (landSeeded)
+	}
 	h.push(layer, r)
 	h.Layers = h.Layers[:1]
-	h.Qgroups = s.snapshots.Lineage(h.Qgroups, r.SubvolID)
+	h.Qgroups = s.snapshots.Lineage(lineage, r.SubvolID)
 }
 
 func (s snapshotLayout) upperDir(r *volumeRecord) string { return s.snapshots.VolumePath(r.ID) }
@@ -83,6 +88,11 @@ func (s snapshotLayout) create(t *txn, id string, opts MountOptions) (err error)
 	if err := s.ensureSnapshotArea(t.ctx); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
+	// Before the head is touched: a refused fallback creates nothing.
+	seed, _, err := s.seedFor(t, opts)
+	if err != nil {
+		return fmt.Errorf("create volume %q: %w", id, err)
+	}
 	t.touchHead()
 	h := t.Head
 	h.Layout = LayoutSnapshot
@@ -112,7 +122,7 @@ func (s snapshotLayout) create(t *txn, id string, opts MountOptions) (err error)
 	if err := os.Mkdir(r.MergedPath, 0o755); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
-	if err := s.makeVolumeSubvolume(r, h); err != nil {
+	if err := s.makeSeededSubvolume(t, r, seed); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
 	ondisk.FaultPoint() // the subvolume exists, the record not yet
@@ -125,6 +135,37 @@ func (s snapshotLayout) create(t *txn, id string, opts MountOptions) (err error)
 	}
 	r.Mounted = true
 	return nil
+}
+
+// makeSeededSubvolume makes a new volume's subvolume from its cache's
+// generation or, for a cache with none, from seed's, the first fallback
+// with one (seedFor): a snapshot, constant time whatever its size. The
+// fallback's lock is held until the snapshot is taken, so that its next
+// commit cannot delete the generation first; past fallbackLockWait
+// (see there) the unlocked read stands, and a generation gone meanwhile
+// fails the mount, which the kubelet retries.
+func (s snapshotLayout) makeSeededSubvolume(t *txn, r *volumeRecord, seed *Seed) error {
+	if seed == nil {
+		return s.makeVolumeSubvolume(r, t.Head)
+	}
+	wait, cancel := context.WithTimeout(t.ctx, fallbackLockWait)
+	defer cancel()
+	if l, err := s.lockCache(wait, seed.Cache); err == nil {
+		defer l.Unlock()
+	} else if t.ctx.Err() != nil {
+		return t.ctx.Err()
+	}
+	h, err := s.readHead(seed.Cache)
+	if err != nil {
+		return fmt.Errorf("read fallback %s of cache %s: %w", seed.Cache, r.Cache, err)
+	}
+	if !hasGeneration(h) || h.Layout != LayoutSnapshot {
+		return fmt.Errorf("fallback %s of cache %s changed while the volume was made; mount again", seed.Cache, r.Cache)
+	}
+	seed.Generation = h.Generation
+	t.seedVolume(r, seed, nil)
+	r.SeedQgroups = slices.Clone(h.Qgroups)
+	return s.makeVolumeSubvolume(r, h)
 }
 
 // makeVolumeSubvolume makes the volume's writable subvolume from h's
@@ -219,8 +260,12 @@ func (s snapshotLayout) seal(r *volumeRecord) (*LayerInfo, error) {
 		return nil, &overLimitError{bytes: written, limit: r.LimitBytes}
 	}
 	var lineage []uint64
-	if h, err := s.readHead(r.Cache); err == nil && h.UID == r.CacheUID {
+	h, err := s.readHead(r.Cache)
+	switch {
+	case err == nil && hasGeneration(h) && (h.UID == r.CacheUID || r.SeededFrom != nil):
 		lineage = h.Qgroups
+	case r.SeededFrom != nil:
+		lineage = r.SeedQgroups
 	}
 	bytes, err := s.snapshots.Freeze(r.ID, r.Upper, usage, lineage)
 	if err != nil {
