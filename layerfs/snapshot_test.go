@@ -228,7 +228,6 @@ func TestSnapshotSquashIsNoop(t *testing.T) {
 	}
 }
 
-
 func TestSnapshotRemoveAndGC(t *testing.T) {
 	for _, kind := range snapshotRoots {
 		t.Run(kind, func(t *testing.T) {
