@@ -168,6 +168,20 @@ func (s snapshotLayout) makeSeededSubvolume(t *txn, r *volumeRecord, seed *Seed)
 	return s.makeVolumeSubvolume(r, h)
 }
 
+// remakeSubvolume makes a fresh subvolume for volume r: of its
+// cache's generation or, for a seeded volume whose cache still has none,
+// of its fallback's as it stands now. A torn volume is never committed,
+// so a fallback gone meanwhile leaves it empty rather than unmountable.
+func (s snapshotLayout) remakeSubvolume(t *txn, r *volumeRecord) error {
+	if r.SeededFrom == nil || hasGeneration(t.Head) {
+		return s.makeVolumeSubvolume(r, t.Head)
+	}
+	if err := s.makeSeededSubvolume(t, r, &Seed{Cache: r.SeededFrom.Cache}); err == nil {
+		return nil
+	}
+	return s.makeVolumeSubvolume(r, t.Head)
+}
+
 // makeVolumeSubvolume makes the volume's writable subvolume from h's
 // generation (empty for a cache without one) and records what it is.
 func (s *Store) makeVolumeSubvolume(r *volumeRecord, h *head) error {
@@ -208,7 +222,7 @@ func (s snapshotLayout) remount(t *txn) error {
 	}
 	if !s.snapshots.HasVolume(r.ID) {
 		// Torn, or a crash undid its creation: a fresh one.
-		if err := s.makeVolumeSubvolume(r, t.Head); err != nil {
+		if err := s.remakeSubvolume(t, r); err != nil {
 			return fmt.Errorf("remount volume %q: %w", r.ID, err)
 		}
 		if err := t.save(); err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestSnapshotSeedFromFallback: a snapshot cache with no generation
@@ -90,5 +92,29 @@ func TestSnapshotSeedRules(t *testing.T) {
 	if !errors.Is(err, ErrLayoutMismatch) {
 		t.Errorf("Mount seeded from an overlay cache: %v, want ErrLayoutMismatch", err)
 	}
+	assertNoSnapshotOrphans(t, s)
+}
+
+// TestSnapshotSeededVolumeTornAfterReboot: a seeded volume torn by a
+// reboot is made again from its fallback, not empty.
+func TestSnapshotSeededVolumeTornAfterReboot(t *testing.T) {
+	ctx := context.Background()
+	s := newSnapshotStore(t, "image")
+	buildSnapshot(t, s, "m", "ns/main", map[string]string{"dep": "main"})
+	v := mountSnapshot(t, s, "pr", "ns/pr", MountOptions{Fallbacks: []CacheRef{{"ns", "main"}}})
+	writeFile(t, filepath.Join(v.MergedPath, "half"), "written before the crash")
+	// A reboot: the mount is gone and the record is of another boot.
+	must(t, unix.Unmount(v.MergedPath, 0))
+	must(t, s.transact(ctx, scope{volume: "pr"}, func(t *txn) error { t.Volume.BootID = "an-earlier-boot"; return nil }))
+	if res, err := s.Recover(ctx); err != nil || len(res.Torn) != 1 {
+		t.Fatalf("Recover = %+v, %v; want volume pr torn", res, err)
+	}
+	got, err := s.Volume(ctx, "pr")
+	must(t, err)
+	assertMissing(t, filepath.Join(got.MergedPath, "half"))
+	if dep := readFile(t, filepath.Join(got.MergedPath, "dep")); dep != "main" {
+		t.Errorf("the torn seeded volume shows dep = %q, want the fallback's", dep)
+	}
+	must(t, s.Discard(ctx, "pr"))
 	assertNoSnapshotOrphans(t, s)
 }
