@@ -160,10 +160,7 @@ func (s *Store) receiveGeneration(ctx context.Context, cache CacheRef, cl ChainL
 	}
 	gen := randomID()
 	rec, err := s.snapshots.Receive("pull-"+gen, gen, func(dir string) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		return tree.Copy(filepath.Join(dirs.Layers, img), dir, nil)
+		return tree.CopyContext(ctx, filepath.Join(dirs.Layers, img), dir, nil)
 	})
 	if err != nil {
 		s.snapshots.DeleteGeneration(gen)

@@ -185,3 +185,40 @@ func readCacheFile(t testing.TB, s *Store, cache, name string) string {
 	defer func() { must(t, s.Discard(context.Background(), id)) }()
 	return readFile(t, filepath.Join(v.MergedPath, name))
 }
+
+// cancelOnClose cancels a context when the fetched blob is closed: the
+// image is then all here, and its copy into the generation starts after
+// the deadline.
+type cancelOnClose struct {
+	io.Reader
+	cancel context.CancelFunc
+}
+
+func (c cancelOnClose) Close() error { c.cancel(); return nil }
+
+// TestSnapshotSyncStopsAtItsDeadline: a pull past its deadline stops
+// copying (a volume waits for it no longer than its class's syncTimeout)
+// and leaves the cache and the area as they were.
+func TestSnapshotSyncStopsAtItsDeadline(t *testing.T) {
+	a, b := newSnapshotStore(t, "image"), newSnapshotStore(t, "image")
+	reg := registry{}
+	buildSnapshot(t, a, "a1", "ns/c", map[string]string{"f": "1", "g": "2"})
+	chain := publishSnapshot(t, a, reg, "ns/c", Chain{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fetch := func(ctx context.Context, l ChainLayer) (io.ReadCloser, error) {
+		rc, err := reg.fetch(ctx, l)
+		if err != nil {
+			return nil, err
+		}
+		return cancelOnClose{Reader: rc, cancel: cancel}, nil
+	}
+	_, err := b.Sync(ctx, mustRef(t, "ns/c"), chain, fetch, SyncOptions{Layout: LayoutSnapshot})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Sync past its deadline: %v, want context.Canceled", err)
+	}
+	if _, err := b.Inspect(context.Background(), mustRef(t, "ns/c")); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a Sync cut short left the cache: %v", err)
+	}
+	assertNoSnapshotOrphans(t, b)
+}
