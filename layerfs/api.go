@@ -90,8 +90,11 @@ type MountOptions struct {
 	// no generation on this node: the volume's lower layers are the first
 	// fallback's layers at its current generation (shared, never copied),
 	// and its commit creates Cache with its layer on top of exactly those
-	// (seed.go). Once Cache has a generation they are ignored. A fallback
-	// equal to Cache is skipped. At most MaxFallbacks; overlay layout only.
+	// (seed.go). A snapshot cache's volume is instead a writable snapshot
+	// of the fallback's generation (constant time), and its commit
+	// creates Cache as its own generation; a fallback must have the
+	// cache's layout. Once Cache has a generation they are ignored. A
+	// fallback equal to Cache is skipped. At most MaxFallbacks.
 	Fallbacks []CacheRef
 	// FallbackRepositories names the registry repository of each
 	// fallback whose layer digests are blobs there (a cache published

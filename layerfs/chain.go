@@ -75,6 +75,11 @@ type SyncOptions struct {
 	// its reads fill on demand and a background fetch completes (see
 	// lazymount.go). Nil fetches every layer whole before the head moves.
 	OpenLazy OpenLazy
+	// Layout is the layout of a cache the Sync creates ("" is overlay);
+	// an existing cache keeps its own, and one of another layout fails
+	// with ErrLayoutMismatch. A snapshot cache takes the chain's newest
+	// layer only: each is a whole generation (snapshot_sync.go).
+	Layout Layout
 	// LazyWait is how long a read of a lazily mounted layer waits for
 	// bytes the registry cannot give now before it fails with EIO; 0
 	// means 30 s.
@@ -147,9 +152,6 @@ func (s *Store) SetLayerDigest(ctx context.Context, cache CacheRef, layerID, dig
 	err := s.transact(ctx, scope{cache: cache}, func(t *txn) error {
 		if t.Head == nil {
 			return fmt.Errorf("cache %s: %w", cache, ErrNotFound)
-		}
-		if err := s.refuseRegistry(t.Head, "publish"); err != nil {
-			return err
 		}
 		i := t.Head.layerIndex(layerID)
 		if i < 0 {

@@ -74,8 +74,8 @@ func contractHarness() storetest.Harness {
 	}
 }
 
-// Snapshot stores keep the contract too, but for squash and sync, which
-// the layout does not have (see storetest.Harness.Layout).
+// Snapshot stores keep the contract too, but for squash, which the
+// layout does not have (see storetest.Harness.Layout).
 func TestStoreContractSnapshot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: the store makes real btrfs mounts; run `make test` as root")

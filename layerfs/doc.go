@@ -29,8 +29,10 @@
 // volume's merged path, and a commit is a read-only snapshot of the volume
 // that replaces the head (whole-volume last writer wins); size limits are
 // qgroup limits, enforced as the build writes. Subvolumes and qgroups are
-// made with ioctls (package layerfs/snapshot); snapshot caches have
-// no registry sync (ErrSnapshotUnsupported) and nothing to squash. Each
+// made with ioctls (package layerfs/snapshot). A snapshot cache has
+// nothing to squash; it syncs through a registry one whole generation at
+// a time, each published as an EROFS image of its subvolume and taken in
+// as a new generation (snapshot_sync.go). Each
 // layout is a volumeLayout (layouts.go); the store picks a cache's in one
 // place (layoutOf) and asks it for everything the layouts do differently.
 //

@@ -28,14 +28,16 @@ func (s *Store) ExportLayer(ctx context.Context, cache CacheRef, layerID string,
 		return err
 	}
 	defer storeLock.Unlock()
-	if err := s.checkInHead(ctx, cache, layerID); err != nil {
+	h, err := s.checkInHead(ctx, cache, layerID)
+	if err != nil {
 		return err
 	}
-	if err := s.readyLayers([]string{layerID}); err != nil {
+	dir, err := s.layoutOf(h.Layout).exportDir(ctx, layerID)
+	if err != nil {
 		return fmt.Errorf("export layer %s of cache %s: %w", layerID, cache, err)
 	}
 	ew := &errWriter{w: w}
-	_, err = erofs.Write(ctx, s.layerDir(layerID), ew)
+	_, err = erofs.Write(ctx, dir, ew)
 	switch {
 	case err == nil:
 		return nil
@@ -61,19 +63,16 @@ func (e *errWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// checkInHead fails with ErrNotFound unless layerID is in cache's head.
+// checkInHead returns cache's head, or ErrNotFound unless layerID is in it.
 // The caller holds the store lock, which keeps the layer from being swept
 // after the cache lock is released.
-func (s *Store) checkInHead(ctx context.Context, cache CacheRef, layerID string) error {
+func (s *Store) checkInHead(ctx context.Context, cache CacheRef, layerID string) (*head, error) {
 	h, err := s.lockedHead(ctx, cache)
 	if err != nil {
-		return fmt.Errorf("export layer %s: cache %s: %w", layerID, cache, err)
-	}
-	if err := s.refuseRegistry(h, "export"); err != nil {
-		return err
+		return nil, fmt.Errorf("export layer %s: cache %s: %w", layerID, cache, err)
 	}
 	if !h.hasLayer(layerID) {
-		return fmt.Errorf("export layer %s: it is not in cache %s (squashed or synced away): %w", layerID, cache, ErrNotFound)
+		return nil, fmt.Errorf("export layer %s: it is not in cache %s (squashed or synced away): %w", layerID, cache, ErrNotFound)
 	}
-	return nil
+	return h, nil
 }

@@ -27,10 +27,6 @@ const (
 // layout other than the one it was created with.
 var ErrLayoutMismatch = errors.New("layout mismatch")
 
-// ErrSnapshotUnsupported is returned (wrapped) by operations that only
-// overlay caches have (registry export and sync).
-var ErrSnapshotUnsupported = errors.New("not supported by the snapshot layout")
-
 // ParseLayout parses a layout name; "" is the default, overlay.
 func ParseLayout(s string) (Layout, error) {
 	switch Layout(s) {
@@ -50,11 +46,6 @@ func (l Layout) orDefault() Layout {
 	}
 	return l
 }
-
-// seeds tells whether a new cache of layout l can start from a
-// fallback's layers (seed.go): they are overlay layers, which only an
-// overlay mount can stack.
-func (l Layout) seeds() bool { return l.orDefault() == LayoutOverlay }
 
 // checkLayout refuses to use a cache of one layout as the other.
 func checkLayout(cache CacheRef, has, want Layout) error {

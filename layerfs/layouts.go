@@ -40,9 +40,9 @@ type volumeLayout interface {
 	space() string
 	// sweep deletes what no head and no volume record names.
 	sweep(ctx context.Context) (sweepResult, error)
-	// refuseRegistry is why a cache h cannot travel through a registry
-	// (what: export, sync, publish); nil if it can.
-	refuseRegistry(h *head, what string) error
+	// exportDir is where layer id's tree is read for its image
+	// (ExportLayer), ready to be read.
+	exportDir(ctx context.Context, id string) (string, error)
 	// squashes tells whether a deep head is squashed.
 	squashes() bool
 }
@@ -58,15 +58,6 @@ func (s *Store) layoutOf(l Layout) volumeLayout {
 // layouts are every layout a store composes.
 func (s *Store) layouts() []volumeLayout {
 	return []volumeLayout{overlayLayout{s}, snapshotLayout{s}}
-}
-
-// refuseRegistry refuses to move cache h through a registry if its
-// layout keeps it on the node; nil for a cache not made yet.
-func (s *Store) refuseRegistry(h *head, what string) error {
-	if h == nil {
-		return nil
-	}
-	return s.layoutOf(h.Layout).refuseRegistry(h, what)
 }
 
 // checkMountLayout refuses to mount a cache with a layout other than its

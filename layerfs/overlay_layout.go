@@ -43,7 +43,14 @@ func (s overlayLayout) mountCommand(r *volumeRecord) string {
 // space is the store root's filesystem, where layers live.
 func (s overlayLayout) space() string { return s.root }
 
-func (s overlayLayout) refuseRegistry(*head, string) error { return nil }
+// exportDir mounts the layer's image first if it was pulled: its
+// mount is gone after a reboot until Recover runs.
+func (s overlayLayout) exportDir(_ context.Context, id string) (string, error) {
+	if err := s.readyLayers([]string{id}); err != nil {
+		return "", err
+	}
+	return s.layerDir(id), nil
+}
 
 func (s overlayLayout) squashes() bool { return true }
 

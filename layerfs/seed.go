@@ -56,10 +56,6 @@ func (o MountOptions) validateFallbacks() error {
 	if len(o.Fallbacks) > MaxFallbacks {
 		return fmt.Errorf("volume of cache %s names %d fallbacks: use at most %d", o.Cache, len(o.Fallbacks), MaxFallbacks)
 	}
-	if !o.Layout.seeds() {
-		return fmt.Errorf("volume of cache %s names fallbacks %v, but the %s layout cannot start from a fallback yet: remove the fallbacks or use the %s layout",
-			o.Cache, o.Fallbacks, o.Layout, LayoutOverlay)
-	}
 	for _, f := range o.Fallbacks {
 		if err := f.Validate(); err != nil {
 			return fmt.Errorf("fallback %q: %w", f, err)
@@ -86,9 +82,11 @@ func (s *Store) seedFor(t *txn, opts MountOptions) (*Seed, []LayerInfo, error) {
 		if !hasGeneration(h) {
 			continue
 		}
-		if h.Layout.orDefault() != LayoutOverlay {
-			return nil, nil, fmt.Errorf("fallback %s of cache %s has the %s layout, and an %s cache cannot start from it: remove it from the fallbacks: %w",
-				f, opts.Cache, h.Layout.orDefault(), LayoutOverlay, ErrLayoutMismatch)
+		// A cache starts from its fallback's data as it is kept: overlay
+		// layers, or a generation to snapshot.
+		if h.Layout.orDefault() != opts.Layout.orDefault() {
+			return nil, nil, fmt.Errorf("fallback %s of cache %s has the %s layout, and a cache of the %s layout cannot start from it: remove it from the fallbacks: %w",
+				f, opts.Cache, h.Layout.orDefault(), opts.Layout.orDefault(), ErrLayoutMismatch)
 		}
 		return &Seed{Cache: f, Generation: h.Generation}, seedLayers(h.Layers, opts.FallbackRepositories[f]), nil
 	}

@@ -378,7 +378,7 @@ func TestMountRefusesBadFallbacks(t *testing.T) {
 		opts MountOptions
 		want string
 	}{
-		{"snapshot layout", MountOptions{Layout: LayoutSnapshot, Fallbacks: []CacheRef{{"ns", "main"}}}, "cannot start from a fallback"},
+		{"other layout", MountOptions{Layout: LayoutSnapshot, Fallbacks: []CacheRef{{"ns", "main"}}}, "cannot start from it"},
 		{"too many", MountOptions{Fallbacks: []CacheRef{{"ns", "a"}, {"ns", "b"}, {"ns", "c"}, {"ns", "d"}, {"ns", "e"}, {"ns", "f"}}}, "at most 5"},
 		{"invalid name", MountOptions{Fallbacks: []CacheRef{{"ns", "Main"}}}, `fallback "ns/Main"`},
 	} {

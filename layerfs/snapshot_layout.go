@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/layercache/layercache/layerfs/flock"
@@ -37,9 +38,13 @@ func (s snapshotLayout) sealsUnlocked() bool { return false }
 
 // push makes layer the one generation that holds the whole cache.
 func (s snapshotLayout) push(h *head, layer LayerInfo, r *volumeRecord) {
+	lineage := h.Qgroups
+	if len(h.Layers) == 0 && r.SeededFrom != nil {
+		lineage = r.SeedQgroups // it lands as the seed's successor (landSeeded)
+	}
 	h.push(layer, r)
 	h.Layers = h.Layers[:1]
-	h.Qgroups = s.snapshots.Lineage(h.Qgroups, r.SubvolID)
+	h.Qgroups = s.snapshots.Lineage(lineage, r.SubvolID)
 }
 
 func (s snapshotLayout) upperDir(r *volumeRecord) string { return s.snapshots.VolumePath(r.ID) }
@@ -83,6 +88,11 @@ func (s snapshotLayout) create(t *txn, id string, opts MountOptions) (err error)
 	if err := s.ensureSnapshotArea(t.ctx); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
+	// Before the head is touched: a refused fallback creates nothing.
+	seed, _, err := s.seedFor(t, opts)
+	if err != nil {
+		return fmt.Errorf("create volume %q: %w", id, err)
+	}
 	t.touchHead()
 	h := t.Head
 	h.Layout = LayoutSnapshot
@@ -112,7 +122,7 @@ func (s snapshotLayout) create(t *txn, id string, opts MountOptions) (err error)
 	if err := os.Mkdir(r.MergedPath, 0o755); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
-	if err := s.makeVolumeSubvolume(r, h); err != nil {
+	if err := s.makeSeededSubvolume(t, r, seed); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
 	ondisk.FaultPoint() // the subvolume exists, the record not yet
@@ -125,6 +135,51 @@ func (s snapshotLayout) create(t *txn, id string, opts MountOptions) (err error)
 	}
 	r.Mounted = true
 	return nil
+}
+
+// makeSeededSubvolume makes a new volume's subvolume from its cache's
+// generation or, for a cache with none, from seed's, the first fallback
+// with one (seedFor): a snapshot, constant time whatever its size. The
+// fallback's lock is held until the snapshot is taken, so that its next
+// commit cannot delete the generation first; past fallbackLockWait
+// (see there) the unlocked read stands, and a generation gone meanwhile
+// fails the mount, which the kubelet retries.
+func (s snapshotLayout) makeSeededSubvolume(t *txn, r *volumeRecord, seed *Seed) error {
+	if seed == nil {
+		return s.makeVolumeSubvolume(r, t.Head)
+	}
+	wait, cancel := context.WithTimeout(t.ctx, fallbackLockWait)
+	defer cancel()
+	if l, err := s.lockCache(wait, seed.Cache); err == nil {
+		defer l.Unlock()
+	} else if t.ctx.Err() != nil {
+		return t.ctx.Err()
+	}
+	h, err := s.readHead(seed.Cache)
+	if err != nil {
+		return fmt.Errorf("read fallback %s of cache %s: %w", seed.Cache, r.Cache, err)
+	}
+	if !hasGeneration(h) || h.Layout != LayoutSnapshot {
+		return fmt.Errorf("fallback %s of cache %s changed while the volume was made; mount again", seed.Cache, r.Cache)
+	}
+	seed.Generation = h.Generation
+	t.seedVolume(r, seed, nil)
+	r.SeedQgroups = slices.Clone(h.Qgroups)
+	return s.makeVolumeSubvolume(r, h)
+}
+
+// remakeSubvolume makes a fresh subvolume for volume r: of its
+// cache's generation or, for a seeded volume whose cache still has none,
+// of its fallback's as it stands now. A torn volume is never committed,
+// so a fallback gone meanwhile leaves it empty rather than unmountable.
+func (s snapshotLayout) remakeSubvolume(t *txn, r *volumeRecord) error {
+	if r.SeededFrom == nil || hasGeneration(t.Head) {
+		return s.makeVolumeSubvolume(r, t.Head)
+	}
+	if err := s.makeSeededSubvolume(t, r, &Seed{Cache: r.SeededFrom.Cache}); err == nil {
+		return nil
+	}
+	return s.makeVolumeSubvolume(r, t.Head)
 }
 
 // makeVolumeSubvolume makes the volume's writable subvolume from h's
@@ -167,7 +222,7 @@ func (s snapshotLayout) remount(t *txn) error {
 	}
 	if !s.snapshots.HasVolume(r.ID) {
 		// Torn, or a crash undid its creation: a fresh one.
-		if err := s.makeVolumeSubvolume(r, t.Head); err != nil {
+		if err := s.remakeSubvolume(t, r); err != nil {
 			return fmt.Errorf("remount volume %q: %w", r.ID, err)
 		}
 		if err := t.save(); err != nil {
@@ -219,8 +274,12 @@ func (s snapshotLayout) seal(r *volumeRecord) (*LayerInfo, error) {
 		return nil, &overLimitError{bytes: written, limit: r.LimitBytes}
 	}
 	var lineage []uint64
-	if h, err := s.readHead(r.Cache); err == nil && h.UID == r.CacheUID {
+	h, err := s.readHead(r.Cache)
+	switch {
+	case err == nil && hasGeneration(h) && (h.UID == r.CacheUID || r.SeededFrom != nil):
 		lineage = h.Qgroups
+	case r.SeededFrom != nil:
+		lineage = r.SeedQgroups
 	}
 	bytes, err := s.snapshots.Freeze(r.ID, r.Upper, usage, lineage)
 	if err != nil {
@@ -326,8 +385,12 @@ func (s *Store) snapshotRefs() (gens, vols map[string]bool, err error) {
 	return gens, vols, nil
 }
 
-// refuseRegistry refuses registry export and sync: a snapshot cache
-// stays on its node.
-func (s snapshotLayout) refuseRegistry(h *head, what string) error {
-	return fmt.Errorf("%s of cache %s: %w: a snapshot cache stays on its node (no registry sync); use the overlay layout for caches shared across nodes", what, h.Cache, ErrSnapshotUnsupported)
+// exportDir is the generation's read-only subvolume: its image is the
+// whole cache, which a fresh node receives as a generation of its own
+// (snapshot_sync.go).
+func (s snapshotLayout) exportDir(ctx context.Context, id string) (string, error) {
+	if err := s.ensureSnapshotArea(ctx); err != nil {
+		return "", err
+	}
+	return s.snapshots.GenerationPath(id), nil
 }

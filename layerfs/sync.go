@@ -48,10 +48,12 @@ func (s *Store) Sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 	if opts.Parallel == 0 {
 		opts.Parallel = defaultSyncParallel
 	}
-	if h, err := s.readHead(cache); err == nil {
-		if err := s.refuseRegistry(h, "sync"); err != nil {
-			return SyncResult{}, err
-		}
+	layout, err := s.syncLayout(cache, opts.Layout)
+	if err != nil {
+		return SyncResult{}, err
+	}
+	if layout == LayoutSnapshot {
+		return s.syncSnapshot(ctx, cache, chain, fetch, opts)
 	}
 	res, err := s.sync(ctx, cache, chain, fetch, opts)
 	if err != nil || !res.Changed {
@@ -64,6 +66,23 @@ func (s *Store) Sync(ctx context.Context, cache CacheRef, chain Chain, fetch Fet
 	cancel()
 	s.sweepLayers(now)
 	return res, nil
+}
+
+// syncLayout is the layout a Sync keeps cache in: its own, or want
+// ("" is overlay) for a cache not made yet.
+func (s *Store) syncLayout(cache CacheRef, want Layout) (Layout, error) {
+	h, err := s.readHead(cache)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return want.orDefault(), nil
+	case err != nil:
+		return "", fmt.Errorf("sync cache %s: %w", cache, err)
+	case want != "":
+		if err := checkLayout(cache, h.Layout, want); err != nil {
+			return "", fmt.Errorf("sync cache %s: %w", cache, err)
+		}
+	}
+	return h.Layout.orDefault(), nil
 }
 
 func validateSync(cache CacheRef, chain Chain, opts SyncOptions) error {
@@ -354,10 +373,24 @@ func (s *Store) fetchLayers(ctx context.Context, cache CacheRef, chain Chain, mi
 // opts.MaxLayerBytes (0: no bound), or mounts it lazily (opts.OpenLazy): a layer whose chain states a larger blob is not
 // fetched at all, and the fetch stops at the size the chain states.
 func (s *Store) pullLayer(ctx context.Context, cache CacheRef, cl ChainLayer, fetch Fetch, opts SyncOptions) (LayerInfo, error) {
-	maxBytes := opts.MaxLayerBytes
+	cl, err := admitLayer(cl, opts.MaxLayerBytes)
+	if err != nil {
+		return LayerInfo{}, err
+	}
+	if opts.OpenLazy != nil && cl.Lazy() {
+		return s.pullLazy(ctx, cache, cl, opts)
+	}
+	return s.pullImage(ctx, cl, fetch, opts.MaxLayerBytes)
+}
+
+// admitLayer refuses a chain layer before any of it is fetched: one
+// whose blob is over maxBytes (0: no bound), or of a format the node
+// does not take in. A layer without a stated size is read no further
+// than maxBytes.
+func admitLayer(cl ChainLayer, maxBytes int64) (ChainLayer, error) {
 	if maxBytes > 0 {
 		if cl.Size > maxBytes {
-			return LayerInfo{}, fmt.Errorf("its blob is %d bytes, over the bound of %d: %w", cl.Size, maxBytes, ErrTooLarge)
+			return cl, fmt.Errorf("its blob is %d bytes, over the bound of %d: %w", cl.Size, maxBytes, ErrTooLarge)
 		}
 		if cl.Size <= 0 {
 			cl.Size = maxBytes
@@ -366,10 +399,7 @@ func (s *Store) pullLayer(ctx context.Context, cache CacheRef, cl ChainLayer, fe
 	if cl.Format != FormatEROFS {
 		// Layers were once published as OCI tars; nothing released did,
 		// and a tar is unpacked, not checked, so none is taken in.
-		return LayerInfo{}, fmt.Errorf("layer %s is of format %q; a node takes in %q images only: %w", cl.Digest, cl.Format, FormatEROFS, ErrInvalidImage)
+		return cl, fmt.Errorf("layer %s is of format %q; a node takes in %q images only: %w", cl.Digest, cl.Format, FormatEROFS, ErrInvalidImage)
 	}
-	if opts.OpenLazy != nil && cl.Lazy() {
-		return s.pullLazy(ctx, cache, cl, opts)
-	}
-	return s.pullImage(ctx, cl, fetch, maxBytes)
+	return cl, nil
 }

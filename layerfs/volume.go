@@ -39,6 +39,10 @@ type volumeRecord struct {
 	// the cache: the fallback may be squashed or removed meanwhile, and
 	// the record naming them is what keeps them (see seed.go).
 	SeedLayers []LayerInfo `json:"seedLayers,omitempty"`
+	// SeedQgroups are the lineage (head.Qgroups) of the generation a
+	// seeded snapshot volume is a snapshot of: the cache its commit
+	// creates holds their data too, and its size counts them.
+	SeedQgroups []uint64 `json:"seedQgroups,omitempty"`
 }
 
 func (s *Store) volumeDir(id string) string  { return filepath.Join(s.volumesDir(), id) }

@@ -50,6 +50,8 @@ var benchCache = layerfs.CacheRef{Namespace: "bench", Name: "maven"}
 type benchNode struct {
 	b     *testing.B
 	store *layerfs.Store
+	// layout is the layout of the node's volumes ("" is overlay).
+	layout layerfs.Layout
 }
 
 func newBenchNode(b *testing.B) *benchNode {
@@ -79,7 +81,7 @@ func (n *benchNode) unmountAll() {
 
 func (n *benchNode) mount(id string) string {
 	n.b.Helper()
-	v, err := n.store.Mount(context.Background(), id, layerfs.MountOptions{Cache: benchCache})
+	v, err := n.store.Mount(context.Background(), id, layerfs.MountOptions{Cache: benchCache, Layout: n.layout})
 	if err != nil {
 		n.b.Fatal(err)
 	}

@@ -56,7 +56,6 @@ func TestUsageErrors(t *testing.T) {
 		{"mount setuid mode", []string{"mount", "build-1", "--cache", "ci/maven", "--mode", "04755"}, "--mode 04755: volume root mode 04755 is not allowed: use permission bits, optionally with setgid or sticky, like 0777, 0755, 02775 or 01777"},
 		{"mount uid not a number", []string{"mount", "build-1", "--cache", "ci/maven", "--uid", "me"}, `invalid argument "me" for "--uid"`},
 		{"mount fallback without namespace", []string{"mount", "build-1", "--cache", "ci/pr-1", "--fallback", "main"}, "--fallback: invalid cache reference \"main\": want NAMESPACE/NAME"},
-		{"mount fallback of a snapshot cache", []string{"mount", "build-1", "--cache", "ci/pr-1", "--layout", "snapshot", "--fallback", "ci/main"}, "--fallback: volume of cache ci/pr-1 names fallbacks [ci/main], but the snapshot layout cannot start from a fallback yet"},
 		{"mount six fallbacks", []string{"mount", "build-1", "--cache", "ci/pr-1", "--fallback", "ci/a,ci/b,ci/c,ci/d,ci/e,ci/f"}, "use at most 5"},
 
 		{"commit without volume", []string{"commit"}, "missing argument VOLUME"},

@@ -59,7 +59,7 @@ Mounting an existing volume again prints its path and changes nothing.` + exitSt
 	f.BoolVar(&o.allowSetuid, "allow-setuid", false, "mount without nosuid, for a cache that must hold working set-id programs")
 	f.BoolVar(&o.allowDevices, "allow-devices", false, "mount without nodev, for a cache that must hold usable device nodes")
 	f.StringVar(&o.layout, "layout", "", "layout of a new cache: overlay (default) or snapshot (btrfs subvolumes); an existing cache keeps its own")
-	f.StringSliceVar(&o.fallbacks, "fallback", nil, "NAMESPACE/NAME of a cache to start from while --cache has no generation (repeatable, tried in order, at most 5; overlay layout only)")
+	f.StringSliceVar(&o.fallbacks, "fallback", nil, "NAMESPACE/NAME of a cache to start from while --cache has no generation (repeatable, tried in order, at most 5; of the cache's layout)")
 	return cmd
 }
 

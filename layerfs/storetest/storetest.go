@@ -53,9 +53,8 @@ type Harness struct {
 	// made-up layers.
 	NoSync bool
 	// Layout is the layout every mount of the suite asks for. The
-	// snapshot layout keeps one generation per cache and no registry
-	// sync: Run skips the squash case (a squash is a no-op there) and
-	// checks that Sync is refused instead of the sync cases.
+	// snapshot layout keeps one generation per cache: Run skips the
+	// squash case (a squash is a no-op there).
 	Layout layerfs.Layout
 }
 
@@ -73,7 +72,7 @@ func Run(t *testing.T, h Harness) {
 		all = append(all, seedCases...)
 	}
 	all = append(all, endCases()...)
-	if h.NoSync || h.Layout == layerfs.LayoutSnapshot {
+	if h.NoSync {
 		all = append(all, testCase{"sync is refused", expectSyncRefused})
 	} else {
 		all = append(all, syncCases...)

@@ -1,6 +1,7 @@
 package tree
 
 import (
+	"context"
 	"cmp"
 	"errors"
 	"fmt"
@@ -25,6 +26,13 @@ import (
 // holds two open directories per level and reads each directory in chunks
 // of dirChunk entries, so memory does not grow with a directory's size.
 func Copy(src, dst string, report func(done int64)) error {
+	return CopyContext(context.Background(), src, dst, report)
+}
+
+// CopyContext is Copy that stops, with ctx's error, once ctx is done: a
+// pull held to a deadline must not copy on past it. What it copied so far
+// stays in dst for the caller to remove.
+func CopyContext(ctx context.Context, src, dst string, report func(done int64)) error {
 	srcDir, err := openDir(src)
 	if err != nil {
 		return err
@@ -43,7 +51,7 @@ func Copy(src, dst string, report func(done int64)) error {
 	if err := copyMeta(srcDir, dstDir, ".", &st); err != nil {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
-	c := &treeCopier{dstRoot: dstDir, links: map[[2]uint64]string{}, report: report, done: 1}
+	c := &treeCopier{ctx: ctx, dstRoot: dstDir, links: map[[2]uint64]string{}, report: report, done: 1}
 	if err := c.copyDir(srcDir, dstDir, ""); err != nil {
 		return err
 	}
@@ -58,6 +66,7 @@ func Copy(src, dst string, report func(done int64)) error {
 }
 
 type treeCopier struct {
+	ctx     context.Context
 	dstRoot *os.File
 	links   map[[2]uint64]string // (dev, ino) -> path of the first copy below dstRoot
 	report  func(done int64)
@@ -66,6 +75,9 @@ type treeCopier struct {
 
 func (c *treeCopier) copyDir(src, dst *os.File, rel string) error {
 	return forEachName(src, rel, func(name string) error {
+		if err := c.ctx.Err(); err != nil {
+			return err
+		}
 		var st unix.Stat_t
 		if err := unix.Fstatat(int(src.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return fmt.Errorf("stat %s: %w", joinRel(rel, name), err)

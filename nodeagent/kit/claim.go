@@ -56,10 +56,8 @@ type VolumeRequest struct {
 	// claim is labelled with (v1alpha1.LabelStorageClass).
 	Class string
 	// Fallbacks are the caches to start from while Cache has no
-	// generation (fallback.go); FallbackIgnored tells that the claim named
-	// some, but its class cannot seed.
-	Fallbacks       []layerfs.CacheRef
-	FallbackIgnored bool
+	// generation (fallback.go).
+	Fallbacks []layerfs.CacheRef
 	// FallbackRepositories are the registry repositories of fallbacks
 	// whose layers' digests are blobs there (the registry sync seeds from them).
 	FallbackRepositories map[layerfs.CacheRef]string
@@ -137,10 +135,13 @@ func ParseClass(class *storagev1.StorageClass) (ClassParams, error) {
 	if p.Registry, err = ParseRegistry(class); err != nil {
 		return p, err
 	}
-	if p.Layout, err = parseLayout(class.Name, class.Parameters[ParamLayout], p.Registry != nil); err != nil {
+	if p.Layout, err = parseLayout(class.Name, class.Parameters[ParamLayout]); err != nil {
 		return p, err
 	}
-	if p.FallbackTemplate, err = parseFallbackClass(class.Name, class.Parameters, p.Layout); err != nil {
+	if p.Registry != nil {
+		p.Registry.Layout = p.Layout
+	}
+	if p.FallbackTemplate, err = parseFallbackClass(class.Name, class.Parameters); err != nil {
 		return p, err
 	}
 	if text, ok := class.Parameters[ParamCache]; ok {
@@ -182,20 +183,14 @@ func ParseClass(class *storagev1.StorageClass) (ClassParams, error) {
 	return p, nil
 }
 
-// parseLayout validates the layout parameter. The snapshot layout has no
-// registry sync yet, so a class asking for both is refused rather than
-// silently keeping its caches on one node.
-func parseLayout(class, value string, registry bool) (layerfs.Layout, error) {
+// parseLayout validates the layout parameter.
+func parseLayout(class, value string) (layerfs.Layout, error) {
 	if value == "" {
 		return "", nil // the store's default, overlay
 	}
 	layout, err := layerfs.ParseLayout(value)
 	if err != nil {
 		return "", classError(class, "parameter %s has value %q: use %q (the default) or %q", ParamLayout, value, layerfs.LayoutOverlay, layerfs.LayoutSnapshot)
-	}
-	if layout == layerfs.LayoutSnapshot && registry {
-		return "", classError(class, "parameter %s is %q and %s is set, but snapshot caches do not sync through a registry yet; remove %s and %s, or use %s: %s",
-			ParamLayout, layout, ParamRegistry, ParamRegistry, ParamRegistrySecret, ParamLayout, layerfs.LayoutOverlay)
 	}
 	return layout, nil
 }

@@ -55,8 +55,6 @@ func TestParseClass(t *testing.T) {
 		{name: "snapshot layout", params: map[string]string{"layout": "snapshot"}, want: ClassParams{Layout: layerfs.LayoutSnapshot}},
 		{name: "overlay layout", params: map[string]string{"layout": "overlay"}, want: ClassParams{Layout: layerfs.LayoutOverlay}},
 		{name: "unknown layout", params: map[string]string{"layout": "zfs"}, wantErr: `parameter layout has value "zfs": use "overlay" (the default) or "snapshot"`},
-		{name: "snapshot with a registry", params: map[string]string{"layout": "snapshot", "registry": "registry.example/caches"},
-			wantErr: "snapshot caches do not sync through a registry yet; remove registry and registrySecret, or use layout: overlay"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,6 +69,19 @@ func TestParseClass(t *testing.T) {
 				t.Errorf("parseClass = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+// A snapshot class syncs through a registry: its layout reaches the
+// sync, which makes a cache the node lacks of that layout.
+func TestSnapshotClassWithRegistry(t *testing.T) {
+	class, err := ParseClass(kittest.Class(map[string]string{"layout": "snapshot", "registry": "registry.example/caches"}))
+	must(t, err)
+	if class.Registry == nil || class.Registry.Layout != layerfs.LayoutSnapshot {
+		t.Fatalf("registry params = %+v, want the snapshot layout", class.Registry)
+	}
+	if got := class.Registry.ForCache(layerfs.CacheRef{Namespace: "ci", Name: "c"}, 0).Layout; got != layerfs.LayoutSnapshot {
+		t.Errorf("ForCache layout = %q, want snapshot", got)
 	}
 }
 

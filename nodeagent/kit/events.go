@@ -30,7 +30,6 @@ const (
 	ReasonRemountFailed       = "RemountFailed"
 	ReasonRetention           = "RetentionExceeded"
 	ReasonSeeded              = "SeededFromFallback"
-	ReasonFallbackIgnored     = "FallbackIgnored"
 )
 
 // Event reasons of registry sync.

@@ -27,13 +27,9 @@ import (
 // it would, and seeds from it (seed.go); the seeded cache's first
 // publish mounts the fallback's blobs into its own repository.
 //
-// The snapshot layout cannot seed yet (btrfs snapshots of another cache
-// are a later step). A class that sets the parameter with it is refused,
-// as snapshot plus registry is: the admin's setting can never work. A
-// claim's annotation on such a class is ignored with a Warning Event
-// instead of refused: a fallback only makes a first build faster, the
-// build is correct without it (a cold start, as before fallbacks
-// existed), and refusing would stop builds over a hint.
+// A snapshot cache seeds as a writable snapshot of the fallback's
+// generation (constant time); its fallbacks must be snapshot caches too,
+// which a class's fallbacks of the same class are.
 
 // ParamFallback is the StorageClass parameter that lists the fallbacks of
 // claims without the fallback annotation, as a Go template that sees what
@@ -47,14 +43,10 @@ func (t terms) fallbackFix() string {
 }
 
 // parseFallbackClass validates the class's fallback parameter.
-func parseFallbackClass(class string, params map[string]string, layout layerfs.Layout) (*cacheTemplate, error) {
+func parseFallbackClass(class string, params map[string]string) (*cacheTemplate, error) {
 	text, ok := params[ParamFallback]
 	if !ok {
 		return nil, nil
-	}
-	if layout == layerfs.LayoutSnapshot {
-		return nil, classError(class, "parameter %s is set, but caches of the %s layout cannot start from a fallback yet; remove %s, or use a class of the %s layout",
-			ParamFallback, layerfs.LayoutSnapshot, ParamFallback, layerfs.LayoutOverlay)
 	}
 	return parseTemplate(class, ParamFallback, text, `"main" or "{{ .Namespace }}/main"`)
 }
@@ -62,24 +54,20 @@ func parseFallbackClass(class string, params map[string]string, layout layerfs.L
 // fallbacks are the fallbacks the volume lists, or else those its
 // class's template lists for it, without the volume's own cache (a class
 // may fall back to "main" for every cache, main's included) and without
-// repeats. ignored tells that the volume's list was valid but its class
-// cannot seed (see the top of this file).
-func (s Settings) fallbacks(class ClassParams, cache layerfs.CacheRef) (refs []layerfs.CacheRef, ignored bool, err error) {
+// repeats.
+func (s Settings) fallbacks(class ClassParams, cache layerfs.CacheRef) (refs []layerfs.CacheRef, err error) {
 	raw, listed := s.get(v1alpha1.AnnotationFallback)
 	switch {
 	case listed:
 		if refs, err = s.parseFallbacks(raw); err != nil {
-			return nil, false, err
-		}
-		if class.Layout == layerfs.LayoutSnapshot {
-			return nil, len(refs) > 0, nil
+			return nil, err
 		}
 	case class.FallbackTemplate != nil:
 		if raw, err = fallbackFromTemplate(class, s.template); err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		if refs, err = s.parseFallbacks(raw); err != nil {
-			return nil, false, &ClaimError{Reason: ReasonCacheTemplate,
+			return nil, &ClaimError{Reason: ReasonCacheTemplate,
 				Message: fmt.Sprintf("StorageClass %q: parameter %s %q listed the fallbacks %q for this claim, which are not valid: %v",
 					class.Name, ParamFallback, class.FallbackTemplate.text, raw, err)}
 		}
@@ -90,7 +78,7 @@ func (s Settings) fallbacks(class ClassParams, cache layerfs.CacheRef) (refs []l
 			out = append(out, r)
 		}
 	}
-	return out, false, nil
+	return out, nil
 }
 
 // parseFallbacks reads a comma-separated list of caches.

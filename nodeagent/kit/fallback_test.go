@@ -17,14 +17,13 @@ func TestClaimFallbacks(t *testing.T) {
 	pod := kittest.EphemeralPod(kittest.BuildPod, corev1.PodPending, false)
 	pod.Labels = map[string]string{"base": "main"}
 	tests := []struct {
-		name        string
-		fallback    *string           // the claim's annotation; nil for none
-		params      map[string]string // the class's parameters
-		pod         *corev1.Pod
-		want        []layerfs.CacheRef
-		wantIgnored bool
-		wantErr     string
-		reason      string
+		name     string
+		fallback *string           // the claim's annotation; nil for none
+		params   map[string]string // the class's parameters
+		pod      *corev1.Pod
+		want     []layerfs.CacheRef
+		wantErr  string
+		reason   string
 	}{
 		{name: "none"},
 		{name: "one of the claim's namespace", fallback: new("main"), want: []layerfs.CacheRef{ref("ci", "main")}},
@@ -51,7 +50,8 @@ func TestClaimFallbacks(t *testing.T) {
 			wantErr: `parameter fallback "Main" listed the fallbacks "Main" for this claim, which are not valid`},
 		{name: "kept by a registry class", fallback: new("main"), params: map[string]string{ParamRegistry: "reg.example/caches"}, want: []layerfs.CacheRef{ref("ci", "main")}},
 		{name: "registry class template", params: map[string]string{ParamRegistry: "reg.example/caches", ParamFallback: "main"}, want: []layerfs.CacheRef{ref("ci", "main")}},
-		{name: "ignored by a snapshot class", fallback: new("main"), params: map[string]string{ParamLayout: "snapshot"}, wantIgnored: true},
+		{name: "kept by a snapshot class", fallback: new("main"), params: map[string]string{ParamLayout: "snapshot"}, want: []layerfs.CacheRef{ref("ci", "main")}},
+		{name: "snapshot class template", params: map[string]string{ParamLayout: "snapshot", ParamFallback: "main"}, want: []layerfs.CacheRef{ref("ci", "main")}},
 		{name: "still validated by a registry class", fallback: new("Main"), params: map[string]string{ParamRegistry: "reg.example/caches"},
 			reason: ReasonInvalidAnnotation, wantErr: "upper-case"},
 	}
@@ -75,8 +75,8 @@ func TestClaimFallbacks(t *testing.T) {
 			if tt.wantErr != "" {
 				return
 			}
-			if !reflect.DeepEqual(req.Fallbacks, tt.want) || req.FallbackIgnored != tt.wantIgnored {
-				t.Errorf("fallbacks %v (ignored %v), want %v (ignored %v)", req.Fallbacks, req.FallbackIgnored, tt.want, tt.wantIgnored)
+			if !reflect.DeepEqual(req.Fallbacks, tt.want) {
+				t.Errorf("fallbacks %v, want %v", req.Fallbacks, tt.want)
 			}
 			if got := req.MountOptions().Fallbacks; !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("mountOptions().Fallbacks = %v, want %v", got, tt.want)
@@ -91,8 +91,6 @@ func TestFallbackRefusedByClass(t *testing.T) {
 		params  map[string]string
 		wantErr string
 	}{
-		{"with the snapshot layout", map[string]string{ParamFallback: "main", ParamLayout: "snapshot"},
-			`StorageClass "layercache": parameter fallback is set, but caches of the snapshot layout cannot start from a fallback yet; remove fallback`},
 		{"not a template", map[string]string{ParamFallback: "{{ .Namespace "},
 			`parameter fallback has value "{{ .Namespace ", which is not a valid Go template`},
 	} {

@@ -53,6 +53,10 @@ type RegistryParams struct {
 	// MountFirst is the class's mountFirst: layers with an index are
 	// mounted before their bytes are here, and read by range.
 	MountFirst bool
+	// Layout is the class's layout: a node that lacks the cache makes it
+	// of this layout from the chain (a snapshot cache's chain layers are
+	// whole generations).
+	Layout layerfs.Layout
 }
 
 // RegistryRef is where one cache syncs to, and within which bounds.
@@ -68,6 +72,8 @@ type RegistryRef struct {
 	BoundFrom string
 	// MountFirst mounts layers with an index before their bytes are here.
 	MountFirst bool
+	// Layout is the layout of a cache the sync creates.
+	Layout layerfs.Layout
 }
 
 // Repository is the repository of cache c under the class's prefix.
@@ -81,7 +87,7 @@ func (r *RegistryParams) ForCache(c layerfs.CacheRef, requestBytes int64) *Regis
 	if r == nil {
 		return nil
 	}
-	ref := &RegistryRef{Repository: r.Repository(c), Secret: r.Secret, SyncTimeout: r.SyncTimeout, Class: r.Class, MountFirst: r.MountFirst}
+	ref := &RegistryRef{Repository: r.Repository(c), Secret: r.Secret, SyncTimeout: r.SyncTimeout, Class: r.Class, MountFirst: r.MountFirst, Layout: r.Layout}
 	switch {
 	case r.MaxLayerSet:
 		ref.MaxLayerBytes, ref.BoundFrom = r.MaxLayerBytes, r.BoundFrom()

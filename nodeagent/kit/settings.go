@@ -121,7 +121,7 @@ func ParseSettings(s Settings, class ClassParams) (VolumeRequest, error) {
 		return req, err
 	}
 	req.Cache = ref
-	if req.Fallbacks, req.FallbackIgnored, err = s.fallbacks(class, ref); err != nil {
+	if req.Fallbacks, err = s.fallbacks(class, ref); err != nil {
 		return req, err
 	}
 	req.Registry = class.Registry.ForCache(ref, req.LimitBytes)

@@ -97,6 +97,15 @@ func (s *Syncer) publishTo(ctx context.Context, cache *v1alpha1.Cache) error {
 	if squashed != nil {
 		pub = squashed
 	}
+	if info.Layout == layerfs.LayoutSnapshot {
+		folded, err := s.foldSnapshotChain(ctx, ref, reg, pub)
+		if err != nil {
+			return err
+		}
+		if folded != nil {
+			pub, squashed = folded, folded
+		}
+	}
 	_, synced, err := s.syncTo(ctx, ref, reg)
 	if err != nil {
 		return fmt.Errorf("take in the layers other nodes published: %w", err)

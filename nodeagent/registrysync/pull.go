@@ -186,7 +186,9 @@ func (s *Syncer) syncTo(ctx context.Context, ref layerfs.CacheRef, bounds *kit.R
 	if err != nil {
 		return layerfs.SyncResult{}, cache, err
 	}
-	res, err := s.store.Sync(ctx, ref, chainOf(cache.Status.Published), fetchFrom(target), syncOptions(target, bounds))
+	opts := syncOptions(target, bounds)
+	opts.Layout = bounds.Layout
+	res, err := s.store.Sync(ctx, ref, chainOf(cache.Status.Published), fetchFrom(target), opts)
 	if res.NeedsSquash {
 		s.squashes.Add(ref)
 	}

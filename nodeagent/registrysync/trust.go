@@ -101,7 +101,7 @@ func (t *trust) registry(ref layerfs.CacheRef, pub *v1alpha1.PublishedChain) (*k
 		if p.Secret == pub.Secret {
 			// The class's settings, with no claim's bound: a claim's pull
 			// uses its own reference, which has that too.
-			reg := &kit.RegistryRef{Repository: pub.Repository, Secret: pub.Secret, Class: p.Class, SyncTimeout: p.SyncTimeout, MountFirst: p.MountFirst}
+			reg := &kit.RegistryRef{Repository: pub.Repository, Secret: pub.Secret, Class: p.Class, SyncTimeout: p.SyncTimeout, MountFirst: p.MountFirst, Layout: p.Layout}
 			if p.MaxLayerSet {
 				reg.MaxLayerBytes, reg.BoundFrom = p.MaxLayerBytes, p.BoundFrom()
 			}

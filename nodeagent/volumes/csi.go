@@ -246,11 +246,6 @@ func (p *Provisioner) admittedEvents(pod kit.CSIPod, req kit.VolumeRequest) {
 			"StorageClass %q makes every volume read-only, so the volume of cache %s is a read view that is never committed, although volumeAttributes %s is %s",
 			req.Class, req.Cache, kit.AttrMode, v1alpha1.ModeWrite)
 	}
-	if req.FallbackIgnored {
-		p.events.Eventf(pod.Object(), nil, corev1.EventTypeWarning, kit.ReasonFallbackIgnored, kit.ActionProvision,
-			"volumeAttributes %s is ignored: StorageClass %q uses the %s layout, whose caches cannot start from a fallback yet; the first build of cache %s starts from what the cache has. Use a class of the %s layout, or remove the attribute",
-			kit.AttrFallback, req.Class, layerfs.LayoutSnapshot, req.Cache, layerfs.LayoutOverlay)
-	}
 }
 
 // NodeUnpublishVolume unmounts the volume from its target path and ends it

@@ -83,22 +83,20 @@ func TestProvisionSeeded(t *testing.T) {
 	}
 }
 
-func TestProvisionFallbackIgnored(t *testing.T) {
+// A snapshot class's claim names its fallbacks to the store, which
+// seeds the cache from a snapshot of the first with a generation.
+func TestProvisionSnapshotClassPassesFallbacks(t *testing.T) {
 	env := newTestEnv(t, nil)
 	opts := provisionOptions("ci", map[string]string{v1alpha1.AnnotationCache: "pr-1", v1alpha1.AnnotationFallback: "main"},
 		map[string]string{kit.ParamLayout: "snapshot"})
-	pv, _, err := env.prov.Provision(context.Background(), opts)
-	if err != nil {
+	if _, _, err := env.prov.Provision(context.Background(), opts); err != nil {
 		t.Fatalf("Provision: %v", err)
 	}
-	if got := env.store.MountOpts[opts.PVName].Fallbacks; got != nil {
-		t.Errorf("mounted with fallbacks %v, want none", got)
+	got := env.store.MountOpts[opts.PVName]
+	if want := []layerfs.CacheRef{{Namespace: "ci", Name: "main"}}; !reflect.DeepEqual(got.Fallbacks, want) || got.Layout != layerfs.LayoutSnapshot {
+		t.Errorf("mounted with fallbacks %v, layout %q; want %v, snapshot", got.Fallbacks, got.Layout, want)
 	}
-	if _, ok := pv.Annotations[v1alpha1.AnnotationSeededFrom]; ok {
-		t.Errorf("PV says it was seeded: %v", pv.Annotations)
-	}
-	env.wantEvent(t, "Warning FallbackIgnored", "layercache.dev/fallback is ignored", "cannot start from a fallback yet")
-	if evs := strings.Join(env.drainEvents(), "\n"); strings.Contains(evs, "Seeded") {
+	if evs := strings.Join(env.drainEvents(), "\n"); strings.Contains(evs, "FallbackIgnored") {
 		t.Errorf("unexpected events: %s", evs)
 	}
 }

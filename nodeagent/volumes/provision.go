@@ -119,11 +119,6 @@ func (p *Provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 			opts.StorageClass.Name, req.Cache, v1alpha1.AnnotationMode, v1alpha1.ModeWrite)
 	}
 
-	if req.FallbackIgnored {
-		p.events.Eventf(claim, nil, corev1.EventTypeWarning, kit.ReasonFallbackIgnored, kit.ActionProvision,
-			"annotation %s is ignored: StorageClass %q uses the %s layout, whose caches cannot start from a fallback yet; the first build of cache %s starts from what the cache has. Use a class of the %s layout, or remove the annotation",
-			v1alpha1.AnnotationFallback, opts.StorageClass.Name, layerfs.LayoutSnapshot, req.Cache, layerfs.LayoutOverlay)
-	}
 	if owner, ok := podfacts.OwningPod(claim); ok {
 		if err := p.holds.hold(ctx, claim.Namespace, owner.Name, owner.UID); err != nil {
 			p.metrics.Fail(kit.OpProvision, "api")

@@ -49,6 +49,8 @@ type syncCluster struct {
 	// kubeletDirs are the nodes' kubelet directories once the cluster
 	// serves CSI volumes (serveCSI).
 	kubeletDirs map[string]string
+	// layout is the registry class's layout parameter, if set.
+	layout layerfs.Layout
 }
 
 type syncNode struct {
@@ -143,7 +145,11 @@ func (c *syncCluster) getSecret(_ context.Context, name string) (*corev1.Secret,
 }
 
 func (c *syncCluster) params() map[string]string {
-	return map[string]string{kit.ParamRegistry: c.reg.Host + "/caches", kit.ParamRegistrySecret: registrySecret}
+	p := map[string]string{kit.ParamRegistry: c.reg.Host + "/caches", kit.ParamRegistrySecret: registrySecret}
+	if c.layout != "" {
+		p[kit.ParamLayout] = string(c.layout)
+	}
+	return p
 }
 
 // provision provisions claim name for cache maven on node.
