@@ -41,11 +41,17 @@ func (c *syncCluster) registryTarget(t testing.TB, repository string) *remote.Ta
 // repository's latest.
 func (c *syncCluster) latestStatus(t testing.TB, repository string) int {
 	t.Helper()
+	return c.tagStatus(t, repository, "latest")
+}
+
+// tagStatus is the HTTP status of a HEAD of repository:tag.
+func (c *syncCluster) tagStatus(t testing.TB, repository, tag string) int {
+	t.Helper()
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(c.reg.CA)
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}, Timeout: 10 * time.Second}
 	host, path, _ := strings.Cut(repository, "/")
-	req, err := http.NewRequest(http.MethodHead, "https://"+host+"/v2/"+path+"/manifests/latest", nil)
+	req, err := http.NewRequest(http.MethodHead, "https://"+host+"/v2/"+path+"/manifests/"+tag, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,6 +147,13 @@ func TestUnpublishDeletesTheManifestOnceAcrossNodes(t *testing.T) {
 	if got := c.latestStatus(t, pub.Repository); got != 200 {
 		t.Fatalf("latest before the delete: %d, want 200", got)
 	}
+	// node-b mounted the layer first: once its copy settled, it stored
+	// the layer's prefetch list, which the delete takes too.
+	quietRequests(t, c.reg)
+	prefetch := "prefetch-" + strings.TrimPrefix(pub.Layers[0].Digest, "sha256:")
+	if got := c.tagStatus(t, pub.Repository, prefetch); got != 200 {
+		t.Fatalf("the layer's prefetch list before the delete: %d, want 200", got)
+	}
 	cache := c.deleteCache(t)
 
 	// Both agents see the deletion at once; either may win.
@@ -162,8 +175,11 @@ func TestUnpublishDeletesTheManifestOnceAcrossNodes(t *testing.T) {
 	if got := c.latestStatus(t, pub.Repository); got != 404 {
 		t.Errorf("latest after the delete: %d, want 404", got)
 	}
-	if n := c.reg.Deletes.Load(); n != 1 {
-		t.Errorf("the registry deleted %d manifests, want 1", n)
+	if got := c.tagStatus(t, pub.Repository, prefetch); got != 404 {
+		t.Errorf("the layer's prefetch list after the delete: %d, want 404", got)
+	}
+	if n := c.reg.Deletes.Load(); n != 2 {
+		t.Errorf("the registry deleted %d manifests, want 2: latest's and the prefetch list's, once each", n)
 	}
 	var deleted, warnings []string
 	for _, node := range []string{"node-a", "node-b"} {
