@@ -70,6 +70,16 @@ lint: ## gofmt and go vet
 test: ## everything: generated files current, unit and real-mount tests, the manager against a real API server, the short scale test (kwok), the benchmarks at a small size, then e2e on a local cluster; ends with a table of where the time went
 	hack/test.sh
 
+# promtool is Debian's prometheus package (make test's host-packages stage
+# installs it): it checks config/monitoring's alerts and runs their tests;
+# go test ./config/monitoring (in test-unit) keeps the PrometheusRule equal
+# to rules.yaml.
+.PHONY: test-monitoring
+test-monitoring: ## promtool check and test of config/monitoring's alert rules (needs Debian's prometheus package)
+	@command -v promtool >/dev/null || { echo "promtool missing: run e2e/cluster/host-packages.sh (Debian's prometheus)" >&2; exit 1; }
+	promtool check rules config/monitoring/rules.yaml
+	cd config/monitoring && promtool test rules rules_test.yaml
+
 # charts/chart_test.go runs bin/helm: helm lint, and the chart rendered
 # against the kustomize build of config/.
 .PHONY: test-unit
