@@ -46,7 +46,7 @@ func TestPrometheusRuleCarriesRules(t *testing.T) {
 		}
 	}
 	var pr struct {
-		Kind string    `json:"kind"`
+		Kind string   `json:"kind"`
 		Spec ruleFile `json:"spec"`
 	}
 	readYAML(t, "prometheusrule.yaml", &pr)
