@@ -173,12 +173,18 @@ e2e-packages: ## every e2e package on the running cluster (make e2e-up), e2e/mul
 e2e-faults: ## the short fault tests and the two-node scenarios that kill node agents, one at a time, alone on the running cluster, after make e2e-packages; then e2e-monitoring
 	$(E2E_FAULTS)
 	$(E2E_MONITORING)
+	$(E2E_MONITORING_FAULTS)
 
 # E2E_MONITORING runs Debian's prometheus on loopback against the cluster
 # with config/monitoring's rules (about 35 s). It runs after e2e-packages,
 # whose builds create the series that only appear at their first event
 # (a warm volume's hits), and alone: it reads, and starts nothing.
 E2E_MONITORING = e2e/cluster/run-e2e.sh -tags e2e,monitoring -run '^TestEveryRuleAndPanelSelectsRealSeries$$' -timeout 5m ./e2e/monitoring/
+
+# E2E_MONITORING_FAULTS stops the registry (for about 15 s), runs a build
+# and waits for LayercachePublishFailing to go pending (about 40 s in all):
+# a registry fault, so alone, with e2e-faults.
+E2E_MONITORING_FAULTS = e2e/cluster/run-e2e.sh -tags e2e,monitoring,faults -run '^TestPublishFailingGoesPendingWithTheRegistryDown$$' -timeout 5m ./e2e/monitoring/
 
 .PHONY: e2e-monitoring
 e2e-monitoring: ## every alert rule and dashboard query of config/monitoring against a real Prometheus scraping the running cluster (make e2e-up)
