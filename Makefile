@@ -70,6 +70,16 @@ lint: ## gofmt and go vet
 test: ## everything: generated files current, unit and real-mount tests, the manager against a real API server, the short scale test (kwok), the benchmarks at a small size, then e2e on a local cluster; ends with a table of where the time went
 	hack/test.sh
 
+# promtool is Debian's prometheus package (make test's host-packages stage
+# installs it): it checks config/monitoring's alerts and runs their tests;
+# go test ./config/monitoring (in test-unit) keeps the PrometheusRule equal
+# to rules.yaml.
+.PHONY: test-monitoring
+test-monitoring: ## promtool check and test of config/monitoring's alert rules (needs Debian's prometheus package)
+	@command -v promtool >/dev/null || { echo "promtool missing: run e2e/cluster/host-packages.sh (Debian's prometheus)" >&2; exit 1; }
+	promtool check rules config/monitoring/rules.yaml
+	cd config/monitoring && promtool test rules rules_test.yaml
+
 # charts/chart_test.go runs bin/helm: helm lint, and the chart rendered
 # against the kustomize build of config/.
 .PHONY: test-unit
@@ -160,8 +170,25 @@ e2e-packages: ## every e2e package on the running cluster (make e2e-up), e2e/mul
 	e2e/cluster/run-e2e.sh
 
 .PHONY: e2e-faults
-e2e-faults: ## the short fault tests and the two-node scenarios that kill node agents, one at a time, alone on the running cluster, after make e2e-packages
+e2e-faults: ## the short fault tests and the two-node scenarios that kill node agents, one at a time, alone on the running cluster, after make e2e-packages; then e2e-monitoring
 	$(E2E_FAULTS)
+	$(E2E_MONITORING)
+	$(E2E_MONITORING_FAULTS)
+
+# E2E_MONITORING runs Debian's prometheus on loopback against the cluster
+# with config/monitoring's rules (about 35 s). It runs after e2e-packages,
+# whose builds create the series that only appear at their first event
+# (a warm volume's hits), and alone: it reads, and starts nothing.
+E2E_MONITORING = e2e/cluster/run-e2e.sh -tags e2e,monitoring -run '^TestEveryRuleAndPanelSelectsRealSeries$$' -timeout 5m ./e2e/monitoring/
+
+# E2E_MONITORING_FAULTS stops the registry (for about 15 s), runs a build
+# and waits for LayercachePublishFailing to go pending (about 40 s in all):
+# a registry fault, so alone, with e2e-faults.
+E2E_MONITORING_FAULTS = e2e/cluster/run-e2e.sh -tags e2e,monitoring,faults -run '^TestPublishFailingGoesPendingWithTheRegistryDown$$' -timeout 5m ./e2e/monitoring/
+
+.PHONY: e2e-monitoring
+e2e-monitoring: ## every alert rule and dashboard query of config/monitoring against a real Prometheus scraping the running cluster (make e2e-up)
+	$(E2E_MONITORING)
 
 .PHONY: e2e-multinode
 e2e-multinode: ## the scenarios of e2e/multinode alone, on the running two-node cluster (make e2e-up; make e2e-packages runs them beside the rest)

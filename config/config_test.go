@@ -393,12 +393,32 @@ func allows(rules []rbacv1.PolicyRule, p permission) bool {
 	return false
 }
 
+// krmIgnored reports whether .krmignore keeps kpt from reading the
+// directory dir (its lines name directories, as "monitoring/").
+func krmIgnored(t *testing.T, dir string) bool {
+	t.Helper()
+	data, err := os.ReadFile(".krmignore")
+	if err != nil {
+		t.Fatalf("read .krmignore: %v", err)
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line != "" && !strings.HasPrefix(line, "#") && filepath.Clean(line) == filepath.Clean(dir) {
+			return true
+		}
+	}
+	return false
+}
+
 // packageFiles returns the YAML files of the kpt package with their parsed
 // documents.
 func packageFiles(t *testing.T) map[string][]map[string]any {
 	t.Helper()
 	files := map[string][]map[string]any{}
 	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() && krmIgnored(t, path) {
+			return filepath.SkipDir
+		}
 		if err != nil || d.IsDir() || (filepath.Ext(path) != ".yaml" && d.Name() != "Kptfile") {
 			return err
 		}
@@ -492,6 +512,9 @@ func TestSettersAgreeWithValues(t *testing.T) {
 	}
 	used := map[string]bool{}
 	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() && krmIgnored(t, path) {
+			return filepath.SkipDir
+		}
 		if err != nil || d.IsDir() || (filepath.Ext(path) != ".yaml" && d.Name() != "Kptfile") {
 			return err
 		}

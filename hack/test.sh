@@ -9,7 +9,7 @@
 #   e2e-build       in the background: Kubernetes, the images, helm, Tekton,
 #                   Argo and BuildKit (make e2e-build); its log is
 #                   _output/test/e2e-build.log
-#   verify-generate, test-unit, test-envtest, test-scale, one after the other
+#   verify-generate, test-unit, test-monitoring, test-envtest, test-scale, one after the other
 #                   beside it (test-envtest's kube-apiserver waits for the
 #                   same build, build-kubernetes.sh's lock, and is not
 #                   built twice)
@@ -131,6 +131,7 @@ stage host-packages e2e/cluster/host-packages.sh
 background e2e-build make --no-print-directory e2e-build
 stage verify-generate make --no-print-directory verify-generate
 stage test-unit make --no-print-directory test-unit
+stage test-monitoring make --no-print-directory test-monitoring
 stage test-envtest make --no-print-directory test-envtest
 stage test-scale make --no-print-directory test-scale
 finish_background
