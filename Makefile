@@ -62,6 +62,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e,multinode,faults ./e2e/multinode/ ./e2e/cache/
 	$(GO) vet -tags e2e,faults ./e2e/soak/
 	$(GO) vet -tags scale ./e2e/scale/
+	$(GO) vet -tags e2e,monitoring,faults ./e2e/monitoring/
 
 # hack/test.sh runs the stages below, the e2e cluster's builds (make
 # e2e-build) beside the stages that need no cluster, and prints a table of
