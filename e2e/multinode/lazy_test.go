@@ -61,8 +61,8 @@ echo hello > /cache/small.txt; cd /cache/data && md5sum * | md5sum | cut -d' ' -
 	e.waitPublishedIn(ctx, "big", 1, publishTimeout+time.Duration(mib/256)*time.Minute)
 
 	read := "cat /cache/small.txt"
-	fresh := e.timedRun(ctx, "read-fresh", b, "big", read)
-	warm := e.timedRun(ctx, "read-warm", a, "big", read)
+	fresh := e.timedRun(ctx, withRequest(e.buildPod("read-fresh", b, "big", "", read), mib))
+	warm := e.timedRun(ctx, withRequest(e.buildPod("read-warm", a, "big", "", read), mib))
 	ratio := fresh.Seconds() / warm.Seconds()
 	t.Logf("%d MiB cache, a pod reading one small file, create -> Succeeded: node %s (fresh) %s, node %s (warm) %s: %.2fx",
 		mib, b, fresh.Round(time.Millisecond), a, warm.Round(time.Millisecond), ratio)
@@ -71,15 +71,15 @@ echo hello > /cache/small.txt; cd /cache/data && md5sum * | md5sum | cut -d' ' -
 	}
 
 	e.waitFilled(ctx, "big", b)
-	out := e.run(ctx, e.buildPod("check", b, "big", "", "cd /cache/data && md5sum * | md5sum | cut -d' ' -f1; cat /cache/sums"))
+	out := e.run(ctx, withRequest(e.buildPod("check", b, "big", "", "cd /cache/data && md5sum * | md5sum | cut -d' ' -f1; cat /cache/sums"), mib))
 	if sums := strings.Fields(out); len(sums) != 2 || sums[0] != sums[1] {
 		t.Errorf("node %s's copy of the %d files: checksums %q, want them equal to node %s's", b, mib, sums, a)
 	}
 }
 
 // withRequest makes pod's claim ask for room for mib MiB and more: the
-// claim's request bounds the layer its build commits and publishes
-// (maxLayerSize's default), and buildPod asks for 2 GiB.
+// claim's request bounds the layers its build commits, publishes and
+// pulls (maxLayerSize's default), and buildPod asks for 2 GiB.
 func withRequest(pod *corev1.Pod, mib int) *corev1.Pod {
 	want := resource.MustParse(fmt.Sprintf("%dMi", mib+mib/4+512))
 	spec := &pod.Spec.Volumes[0].Ephemeral.VolumeClaimTemplate.Spec
@@ -89,12 +89,12 @@ func withRequest(pod *corev1.Pod, mib int) *corev1.Pod {
 	return pod
 }
 
-// timedRun runs a pod that uses cache on node and returns how long it
+// timedRun runs pod and returns how long it
 // took from create to Succeeded, as the user sees it.
-func (e *syncEnv) timedRun(ctx context.Context, name, node, cache, script string) time.Duration {
+func (e *syncEnv) timedRun(ctx context.Context, pod *corev1.Pod) time.Duration {
 	e.t.Helper()
 	start := time.Now()
-	e.run(ctx, e.buildPod(name, node, cache, "", script))
+	e.run(ctx, pod)
 	return time.Since(start)
 }
 
