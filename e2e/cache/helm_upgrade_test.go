@@ -39,7 +39,7 @@ func TestHelmUpgradeKeepsCaches(t *testing.T) {
 	if _, err := os.Stat(helm); err != nil {
 		t.Fatalf("no helm at %s (%v): make e2e-up builds it (make bin/helm)", helm, err)
 	}
-	run := func(args ...string) string {
+	run := func(ctx context.Context, args ...string) string {
 		t.Helper()
 		var out bytes.Buffer
 		cmd := exec.CommandContext(ctx, helm, args...)
@@ -49,7 +49,7 @@ func TestHelmUpgradeKeepsCaches(t *testing.T) {
 		}
 		return out.String()
 	}
-	if out := run("status", helmRelease, "--namespace", framework.SystemNamespace); !bytes.Contains([]byte(out), []byte("STATUS: deployed")) {
+	if out := run(ctx, "status", helmRelease, "--namespace", framework.SystemNamespace); !bytes.Contains([]byte(out), []byte("STATUS: deployed")) {
 		t.Fatalf("layercache is not a deployed Helm release (make e2e-up installs it with --deploy helm):\n%s", out)
 	}
 
@@ -65,13 +65,18 @@ func TestHelmUpgradeKeepsCaches(t *testing.T) {
 	// the host's ports, so a rolling update's new pod can never start
 	// beside the old one (e2e/cluster/up.sh replaces its pod instead),
 	// and helm's --wait timed out on it in a CI rehearsal.
-	upgrade := func(level string) {
-		run("upgrade", helmRelease, filepath.Join("..", "..", "charts", "layercache"), "--namespace", framework.SystemNamespace,
+	upgrade := func(ctx context.Context, level string) {
+		run(ctx, "upgrade", helmRelease, filepath.Join("..", "..", "charts", "layercache"), "--namespace", framework.SystemNamespace,
 			"--reuse-values", "--set", "node.logLevel="+level, "--wait", "--timeout", "3m")
 	}
-	t.Cleanup(func() { upgrade("null") })
+	// The scenario's context is done by the time the cleanup runs.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		upgrade(ctx, "null")
+	})
 	start := time.Now()
-	upgrade("debug")
+	upgrade(ctx, "debug")
 	e.waitAgentReady(ctx, string(agent.UID), agentRestartTimeout)
 	t.Logf("helm upgrade and the agents' rollout took %s", time.Since(start).Round(time.Second))
 
