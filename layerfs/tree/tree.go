@@ -1,8 +1,8 @@
 package tree
 
 import (
-	"context"
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
