@@ -171,18 +171,17 @@ e2e-packages: ## every e2e package on the running cluster (make e2e-up), e2e/mul
 	e2e/cluster/run-e2e.sh
 
 .PHONY: e2e-faults
-e2e-faults: ## e2e-monitoring, then the short fault tests and the two-node scenarios that kill node agents, one at a time, alone on the running cluster, after make e2e-packages
-	$(E2E_MONITORING)
+e2e-faults: ## the short fault tests and the two-node scenarios that kill node agents, one at a time, alone on the running cluster, after make e2e-packages; then the registry-down alert
 	$(E2E_FAULTS)
 	$(E2E_MONITORING_FAULTS)
 
 # E2E_MONITORING runs Debian's prometheus on loopback against the cluster
-# with config/monitoring's rules (about 35 s). It runs right after
-# e2e-packages, whose builds create the series that only appear at their
-# first event (a warm volume's hits, a registry pull's bytes), and before
-# the faults, which restart the agents and with them their counters (on a
-# cluster that only just started, it fails on the series still missing);
-# alone: it reads, and starts nothing.
+# with config/monitoring's rules (about 35 s): make e2e-monitoring. Not in
+# make test yet: in a CI rehearsal right after e2e-packages it found no
+# series of layercache_cache_bytes, layercache_cache_misses_total and
+# layercache_namespace_cache_bytes on a cluster whose manager had
+# restarted (issue 37's note), where another run after the packages had
+# them all.
 E2E_MONITORING = e2e/cluster/run-e2e.sh -tags e2e,monitoring -run '^TestEveryRuleAndPanelSelectsRealSeries$$' -timeout 5m ./e2e/monitoring/
 
 # E2E_MONITORING_FAULTS stops the registry (for about 15 s), runs a build
