@@ -782,8 +782,8 @@ func (s *Store) lostBySidecar(id string) (bool, error) {
 	}
 	s.lazy.mu.Lock()
 	_, here := s.lazy.served[id]
-	srv := s.lazy.server
 	s.lazy.mu.Unlock()
+	srv := s.currentLazyServer()
 	if !here || srv == nil {
 		return false, nil
 	}

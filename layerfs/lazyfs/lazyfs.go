@@ -252,8 +252,17 @@ func (s *Server) Serves(name string) (bool, error) {
 }
 
 func (s *Server) serves(name string) bool {
+	_, ok := s.sizeOf(name)
+	return ok
+}
+
+// sizeOf is the size of image name, if it is served here.
+func (s *Server) sizeOf(name string) (int64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.images[name]
-	return ok
+	n, ok := s.images[name]
+	if !ok {
+		return 0, false
+	}
+	return n.img.Size(), true
 }

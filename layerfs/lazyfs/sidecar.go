@@ -161,12 +161,9 @@ func (r *sidecarRPC) Add(a AddArgs, _ *struct{}) error {
 	if a.Name == "" || a.Name == "." || a.Name == ".." || filepath.Base(a.Name) != a.Name {
 		return fmt.Errorf("lazyfs image name %q is not a file name", a.Name)
 	}
-	r.s.srv.mu.Lock()
-	n, ok := r.s.srv.images[a.Name]
-	r.s.srv.mu.Unlock()
-	if ok {
-		if n.img.Size() != a.Size {
-			return fmt.Errorf("lazyfs image %s is served with %d bytes, not %d", a.Name, n.img.Size(), a.Size)
+	if size, ok := r.s.srv.sizeOf(a.Name); ok {
+		if size != a.Size {
+			return fmt.Errorf("lazyfs image %s is served with %d bytes, not %d", a.Name, size, a.Size)
 		}
 		return nil
 	}
