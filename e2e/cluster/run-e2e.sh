@@ -8,12 +8,13 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# go test runs three packages at a time (-p 3), taking them in the order
-# given: the longest, e2e/argo and e2e/cache, and e2e/multinode start side
-# by side, then e2e/tekton and the short packages. Alphabetically
-# e2e/tekton came last and was the long pole. Packages listed twice run
-# once. The scenarios mostly wait on the cluster, so more of them run at
-# once (-parallel 8) than there are cores.
+# go test runs four packages at a time (-p 4), taking them in the order
+# given: the longest, e2e/argo, e2e/cache and e2e/multinode (8 to 9
+# minutes each, mostly waiting on builds and quiet watches), and
+# e2e/tekton (about 5) start side by side, then the short packages. At -p
+# 3 e2e/tekton waited for them and the stage took 12.8 minutes. Packages
+# listed twice run once. The scenarios mostly wait on the cluster, so
+# more of them run at once (-parallel 8) than there are cores.
 tags=e2e packages=(./e2e/argo/ ./e2e/cache/ ./e2e/tekton/ ./e2e/...)
 [[ -f $KUBECONFIG_FILE ]] || die "no cluster: $KUBECONFIG_FILE is missing; run make up first"
 if [[ ${1:-} == --multinode ]]; then
@@ -29,6 +30,6 @@ for arg; do
 done
 export KUBECONFIG=$KUBECONFIG_FILE
 cd "$REPO_DIR"
-cmd=(go test -tags "$tags" -count=1 -p 3 -parallel 8 -timeout 40m "$@" "${packages[@]}")
+cmd=(go test -tags "$tags" -count=1 -p 4 -parallel 8 -timeout 40m "$@" "${packages[@]}")
 log "running ${cmd[*]} (KUBECONFIG=$KUBECONFIG; later flags win)"
 "${cmd[@]}"
