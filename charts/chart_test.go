@@ -304,6 +304,99 @@ func TestCRDsSurviveUpgradeAndUninstall(t *testing.T) {
 	}
 }
 
+// TestMonitoringObjects: the chart renders config/monitoring's PodMonitors,
+// PrometheusRule and dashboard only when asked, each as the package has
+// it in the release's namespace, with monitoring.labels added (a
+// Prometheus's selectors), and the dashboard as a ConfigMap that Grafana's
+// sidecar finds.
+func TestMonitoringObjects(t *testing.T) {
+	for _, o := range renderChart(t) {
+		if o.GetAPIVersion() == "monitoring.coreos.com/v1" || o.GetName() == "layercache-dashboard" {
+			t.Errorf("default values render %s: monitoring objects are off unless enabled", key(o))
+		}
+	}
+	const ns = "observability"
+	var want []*unstructured.Unstructured
+	for _, file := range []string{"podmonitors.yaml", "prometheusrule.yaml"} {
+		data, err := os.ReadFile(filepath.Join("..", "config", "monitoring", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := decode(bytes.ReplaceAll(data, []byte(namespace), []byte(ns)))
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		want = append(want, objs...)
+	}
+	got := map[string]*unstructured.Unstructured{}
+	for _, o := range renderChart(t, "--namespace", ns, "--set", "monitoring.podMonitors.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.dashboard.enabled=true,monitoring.labels.release=prometheus") {
+		got[key(o)] = o
+	}
+	for _, w := range want {
+		g, ok := got[key(w)]
+		if !ok {
+			t.Errorf("with monitoring enabled the chart renders no %s", key(w))
+			continue
+		}
+		if l := g.GetLabels()["release"]; l != "prometheus" {
+			t.Errorf("%s: label release = %q, want monitoring.labels' %q", key(g), l, "prometheus")
+		}
+		g = comparable(g)
+		labels := g.GetLabels()
+		delete(labels, "release")
+		g.SetLabels(labels)
+		if !reflect.DeepEqual(g.Object, w.Object) {
+			t.Errorf("%s differs from config/monitoring's:\n chart: %s\n  want: %s", key(w), g.Object, w.Object)
+		}
+	}
+	dash, ok := got["ConfigMap "+ns+"/layercache-dashboard"]
+	if !ok {
+		t.Fatal("with monitoring.dashboard.enabled the chart renders no ConfigMap layercache-dashboard")
+	}
+	if l := dash.GetLabels()["grafana_dashboard"]; l != "1" {
+		t.Errorf("the dashboard's ConfigMap: label grafana_dashboard = %q, want \"1\" (Grafana's sidecar default)", l)
+	}
+	data, err := os.ReadFile(filepath.Join("..", "config", "monitoring", "dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := unstructured.NestedString(dash.Object, "data", "layercache.json"); strings.TrimSpace(got) != strings.TrimSpace(string(data)) {
+		t.Errorf("the dashboard's ConfigMap does not hold config/monitoring/dashboard.json as it is (%d bytes, want %d)", len(got), len(data))
+	}
+}
+
+// TestPreviousVersionIsPackaged: charts/testdata holds the chart's
+// previous version, which the e2e upgrade test (TestHelmUpgradeKeepsCaches)
+// installs before it upgrades to this one; a chart change moves the
+// version, and the package moves with it.
+func TestPreviousVersionIsPackaged(t *testing.T) {
+	chartVersion := func(chart string) string {
+		t.Helper()
+		out, err := helm(t, "show", "chart", chart)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c struct {
+			Version string `json:"version"`
+		}
+		if err := yaml.Unmarshal(out, &c); err != nil {
+			t.Fatalf("helm show chart %s: %v", chart, err)
+		}
+		return c.Version
+	}
+	packages, err := filepath.Glob(filepath.Join("testdata", "layercache-*.tgz"))
+	if err != nil || len(packages) != 1 {
+		t.Fatalf("charts/testdata holds %q (%v), want the previous version's package alone (helm package of it)", packages, err)
+	}
+	previous, current := chartVersion(packages[0]), chartVersion(chartDir)
+	if filepath.Base(packages[0]) != "layercache-"+previous+".tgz" {
+		t.Errorf("%s holds chart version %s", packages[0], previous)
+	}
+	if previous == current {
+		t.Errorf("charts/testdata's package is version %s, the chart's own: it must be the previous version", previous)
+	}
+}
+
 func TestLint(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -23,25 +24,41 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/e2e/framework"
 )
 
 const scrapeInterval = 5 * time.Second
 
-// TestEveryRuleAndPanelSelectsRealSeries scrapes the cluster for a few
-// intervals and fails for a metric an alert or a dashboard query names
-// that no component exposes: a renamed metric would silence an alert.
+// TestEveryRuleAndPanelSelectsRealSeries scrapes the cluster and fails
+// for a metric an alert or a dashboard query names that no component
+// exposes: a renamed metric would silence an alert. Many series exist
+// only while a cache does (its bytes on a node, its namespace's total
+// and bound) or after an event since the agent started (a miss, a hit),
+// so the test makes them: two builds of one cache, in a namespace with
+// a size bound. Without them it depended on what earlier tests had left
+// (a CI rehearsal after the other packages, which delete their
+// namespaces, found three metrics without series).
 func TestEveryRuleAndPanelSelectsRealSeries(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	f := framework.New(t)
+	boundNamespace(ctx, t, f, "1Gi")
+	for _, build := range []string{"miss", "hit"} {
+		pod := cachePod(t, f, build, "echo "+build+" > /cache/"+build)
+		if _, err := f.CreatePod(ctx, pod); err != nil {
+			t.Fatalf("create build pod %s: %v", build, err)
+		}
+		if _, err := f.WaitForPodPhase(ctx, pod.Name, corev1.PodSucceeded); err != nil {
+			t.Fatalf("build pod %s: %v", build, err)
+		}
+	}
 	prom := startPrometheus(ctx, t, f)
 	prom.waitForTargets(ctx, t)
-	// rate() needs two samples of each series.
-	time.Sleep(3 * scrapeInterval)
 
 	exprs := map[string]string{}
 	for name, expr := range ruleExprs(t) {
@@ -50,14 +67,15 @@ func TestEveryRuleAndPanelSelectsRealSeries(t *testing.T) {
 	for name, expr := range dashboardExprs(t) {
 		exprs["panel "+name] = expr
 	}
-	names := slices.Sorted(func(yield func(string) bool) {
-		for k := range exprs {
-			if !yield(k) {
-				return
-			}
-		}
-	})
-	for _, name := range names {
+	var metrics []string
+	for _, expr := range exprs {
+		metrics = append(metrics, metricNames(expr)...)
+	}
+	slices.Sort(metrics)
+	counts := prom.waitForSeries(ctx, t, slices.Compact(metrics))
+	// rate() needs two samples of each series.
+	time.Sleep(2 * scrapeInterval)
+	for _, name := range slices.Sorted(maps.Keys(exprs)) {
 		expr := exprs[name]
 		// The expression itself must evaluate: promtool checked its syntax,
 		// this checks it against the server's functions and real types.
@@ -66,37 +84,99 @@ func TestEveryRuleAndPanelSelectsRealSeries(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 			continue
 		}
-		// Each metric it names must have series: an alert's threshold or a
-		// failure reason may select none on a healthy cluster, its metric
-		// may not.
-		var counts []string
+		var seen []string
 		for _, metric := range metricNames(expr) {
-			series, err := prom.query(ctx, fmt.Sprintf(`{__name__=%q}`, metric))
-			if err != nil {
-				t.Errorf("%s: %s: %v", name, metric, err)
-				continue
-			}
-			if len(series) == 0 {
-				if why, ok := bornOfAnEvent[metric]; ok {
-					t.Logf("%s: no series of %s yet: it appears %s", name, metric, why)
-				} else {
-					t.Errorf("%s: no series of %s on the cluster", name, metric)
-				}
-			}
-			counts = append(counts, fmt.Sprintf("%s=%d", metric, len(series)))
+			seen = append(seen, fmt.Sprintf("%s=%d", metric, counts[metric]))
 		}
-		t.Logf("%s: %d result series now; %s", name, len(result), strings.Join(counts, " "))
+		t.Logf("%s: %d result series now; %s", name, len(result), strings.Join(seen, " "))
 	}
 }
 
 // bornOfAnEvent are the metrics whose labelled series a component creates
-// only when the event happens (a vector with no series is not exposed), and
-// that event: their absence on a quiet cluster is no sign of a renamed
-// metric. Every other metric must have series.
+// only when an event happens that the test does not make (a vector with
+// no series is not exposed), and that event: their absence is no sign of
+// a renamed metric. Every other metric must have series.
 var bornOfAnEvent = map[string]string{
-	"layercache_cache_hits_total":             "at a node's first warm volume since its agent started",
-	"layercache_namespace_max_cache_bytes":    "for a namespace with a size bound only",
 	"layercache_announced_wait_seconds_count": "at a node's first wait for announced layers since its agent started",
+}
+
+// waitForSeries waits until each of metrics has series, up to a minute
+// (the manager sums a namespace's caches after the agents report them),
+// fails for those that have none then, and returns each one's count. An
+// alert's threshold or a failure reason may select none on a healthy
+// cluster; its metric may not.
+func (p *prometheus) waitForSeries(ctx context.Context, t *testing.T, metrics []string) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var missing []string
+		for _, metric := range metrics {
+			series, err := p.query(ctx, fmt.Sprintf(`{__name__=%q}`, metric))
+			if err != nil {
+				t.Fatalf("%s: %v", metric, err)
+			}
+			counts[metric] = len(series)
+			if len(series) == 0 {
+				missing = append(missing, metric)
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			for _, metric := range missing {
+				if why, ok := bornOfAnEvent[metric]; ok {
+					t.Logf("no series of %s yet: it appears %s", metric, why)
+				} else {
+					t.Errorf("no series of %s on the cluster, a minute after two builds of a cache", metric)
+				}
+			}
+			return counts
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for series of %v: %v", missing, ctx.Err())
+		case <-time.After(scrapeInterval):
+		}
+	}
+}
+
+// boundNamespace sets the test namespace's cache size bound, so that the
+// manager reports it (layercache_namespace_max_cache_bytes).
+func boundNamespace(ctx context.Context, t *testing.T, f *framework.Framework, bound string) {
+	t.Helper()
+	ns, err := f.Client.CoreV1().Namespaces().Get(ctx, f.Namespace, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	metav1.SetMetaDataAnnotation(&ns.ObjectMeta, v1alpha1.AnnotationMaxCacheSize, bound)
+	if _, err := f.Client.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("annotate Namespace %s with %s: %v", f.Namespace, v1alpha1.AnnotationMaxCacheSize, err)
+	}
+}
+
+// cachePod is a build pod on the first node that runs script over cache
+// "monitoring", a claim of the registry's class: its commit is published.
+func cachePod(t *testing.T, f *framework.Framework, name, script string) *corev1.Pod {
+	t.Helper()
+	if f.Cluster.Registry == nil {
+		t.Fatal("the cluster has no registry in cluster.json: start it with make e2e-up")
+	}
+	class := f.Cluster.Registry.StorageClass
+	pod := framework.BusyboxPod(name, "sh", "-c", script)
+	pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: f.Cluster.Nodes[0].Name}
+	pod.Spec.Volumes = []corev1.Volume{{Name: "cache", VolumeSource: corev1.VolumeSource{
+		Ephemeral: &corev1.EphemeralVolumeSource{VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{
+			ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{v1alpha1.AnnotationCache: "monitoring"}},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				StorageClassName: &class,
+				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceStorage: resource.MustParse("1Gi"),
+				}},
+			},
+		}},
+	}}}
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "cache", MountPath: "/cache"}}
+	return pod
 }
 
 // metricNames are the metric names expr selects (up and layercache_*).

@@ -8,10 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/e2e/framework"
 )
 
@@ -24,9 +21,7 @@ func TestPublishFailingGoesPendingWithTheRegistryDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	f := framework.New(t)
-	if f.Cluster.Registry == nil {
-		t.Fatal("the cluster has no registry in cluster.json: start it with make e2e-up")
-	}
+	pod := cachePod(t, f, "publish", "echo layer > /cache/file")
 	prom := startPrometheus(ctx, t, f)
 	prom.waitForTargets(ctx, t)
 
@@ -44,22 +39,6 @@ func TestPublishFailingGoesPendingWithTheRegistryDown(t *testing.T) {
 		t.Logf("registry down for %s", time.Since(stopped).Round(time.Second))
 	}()
 
-	class := f.Cluster.Registry.StorageClass
-	pod := framework.BusyboxPod("publish", "sh", "-c", "echo layer > /cache/file")
-	pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: f.Cluster.Nodes[0].Name}
-	pod.Spec.Volumes = []corev1.Volume{{Name: "cache", VolumeSource: corev1.VolumeSource{
-		Ephemeral: &corev1.EphemeralVolumeSource{VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{
-			ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{v1alpha1.AnnotationCache: "monitoring"}},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				StorageClassName: &class,
-				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
-					corev1.ResourceStorage: resource.MustParse("1Gi"),
-				}},
-			},
-		}},
-	}}}
-	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "cache", MountPath: "/cache"}}
 	if _, err := f.CreatePod(ctx, pod); err != nil {
 		t.Fatalf("create the build pod: %v", err)
 	}
