@@ -669,8 +669,10 @@ func (l *load) finish(ctx context.Context, n endNote) {
 
 // emptyLogTries bounds the reads of a log that comes back empty: the
 // kubelet may serve a container's log before its last lines are in the
-// file.
-const emptyLogTries = 3
+// file. Three reads a second apart were too few on a cold CI machine
+// with four e2e packages side by side: a build that had committed its
+// volume still had an empty log 3 s after it ended.
+const emptyLogTries = 10
 
 // podLog reads the build's log, again while it is empty (a few times, a
 // second apart) or the kubelet is away during a node fault.
