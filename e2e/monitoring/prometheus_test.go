@@ -57,7 +57,7 @@ func TestEveryRuleAndPanelSelectsRealSeries(t *testing.T) {
 			t.Fatalf("build pod %s: %v", build, err)
 		}
 	}
-	prom := startPrometheus(ctx, t, f)
+	prom := startPrometheus(ctx, t, f, rulesFile(t))
 	prom.waitForTargets(ctx, t)
 
 	exprs := map[string]string{}
@@ -186,6 +186,16 @@ func metricNames(expr string) []string {
 	return slices.Compact(names)
 }
 
+// rulesFile is config/monitoring/rules.yaml's absolute path.
+func rulesFile(t *testing.T) string {
+	t.Helper()
+	rules, err := filepath.Abs("../../config/monitoring/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rules
+}
+
 func ruleExprs(t *testing.T) map[string]string {
 	t.Helper()
 	var rules struct {
@@ -251,7 +261,7 @@ type prometheus struct {
 // node agents and the manager where the local cluster binds them (their
 // node's address on lo, config/e2e), labelled as config/monitoring's
 // PodMonitors label them.
-func startPrometheus(ctx context.Context, t *testing.T, f *framework.Framework) *prometheus {
+func startPrometheus(ctx context.Context, t *testing.T, f *framework.Framework, rules string) *prometheus {
 	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -291,10 +301,6 @@ func startPrometheus(ctx context.Context, t *testing.T, f *framework.Framework) 
 		t.Fatalf("found %d running layercache pods, want the node agents and the manager", len(static))
 	}
 	dir := t.TempDir()
-	rules, err := filepath.Abs("../../config/monitoring/rules.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
 	config := map[string]any{
 		"global":     map[string]any{"scrape_interval": scrapeInterval.String(), "evaluation_interval": scrapeInterval.String()},
 		"rule_files": []string{rules},
