@@ -24,9 +24,9 @@ import (
 // minutes; this test's Prometheus loads the rules with that alert's "for"
 // at 20 s, so that firing is seen within the test: the expression, its
 // labels and the transition are the real ones. The registry is back
-// within a minute whatever happens, and at once once the alert is
-// pending (the expression counts failures over 15 minutes, so it stays
-// true meanwhile).
+// within a minute whatever happens, and is started again as soon as the
+// alert is pending (the expression counts failures over 15 minutes, so
+// it stays true while the alert waits to fire).
 func TestPublishFailingFiresWithTheRegistryDown(t *testing.T) {
 	const alert = "LayercachePublishFailing"
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
