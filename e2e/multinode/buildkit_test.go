@@ -9,11 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // buildKitScript is e2e/imagebuild's build (its buildScript and
@@ -53,10 +50,6 @@ cat /tmp/build.log
 exit "$rc"
 `
 
-// buildKitTimeout bounds a build pod from its creation to its end, as
-// e2e/imagebuild's buildTimeout does.
-const buildKitTimeout = 6 * time.Minute
-
 // imageBuildKit is e2e/cluster/buildkit.sh's image, imported on every
 // node (WITH=buildkit).
 const imageBuildKit = "localhost/buildkit:e2e"
@@ -78,26 +71,7 @@ func (e *syncEnv) runBuildKit(ctx context.Context, name, node, class string) bui
 	c := &pod.Spec.Containers[0]
 	c.Image, c.Command = imageBuildKit, []string{"sh", "-c", buildKitScript}
 	c.SecurityContext = &corev1.SecurityContext{Privileged: &privileged}
-	if _, err := e.CreatePod(ctx, pod); err != nil {
-		e.t.Fatal(err)
-	}
-	// Not e.run: its wait is the framework's pod start bound (3 minutes),
-	// and the first build, seconds alone, took longer beside the other
-	// e2e packages in a CI rehearsal.
-	err := wait.PollUntilContextTimeout(ctx, time.Second, buildKitTimeout, true, func(ctx context.Context) (bool, error) {
-		p, err := e.Client.CoreV1().Pods(e.Namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		if p.Status.Phase == corev1.PodFailed {
-			return false, fmt.Errorf("pod %s failed", name)
-		}
-		return p.Status.Phase == corev1.PodSucceeded, nil
-	})
-	out, logErr := e.PodLogs(ctx, name, "main")
-	if err != nil {
-		e.t.Fatalf("build pod %s did not succeed within %s: %v (log: %v)\n%s", name, buildKitTimeout, err, logErr, out)
-	}
+	out := e.runBuild(ctx, pod)
 	r, err := parseBuildKitRun(out)
 	if err != nil {
 		e.t.Fatalf("build pod %s: %v; its log:\n%s", name, err, out)

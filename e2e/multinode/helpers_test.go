@@ -95,6 +95,36 @@ func (e *syncEnv) run(ctx context.Context, pod *corev1.Pod) string {
 	return e.waitSucceeded(ctx, pod.Name)
 }
 
+// buildTimeout bounds a build pod (BuildKit, a cold Go build) from its
+// creation to its end, as e2e/imagebuild's buildTimeout does: beside the
+// other e2e packages such builds outlasted the framework's pod bound of
+// 3 minutes in CI rehearsals (seconds, and about a minute, alone).
+const buildTimeout = 6 * time.Minute
+
+// runBuild is run for a build pod: its wait is buildTimeout, not the
+// framework's pod bound.
+func (e *syncEnv) runBuild(ctx context.Context, pod *corev1.Pod) string {
+	e.t.Helper()
+	if _, err := e.CreatePod(ctx, pod); err != nil {
+		e.t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, time.Second, buildTimeout, true, func(ctx context.Context) (bool, error) {
+		p, err := e.Client.CoreV1().Pods(e.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if p.Status.Phase == corev1.PodFailed {
+			return false, fmt.Errorf("pod %s failed", pod.Name)
+		}
+		return p.Status.Phase == corev1.PodSucceeded, nil
+	})
+	out, logErr := e.PodLogs(ctx, pod.Name, "main")
+	if err != nil {
+		e.t.Fatalf("build pod %s did not succeed within %s: %v (log: %v)\n%s", pod.Name, buildTimeout, err, logErr, out)
+	}
+	return out
+}
+
 func (e *syncEnv) waitSucceeded(ctx context.Context, name string) string {
 	e.t.Helper()
 	if _, err := e.WaitForPodPhase(ctx, name, corev1.PodSucceeded); err != nil {

@@ -228,9 +228,9 @@ func TestWarmGoBuildOnAFreshNode(t *testing.T) {
 	uid := strconv.Itoa(framework.BuildUID)
 	class := e.derivedClass(ctx, "go-build", map[string]string{"uid": uid, "gid": uid, "mode": "0775"})
 
-	cold := strings.Fields(e.run(ctx, e.goBuildPod("cold", a, "gocache", class)))
+	cold := strings.Fields(e.runBuild(ctx, e.goBuildPod("cold", a, "gocache", class)))
 	e.waitPublished(ctx, "gocache", 1)
-	warm := strings.Fields(e.run(ctx, e.goBuildPod("fresh", b, "gocache", class)))
+	warm := strings.Fields(e.runBuild(ctx, e.goBuildPod("fresh", b, "gocache", class)))
 	t.Logf("cold build on %s: %v (GOCACHE files before, packages compiled, output); on fresh node %s: %v", a, cold, b, warm)
 	if len(cold) < 2 || cold[1] == "0" {
 		t.Fatalf("the cold build on %s printed %q: want it to compile packages", a, cold)
