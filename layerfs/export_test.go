@@ -56,6 +56,18 @@ func (v *verifyingReader) Close() error { return nil }
 // and returns the cache's chain, as a node agent's push would.
 func publish(t testing.TB, s *Store, reg registry, cache string) Chain {
 	t.Helper()
+	return publishBy(t, s, cache, func(ref CacheRef, layerID string) string {
+		var buf bytes.Buffer
+		must(t, s.ExportLayer(context.Background(), ref, layerID, &buf))
+		return reg.put(buf.Bytes())
+	})
+}
+
+// publishBy publishes cache's layers that have no digest yet with put,
+// which stores a layer's image and returns its digest, and returns the
+// cache's chain.
+func publishBy(t testing.TB, s *Store, cache string, put func(ref CacheRef, layerID string) string) Chain {
+	t.Helper()
 	ctx := context.Background()
 	ref := mustRef(t, cache)
 	info, err := s.Inspect(ctx, ref)
@@ -64,9 +76,7 @@ func publish(t testing.TB, s *Store, reg registry, cache string) Chain {
 	for _, l := range info.Layers {
 		d := l.Digest
 		if d == "" {
-			var buf bytes.Buffer
-			must(t, s.ExportLayer(ctx, ref, l.ID, &buf))
-			d = reg.put(buf.Bytes())
+			d = put(ref, l.ID)
 			must(t, s.SetLayerDigest(ctx, ref, l.ID, d))
 		}
 		chain.Layers = append(chain.Layers, ChainLayer{Digest: d, Format: FormatEROFS})

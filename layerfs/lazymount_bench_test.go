@@ -143,25 +143,18 @@ func publishRandom(b *testing.B, reg registry, cache string, n, size int) Chain 
 // serves mapped: no copy of it in memory.
 func publishMapped(b *testing.B, s *Store, reg registry, cache string) Chain {
 	b.Helper()
-	ctx := context.Background()
-	ref := mustRef(b, cache)
-	info, err := s.Inspect(ctx, ref)
-	must(b, err)
-	chain := Chain{Generation: info.Generation}
-	for _, l := range info.Layers {
+	return publishBy(b, s, cache, func(ref CacheRef, layerID string) string {
 		f, err := os.CreateTemp(b.TempDir(), "image-")
 		must(b, err)
+		defer f.Close()
 		h := sha256.New()
 		w := bufio.NewWriterSize(io.MultiWriter(f, h), 1<<20)
-		must(b, s.ExportLayer(ctx, ref, l.ID, w))
+		must(b, s.ExportLayer(context.Background(), ref, layerID, w))
 		must(b, w.Flush())
 		d := "sha256:" + hex.EncodeToString(h.Sum(nil))
 		reg[d] = mapFile(b, f)
-		must(b, f.Close())
-		must(b, s.SetLayerDigest(ctx, ref, l.ID, d))
-		chain.Layers = append(chain.Layers, ChainLayer{Digest: d, Format: FormatEROFS})
-	}
-	return chain
+		return d
+	})
 }
 
 // mapFile maps f read-only until the benchmark ends.
