@@ -58,10 +58,10 @@ func BenchmarkLazyBuild(b *testing.B) {
 	fetch := target.RangeFetch(cl.Digest, idx)
 
 	var lazyT, warmT, fetchT []time.Duration
-	var freshNodes []*benchNode
+	var settled *benchNode // the last fresh node, complete by the whole reads
 	for range 3 {
 		fresh := newLazyNode(b)
-		freshNodes = append(freshNodes, fresh)
+		settled = fresh
 		lazyT = append(lazyT, timed(func() {
 			if _, err := fresh.store.Sync(context.Background(), benchCache, chain, fetchFrom(target), layerfs.SyncOptions{OpenLazy: open}); err != nil {
 				b.Fatal(err)
@@ -70,14 +70,13 @@ func BenchmarkLazyBuild(b *testing.B) {
 		}))
 		// This node's background completion competes with its build, as
 		// on a real node; it must not compete with the measurements after
-		// it, another node's: at full size the three builds took 2.2, 3.0
-		// and 5.2 s while the earlier nodes' completions ran.
+		// it (the warm reads, the fetch alone, the next node's build),
+		// which one machine simulating three nodes would otherwise let it.
 		waitSettled(b, fresh.store)
 		dropCaches(b)
 		warmT = append(warmT, timed(func() { readDirs(b, warm.mount(fmt.Sprintf("build-%d", len(warmT))), tenth) }))
 		fetchT = append(fetchT, timed(func() { readSpread(b, fetch, idx, 10) }))
 	}
-	settled := freshNodes[len(freshNodes)-1]
 	// Cold whole reads in alternated pairs (the first of a pair ran
 	// slower on a loaded machine, whichever it was), each figure a median.
 	// A smoke read takes some 50 ms, which one stalled write-back can
