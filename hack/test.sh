@@ -1,110 +1,151 @@
 #!/usr/bin/env bash
-# make test: every stage of the test run, the e2e cluster's builds beside
-# the stages that need no cluster, then a table of where the time went
-# (also in _output/test/stages.md), printed on failure too.
+# make test: every stage of the test run in three lanes, then a table of
+# where the time went (also in _output/test/stages.md), printed on failure
+# too.
 #
-# Order (DEVELOPERS.md, "CI and its budget"):
-#   host-packages   every Debian package, one apt transaction (two apt-get
-#                   at once fail on dpkg's lock)
-#   e2e-build       in the background: Kubernetes, the images, helm, Tekton,
-#                   Argo and BuildKit (make e2e-build); its log is
-#                   _output/test/e2e-build.log
-#   verify-generate, test-unit, test-monitoring, test-envtest, test-scale, one after the other
-#                   beside it (test-envtest's kube-apiserver waits for the
-#                   same build, build-kubernetes.sh's lock, and is not
-#                   built twice)
-#   bench-smoke     alone: its ratios compare timings
-#   e2e-up, e2e-packages, e2e-faults (make e2e's stages: one two-node
-#                   cluster for every package, then the faults alone)
-# A failed stage ends the run: the background build is stopped.
+# Order (DEVELOPERS.md, "CI and its budget"): the critical path is the
+# cluster's builds, then the e2e. The base cluster (Kubernetes, the
+# images, helm, the registry) builds first with both cores, and the fault
+# tests, which need no more than that, run on it while the rest builds and
+# the unit stages run beside them:
+#
+#   foreground    host-packages, e2e-build-base, e2e-up-base, e2e-faults,
+#                 e2e-up (adds Tekton, Argo and BuildKit), e2e-packages,
+#                 bench-smoke (last and alone: its ratios compare timings)
+#   generate      verify-generate, beside e2e-build-base and done before
+#                 e2e-up-base (it rewrites the chart's copied files)
+#   checks        test-unit, test-monitoring, test-envtest, test-scale,
+#                 from the end of e2e-build-base
+#   add-ons       e2e-build-add-ons (Tekton, Argo, BuildKit), from the end of
+#                 e2e-build-base, joined before e2e-up
+#
+# A background lane writes to _output/test/LANE.log, shown when it is
+# joined. A failed stage, in any lane, ends the run at once: the other
+# lanes and the foreground stage are stopped (rows "stopped").
 set -euo pipefail
+# Job control: each background job has a process group of its own, which
+# stop_all ends whole.
+set -m
 cd "$(dirname "$0")/.."
 
 OUT=_output/test
 mkdir -p "$OUT"
+ROWS=$OUT/rows
+rm -f "$ROWS" "$OUT"/running.* "$OUT"/*.failed
 run_start=$(date +%s)
-# One row per stage: name, start and end (seconds since the run's start),
-# result.
-names=() starts=() ends=() results=()
-bg_pid= bg_name= bg_start=
+declare -A lane_pids=()
+fg_pid=
 
 stamp() { echo $(($(date +%s) - run_start)); }
 banner() { printf '\n=== %s [%s] %s\n\n' "$(date +%H:%M:%S)" "$1" "$2"; }
+minutes() { awk -v s="$1" 'BEGIN { printf "%.1f", s / 60 }'; }
 
-record() {
-	names+=("$1") starts+=("$2") ends+=("$3") results+=("$4")
-}
-
-# stage NAME COMMAND...: runs COMMAND in the foreground; a failure prints
-# the table and ends the run.
-stage() {
-	local name=$1 start rc=0
+# run NAME COMMAND...: one stage, in any lane. Its row (name, start, end in
+# seconds since the run's start, result) goes to $ROWS when it ends; while
+# it runs, $OUT/running.NAME holds its start, for stop_all's "stopped" row.
+run() {
+	local name=$1 start end rc=0
 	shift
 	start=$(stamp)
+	echo "$start" >"$OUT/running.$name"
 	banner "$name" "$*"
 	"$@" || rc=$?
-	conclude "$name" "$start" "$(stamp)" "$rc"
-}
-
-# conclude NAME START END RC records a stage that ended; a failed one ends
-# the run.
-conclude() {
-	local name=$1 start=$2 end=$3 rc=$4
-	if ((rc != 0)); then
-		record "$name" "$start" "$end" "FAILED ($rc)"
+	end=$(stamp)
+	if ((rc == 0)); then
+		printf '%s\t%s\t%s\tok\n' "$name" "$start" "$end" >>"$ROWS"
+		banner "$name" "passed in $((end - start)) s"
+	else
+		printf '%s\t%s\t%s\tFAILED (%s)\n' "$name" "$start" "$end" "$rc" >>"$ROWS"
 		banner "$name" "FAILED (exit $rc) in $((end - start)) s"
-		stop_background
-		fail
 	fi
-	record "$name" "$start" "$end" ok
-	banner "$name" "passed in $((end - start)) s"
+	rm -f "$OUT/running.$name"
+	return "$rc"
 }
 
-# background NAME COMMAND...: starts COMMAND in a session of its own (so
-# that stop_background ends all of it), its output to $OUT/NAME.log.
-background() {
-	bg_name=$1 bg_start=$(stamp)
-	shift
-	banner "$bg_name" "started in the background: $* (log: $OUT/$bg_name.log)"
-	rm -f "$OUT/$bg_name.end"
-	# The end is stamped when the command ends, not when it is waited for.
-	setsid bash -c '"${@:3}"; rc=$?; echo $(($(date +%s) - $1)) >"$2"; exit $rc' \
-		background "$run_start" "$OUT/$bg_name.end" "$@" >"$OUT/$bg_name.log" 2>&1 &
-	bg_pid=$!
-}
-
-# finish_background waits for the background stage and shows its log.
-finish_background() {
+# stage NAME COMMAND...: a foreground stage. It runs as a job, so that a
+# lane's failure (SIGUSR1) interrupts the wait for it.
+stage() {
 	local rc=0
-	banner "$bg_name" "waiting for it"
-	wait "$bg_pid" || rc=$?
-	bg_pid=
-	cat "$OUT/$bg_name.log"
-	conclude "$bg_name" "$bg_start" "$(cat "$OUT/$bg_name.end" 2>/dev/null || stamp)" "$rc"
+	run "$@" &
+	fg_pid=$!
+	wait "$fg_pid" || rc=$?
+	fg_pid=
+	((rc == 0)) || fail "$1"
 }
 
-stop_background() {
-	[[ -n $bg_pid ]] || return 0
-	kill -- "-$bg_pid" 2>/dev/null || true
-	wait "$bg_pid" 2>/dev/null || true
-	record "$bg_name" "$bg_start" "$(stamp)" stopped
-	echo "--- the last lines of $OUT/$bg_name.log:"
-	tail -20 "$OUT/$bg_name.log" || true
-	bg_pid=
+# lane NAME TARGET...: runs make TARGET... one after the other in the
+# background, each a stage of its name; a failure signals the foreground.
+lane() {
+	local name=$1
+	shift
+	banner "$name" "lane started in the background: make $* (log: $OUT/$name.log)"
+	(
+		trap - EXIT USR1 INT TERM
+		for target; do
+			if ! run "$target" make --no-print-directory "$target"; then
+				touch "$OUT/$name.failed"
+				kill -USR1 $$
+				exit 1
+			fi
+		done
+	) >"$OUT/$name.log" 2>&1 &
+	lane_pids[$name]=$!
 }
 
-minutes() { awk -v s="$1" 'BEGIN { printf "%.1f", s / 60 }'; }
+# join NAME waits for a lane and shows its log.
+join() {
+	local name=$1 rc=0
+	banner "$name" "waiting for the lane"
+	wait "${lane_pids[$name]}" || rc=$?
+	unset "lane_pids[$name]"
+	cat "$OUT/$name.log"
+	((rc == 0)) || fail "$name"
+	banner "$name" "lane done"
+}
+
+# lane_failed: a lane's stage failed while the foreground ran or waited.
+lane_failed() {
+	local log
+	for log in "$OUT"/*.failed; do
+		[[ -e $log ]] || continue
+		log=${log%.failed}.log
+		echo "--- $log, the failed lane's output:"
+		cat "$log"
+	done
+	fail "a background lane"
+}
+
+# stop_all ends the foreground stage and every lane, with a "stopped" row
+# for each stage they were running.
+stop_all() {
+	local pid f
+	for pid in $fg_pid "${lane_pids[@]}"; do
+		kill -- "-$pid" 2>/dev/null || true
+	done
+	for pid in $fg_pid "${lane_pids[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	fg_pid=
+	lane_pids=()
+	for f in "$OUT"/running.*; do
+		[[ -e $f ]] || continue
+		printf '%s\t%s\t%s\tstopped\n' "${f##*/running.}" "$(<"$f")" "$(stamp)" >>"$ROWS"
+		rm -f "$f"
+	done
+}
 
 # table prints the stages in the order they started, with the stages whose
 # time overlapped theirs.
 table() {
-	local verdict=$1 i j beside order
+	local verdict=$1 i j beside names=() starts=() ends=() results=() name start end result
+	while IFS=$'\t' read -r name start end result; do
+		names+=("$name") starts+=("$start") ends+=("$end") results+=("$result")
+	done < <(sort -t$'\t' -k2,2n -s "$ROWS" 2>/dev/null)
 	echo "make test: where the time went ($verdict)"
 	echo
 	echo "| stage | start (min) | minutes | result | beside |"
 	echo "| --- | ---: | ---: | --- | --- |"
-	order=$(for i in "${!names[@]}"; do echo "${starts[$i]} $i"; done | sort -n -s -k1,1 | cut -d' ' -f2)
-	for i in $order; do
+	for i in "${!names[@]}"; do
 		beside=()
 		for j in "${!names[@]}"; do
 			((i != j && starts[j] < ends[i] && starts[i] < ends[j])) && beside+=("${names[$j]}")
@@ -115,30 +156,33 @@ table() {
 	echo "| **all** | | **$(minutes "$(stamp)")** | | |"
 }
 
-print_table() {
-	table "$1" | tee "$OUT/stages.md"
-}
-
 fail() {
+	trap - USR1 INT TERM
+	banner "$1" "failed: stopping the run"
+	stop_all
 	echo
-	print_table FAILED
+	table FAILED | tee "$OUT/stages.md"
 	exit 1
 }
 
-trap 'stop_background' EXIT
+trap stop_all EXIT
+trap lane_failed USR1
+# The jobs' process groups do not get a terminal's Ctrl-C: end them here.
+trap 'fail interrupted' INT TERM
 
 stage host-packages e2e/cluster/host-packages.sh
-background e2e-build make --no-print-directory e2e-build
-stage verify-generate make --no-print-directory verify-generate
-stage test-unit make --no-print-directory test-unit
-stage test-monitoring make --no-print-directory test-monitoring
-stage test-envtest make --no-print-directory test-envtest
-stage test-scale make --no-print-directory test-scale
-finish_background
-stage bench-smoke make --no-print-directory bench-smoke
+lane generate verify-generate
+stage e2e-build-base make --no-print-directory e2e-build-base
+lane checks test-unit test-monitoring test-envtest test-scale
+lane add-ons e2e-build-add-ons
+join generate
+stage e2e-up-base make --no-print-directory e2e-up-base
+stage e2e-faults make --no-print-directory e2e-faults
+join add-ons
 stage e2e-up make --no-print-directory e2e-up
 stage e2e-packages make --no-print-directory e2e-packages
-stage e2e-faults make --no-print-directory e2e-faults
-trap - EXIT
+join checks
+stage bench-smoke make --no-print-directory bench-smoke
+trap - EXIT USR1 INT TERM
 echo
-print_table passed
+table passed | tee "$OUT/stages.md"
