@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -44,6 +45,11 @@ type File struct {
 	stats     Stats
 
 	syncMu sync.Mutex // one record at a time, in order
+
+	// Reads waiting on fetches now, and when the last one ended (unix
+	// nanoseconds): Fill yields to them (yieldToReads).
+	readsWaiting atomic.Int32
+	lastReadWait atomic.Int64
 }
 
 // Stats are what a File fetched and what its reads waited for.
@@ -194,7 +200,10 @@ func (f *File) need(ctx context.Context, first, last int) error {
 		return nil
 	}
 	start := time.Now()
+	f.readsWaiting.Add(1)
 	defer func() {
+		f.lastReadWait.Store(time.Now().UnixNano())
+		f.readsWaiting.Add(-1)
 		f.mu.Lock()
 		f.stats.Stalls++
 		f.stats.StallSeconds += time.Since(start).Seconds()

@@ -70,7 +70,7 @@ func (f *File) fetchAll(ctx context.Context, order []int) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(f.o.Parallel)
 	for _, c := range order {
-		if gctx.Err() != nil {
+		if f.yieldToReads(gctx) != nil {
 			break
 		}
 		g.Go(func() error { return f.ensure(gctx, c, false, time.Now().Add(f.o.Wait)) })
@@ -79,6 +79,31 @@ func (f *File) fetchAll(ctx context.Context, order []int) error {
 		return err
 	}
 	return ctx.Err()
+}
+
+// readQuiet is how long after a read's last wait on a fetch Fill starts
+// chunks again.
+const readQuiet = 200 * time.Millisecond
+
+// yieldToReads returns once no read has waited on a fetch for readQuiet,
+// or when ctx ends (its error). Reads come first: a fill at full speed
+// takes the cores and the bandwidth that a build's reads wait for (beside
+// it, a build reading a tenth of a 1 GiB cache took 2 to 5 times the warm
+// build plus the fetch of its tenth). The chunks under way go on.
+func (f *File) yieldToReads(ctx context.Context) error {
+	for {
+		quiet := readQuiet
+		if f.readsWaiting.Load() == 0 {
+			quiet -= time.Since(time.Unix(0, f.lastReadWait.Load()))
+		}
+		if quiet <= 0 || ctx.Err() != nil {
+			return ctx.Err()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(quiet):
+		}
+	}
 }
 
 // digestBeside starts hashing the copy in order, beside the fetches, when

@@ -232,6 +232,43 @@ func TestReadWaitsForFillsFetch(t *testing.T) {
 	}
 }
 
+// Fill starts no chunk while a read waits on a fetch, nor for readQuiet
+// after, then completes the copy.
+func TestFillYieldsToReads(t *testing.T) {
+	img := testImage(8*testChunk, 14)
+	release := make(chan struct{})
+	reg := newRegistry(t, img, func(n int64, _ http.ResponseWriter, _ *http.Request) bool {
+		if n == 1 { // the read's fetch of chunk 5
+			<-release
+		}
+		return false
+	})
+	f := open(t, options(t, reg, testChunk))
+	read := make(chan []byte)
+	go func() { read <- readAt(t, f, 5*testChunk, 10) }()
+	for reg.requests.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	filled := make(chan error)
+	go func() { filled <- f.Fill(context.Background()) }()
+	time.Sleep(2 * readQuiet)
+	if n := reg.requests.Load(); n != 1 {
+		t.Errorf("%d requests while a read waited on its fetch, want the read's alone", n)
+	}
+	close(release)
+	ended := time.Now()
+	if got := <-read; !bytes.Equal(got, img[5*testChunk:5*testChunk+10]) {
+		t.Fatal("the read differs from the image")
+	}
+	must(t, <-filled)
+	if waited := time.Since(ended); waited < readQuiet {
+		t.Errorf("Fill completed %s after the read's wait ended, want it to wait %s first", waited, readQuiet)
+	}
+	if asked := reg.chunksAsked(testChunk); len(asked) != 8 || asked[0] != 5 {
+		t.Errorf("fetched chunks %v, want 5 (the read's), then the 7 others once", asked)
+	}
+}
+
 // Fill fetches Prefetch first, in its order; the reads' order is recorded
 // for the next node.
 func TestPrefetchAndReadOrder(t *testing.T) {
