@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/component-helpers/storage/ephemeral"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -113,22 +114,35 @@ func (a *apiTest) bind(pvc *corev1.PersistentVolumeClaim) *corev1.PersistentVolu
 		a.t.Fatalf("binding PV %s: %v", pv.Name, err)
 	}
 
-	if err := a.get(a.ctx, pvc); err != nil {
-		a.t.Fatalf("reading claim %s: %v", pvc.Name, err)
-	}
-	pvc.Spec.VolumeName = pv.Name
-	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, "pv.kubernetes.io/bind-completed", "yes")
-	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, annStorageProvisioner, class.Provisioner)
-	if err := a.c.Update(a.ctx, pvc); err != nil {
+	if err := a.rewrite(pvc, func() error {
+		pvc.Spec.VolumeName = pv.Name
+		metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, "pv.kubernetes.io/bind-completed", "yes")
+		metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, annStorageProvisioner, class.Provisioner)
+		return a.c.Update(a.ctx, pvc)
+	}); err != nil {
 		a.t.Fatalf("binding claim %s to %s: %v", pvc.Name, pv.Name, err)
 	}
-	pvc.Status.Phase = corev1.ClaimBound
-	pvc.Status.AccessModes = pv.Spec.AccessModes
-	pvc.Status.Capacity = pv.Spec.Capacity
-	if err := a.c.Status().Update(a.ctx, pvc); err != nil {
+	if err := a.rewrite(pvc, func() error {
+		pvc.Status.Phase = corev1.ClaimBound
+		pvc.Status.AccessModes = pv.Spec.AccessModes
+		pvc.Status.Capacity = pv.Spec.Capacity
+		return a.c.Status().Update(a.ctx, pvc)
+	}); err != nil {
 		a.t.Fatalf("setting claim %s Bound: %v", pvc.Name, err)
 	}
 	return pv
+}
+
+// rewrite reads obj again and makes write, again while it conflicts: the
+// manager writes claims and pods too (its finalizers), as in a cluster,
+// where their other writers (the binder, the kubelet) start again likewise.
+func (a *apiTest) rewrite(obj client.Object, write func() error) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := a.get(a.ctx, obj); err != nil {
+			return err
+		}
+		return write()
+	})
 }
 
 // claimVolume names a standalone claim in a pod.
@@ -169,15 +183,17 @@ func (a *apiTest) createPod(name string, volumes ...corev1.Volume) *corev1.Pod {
 		a.t.Fatalf("creating pod %s: %v", name, err)
 	}
 	now := metav1.Now()
-	pod.Status = corev1.PodStatus{
-		Phase:     corev1.PodRunning,
-		StartTime: &now,
-		ContainerStatuses: []corev1.ContainerStatus{{
-			Name: "build", Image: "localhost/busybox:e2e", Ready: true,
-			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
-		}},
-	}
-	if err := a.c.Status().Update(a.ctx, pod); err != nil {
+	if err := a.rewrite(pod, func() error {
+		pod.Status = corev1.PodStatus{
+			Phase:     corev1.PodRunning,
+			StartTime: &now,
+			ContainerStatuses: []corev1.ContainerStatus{{
+				Name: "build", Image: "localhost/busybox:e2e", Ready: true,
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+			}},
+		}
+		return a.c.Status().Update(a.ctx, pod)
+	}); err != nil {
 		a.t.Fatalf("starting pod %s: %v", name, err)
 	}
 	return pod
@@ -195,20 +211,19 @@ func mounts(volumes []corev1.Volume) []corev1.VolumeMount {
 // terminated, then the terminal phase.
 func (a *apiTest) endPod(pod *corev1.Pod, phase corev1.PodPhase) {
 	a.t.Helper()
-	if err := a.get(a.ctx, pod); err != nil {
-		a.t.Fatalf("reading pod %s: %v", pod.Name, err)
-	}
 	exit := int32(0)
 	if phase == corev1.PodFailed {
 		exit = 1
 	}
 	now := metav1.Now()
-	pod.Status.Phase = phase
-	pod.Status.ContainerStatuses[0].Ready = false
-	pod.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
-		ExitCode: exit, StartedAt: *pod.Status.StartTime, FinishedAt: now,
-	}}
-	if err := a.c.Status().Update(a.ctx, pod); err != nil {
+	if err := a.rewrite(pod, func() error {
+		pod.Status.Phase = phase
+		pod.Status.ContainerStatuses[0].Ready = false
+		pod.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: exit, StartedAt: *pod.Status.StartTime, FinishedAt: now,
+		}}
+		return a.c.Status().Update(a.ctx, pod)
+	}); err != nil {
 		a.t.Fatalf("ending pod %s as %s: %v", pod.Name, phase, err)
 	}
 }
