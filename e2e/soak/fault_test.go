@@ -575,8 +575,8 @@ func (l *load) restartNode(ctx context.Context) {
 const (
 	// strandedWait is how long after the agent's return reapStranded
 	// looks for stranded pods; strandedSettle how long one must stay so.
-	strandedWait   = 20 * time.Second
-	strandedSettle = 5 * time.Second
+	strandedWait   = 40 * time.Second
+	strandedSettle = 15 * time.Second
 	// exitStranded marks the end reapStranded reports for a pod it
 	// deleted.
 	exitStranded = "stranded"
@@ -628,15 +628,30 @@ func (l *load) reapStranded(ctx context.Context, rebootAt time.Time) error {
 	return nil
 }
 
-// stranded tells a pod created before the reboot that is Pending with a
-// container that was created and waits.
+// stranded tells a pod that was on the node before the reboot (scheduled
+// before it) and is Pending with its containers waiting. Two kinds were
+// seen: its container created before the reboot (the status has its ID;
+// computePodActions, above), and, in a CI rehearsal with the unit tests
+// beside it (Nov 2026), one whose volume's set-up then failed for good
+// (FailedMount: its mount point gone with the reboot; the status without
+// a container ID). A pod that only waited for its turn starts within
+// seconds of the agent's return, well within strandedSettle.
 func stranded(p *corev1.Pod, rebootAt time.Time) bool {
-	if p.Status.Phase != corev1.PodPending || !p.CreationTimestamp.Time.Before(rebootAt) {
+	if p.Status.Phase != corev1.PodPending || len(p.Status.ContainerStatuses) == 0 || !scheduledBefore(p, rebootAt) {
 		return false
 	}
 	for _, cs := range p.Status.ContainerStatuses {
-		if cs.ContainerID != "" && cs.State.Waiting != nil {
-			return true
+		if cs.State.Waiting == nil {
+			return false
+		}
+	}
+	return true
+}
+
+func scheduledBefore(p *corev1.Pod, t time.Time) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue {
+			return c.LastTransitionTime.Time.Before(t)
 		}
 	}
 	return false
