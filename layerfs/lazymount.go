@@ -138,13 +138,18 @@ func (s *Store) partialRecordPath(id string) string { return s.partialCopy(id) +
 func (s *Store) lazyfsDir() string                  { return filepath.Join(s.root, "lazyfs") }
 
 // LazyfsSidecar is where the sidecar that serves the lazyfs of the store
-// at root and the store's process meet (Options.LazyfsSidecar).
+// at root and the store's process meet (Options.LazyfsSidecar). Their
+// sockets are not in root/run, the node agent's mount gate: the agent
+// mounts a tmpfs there at its first start after a boot, and a sidecar
+// that had listened there first (both containers start together) was
+// unreachable under it for good, so every lazy pull of the node failed
+// (a CI rehearsal, Nov 2026).
 func LazyfsSidecar(root string) lazyfs.SidecarConfig {
-	run := filepath.Join(root, "run")
+	sockets := filepath.Join(root, "sockets")
 	return lazyfs.SidecarConfig{
 		Dir:     filepath.Join(root, "lazyfs"),
-		Control: filepath.Join(run, "lazyfs.sock"),
-		Images:  filepath.Join(run, "lazyfs-images.sock"),
+		Control: filepath.Join(sockets, "lazyfs.sock"),
+		Images:  filepath.Join(sockets, "lazyfs-images.sock"),
 		Markers: filepath.Join(root, "partial"),
 	}
 }

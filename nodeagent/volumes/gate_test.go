@@ -2,16 +2,19 @@ package volumes
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/go-logr/logr/testr"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/layercache/layercache/api/v1alpha1"
 	"github.com/layercache/layercache/layerfs"
+	"github.com/layercache/layercache/layerfs/lazyfs"
 )
 
 // TestMountGateReboot mounts the gate's tmpfs for real (root): a gated
@@ -70,4 +73,28 @@ func TestMountGateReboot(t *testing.T) {
 			t.Errorf("%s: the PV's path is a directory: %v (%v), want %v", s.name, got, err, s.wantPath)
 		}
 	}
+}
+
+// The lazyfs sidecar may listen before its agent mounts the gate (both
+// containers of the pod start together): the gate's tmpfs must not hide
+// its socket. Needs root.
+func TestMountGateLeavesTheSidecarReachable(t *testing.T) {
+	requireRoot(t)
+	root := t.TempDir()
+	cfg := layerfs.LazyfsSidecar(root)
+	sc, err := lazyfs.ServeSidecar(cfg, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sc.Close() })
+	dir := filepath.Join(root, GateDir)
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := mountGate(root); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("unix", cfg.Control)
+	if err != nil {
+		t.Fatalf("the sidecar's socket after the gate's mount: %v", err)
+	}
+	conn.Close()
 }
