@@ -9,15 +9,17 @@
 # tests, which need no more than that, run on it while the rest builds and
 # the unit stages run beside them:
 #
-#   foreground    host-packages, e2e-build-base, e2e-up-base, e2e-faults,
-#                 e2e-up (adds Tekton, Argo and BuildKit), e2e-packages,
-#                 bench-smoke (last and alone: its ratios compare timings)
-#   generate      verify-generate, beside e2e-build-base and done before
-#                 e2e-up-base (it rewrites the chart's copied files)
+#   foreground    host-packages, e2e-build-base, bench-smoke (alone: its
+#                 ratios compare timings; after the e2e, the cluster's
+#                 clean-up once made one miss by more than its margin),
+#                 e2e-up-base, e2e-faults, e2e-up (adds Tekton, Argo and
+#                 BuildKit), e2e-packages
+#   generate      verify-generate, beside e2e-build-base and joined before
+#                 bench-smoke (it rewrites the chart's copied files)
 #   checks        test-unit, test-monitoring, test-envtest, test-scale,
-#                 from the end of e2e-build-base
+#                 from the end of bench-smoke
 #   add-ons       e2e-build-add-ons (Tekton, Argo, BuildKit), from the end of
-#                 e2e-build-base, joined before e2e-up
+#                 bench-smoke, joined before e2e-up
 #
 # A background lane writes to _output/test/LANE.log, shown when it is
 # joined. A failed stage, in any lane, ends the run at once: the other
@@ -173,16 +175,16 @@ trap 'fail interrupted' INT TERM
 stage host-packages e2e/cluster/host-packages.sh
 lane generate verify-generate
 stage e2e-build-base make --no-print-directory e2e-build-base
+join generate
+stage bench-smoke make --no-print-directory bench-smoke
 lane checks test-unit test-monitoring test-envtest test-scale
 lane add-ons e2e-build-add-ons
-join generate
 stage e2e-up-base make --no-print-directory e2e-up-base
 stage e2e-faults make --no-print-directory e2e-faults
 join add-ons
 stage e2e-up make --no-print-directory e2e-up
 stage e2e-packages make --no-print-directory e2e-packages
 join checks
-stage bench-smoke make --no-print-directory bench-smoke
 trap - EXIT USR1 INT TERM
 echo
 table passed | tee "$OUT/stages.md"
