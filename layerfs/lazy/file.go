@@ -186,6 +186,7 @@ func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 func (f *File) need(ctx context.Context, first, last int) error {
 	var missing []int
 	f.mu.Lock()
+	sequential := first > 0 && f.readSeen.has(first-1)
 	for c := first; c <= last; c++ {
 		if !f.readSeen.has(c) {
 			f.readSeen.add(c)
@@ -198,6 +199,9 @@ func (f *File) need(ctx context.Context, first, last int) error {
 	f.mu.Unlock()
 	if len(missing) == 0 {
 		return nil
+	}
+	if sequential {
+		f.readAhead(last)
 	}
 	start := time.Now()
 	f.readsWaiting.Add(1)
@@ -217,6 +221,39 @@ func (f *File) need(ctx context.Context, first, last int) error {
 		g.Go(func() error { return f.ensure(gctx, c, true, deadline) })
 	}
 	return g.Wait()
+}
+
+// readAheadChunks is how many chunks past a sequential read's stall are
+// fetched beside it.
+const readAheadChunks = 4
+
+// readAhead starts fetching the readAheadChunks chunks after chunk last
+// that are neither in the copy nor under way, without waiting for them: a
+// read that stalled where the reads before it ended goes on in order (a
+// build reads a package's files one after the other, which lie one after
+// the other in the image), and a reader that waits for each chunk in turn
+// would pay every fetch's latency in full, where the fetches alone run
+// several at once. Each is one attempt: its failure is left to the read
+// that needs the chunk, which tries again.
+func (f *File) readAhead(last int) {
+	if f.begin() != nil {
+		return
+	}
+	defer f.ops.Done()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := last + 1; c < min(last+1+readAheadChunks, f.chunks); c++ {
+		if f.have.has(c) || f.inflight[c] != nil {
+			continue
+		}
+		a := &attempt{done: make(chan struct{})}
+		f.inflight[c] = a
+		f.ops.Add(1)
+		go func() {
+			defer f.ops.Done()
+			f.fetchChunk(f.ctx, c, a, true, time.Now().Add(f.o.Wait))
+		}()
+	}
 }
 
 // Complete reports whether every chunk is in the copy (and, when the image

@@ -269,6 +269,41 @@ func TestFillYieldsToReads(t *testing.T) {
 	}
 }
 
+// A read that stalls where the reads before it ended fetches the next
+// readAheadChunks chunks beside its own, so reads that go on in order
+// find them in the copy; a read elsewhere fetches only its own chunks.
+func TestSequentialReadsFetchAhead(t *testing.T) {
+	img := testImage(16*testChunk, 9)
+	reg := newRegistry(t, img, nil)
+	f := open(t, options(t, reg, testChunk))
+	readAt(t, f, 12*testChunk, 10) // nothing read before it: its chunk alone
+	if asked := reg.chunksAsked(testChunk); !slices.Equal(asked, []int{12}) {
+		t.Fatalf("a first read fetched chunks %v, want [12]", asked)
+	}
+	readAt(t, f, 0, 10)
+	readAt(t, f, testChunk, 10) // in order after chunk 0: reads ahead
+	want := []int{0, 1, 2, 3, 4, 5}
+	for deadline := time.Now().Add(10 * time.Second); f.Stats().LocalChunks < 1+len(want); {
+		if time.Now().After(deadline) {
+			t.Fatalf("chunks fetched %v, want 12 then %v", reg.chunksAsked(testChunk), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for c := int64(2); c < 6; c++ {
+		if got := readAt(t, f, c*testChunk, 10); !bytes.Equal(got, img[c*testChunk:c*testChunk+10]) {
+			t.Fatalf("read of chunk %d differs from the image", c)
+		}
+	}
+	asked := reg.chunksAsked(testChunk)
+	slices.Sort(asked)
+	if !slices.Equal(asked, append(want, 12)) {
+		t.Errorf("fetched chunks %v, want %v and 12, each once", asked, want)
+	}
+	if st := f.Stats(); st.Stalls != 3 || st.OnDemandBytes != 7*testChunk {
+		t.Errorf("stats %+v, want 3 stalls (the reads of chunks 12, 0 and 1) and 7 chunks fetched for reads", st)
+	}
+}
+
 // Fill fetches Prefetch first, in its order; the reads' order is recorded
 // for the next node.
 func TestPrefetchAndReadOrder(t *testing.T) {
