@@ -206,6 +206,9 @@ func (f *Framework) DumpNamespace(ctx context.Context) {
 	}
 	for _, p := range pods.Items {
 		f.t.Logf("pod %s: phase %s on node %q", p.Name, p.Status.Phase, p.Spec.NodeName)
+		for _, c := range p.Status.Conditions {
+			f.t.Logf("  condition %s=%s since %s %s", c.Type, c.Status, c.LastTransitionTime.UTC().Format(time.RFC3339), c.Message)
+		}
 		for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
 			f.t.Logf("  container %s: %s", cs.Name, describeState(cs.State))
 			logs, err := f.PodLogs(ctx, p.Name, cs.Name)

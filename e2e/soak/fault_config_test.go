@@ -214,3 +214,36 @@ func TestStandbyOf(t *testing.T) {
 		t.Error("no error for a manager without port flags")
 	}
 }
+
+// TestStranded checks which pods the node-reboot fault reaps as stranded
+// by the old kubelet; it needs no cluster.
+func TestStranded(t *testing.T) {
+	back := time.Date(2026, 11, 29, 10, 29, 0, 0, time.UTC)
+	pod := func(phase corev1.PodPhase, scheduled time.Time, states ...corev1.ContainerState) *corev1.Pod {
+		p := &corev1.Pod{Status: corev1.PodStatus{Phase: phase, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(scheduled)},
+		}}}
+		for _, s := range states {
+			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{State: s})
+		}
+		return p
+	}
+	waiting := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want bool
+	}{
+		{"scheduled between the fault's start and the kill (29 Nov)", pod(corev1.PodPending, back.Add(-10*time.Second), waiting), true},
+		{"scheduled long before the reboot", pod(corev1.PodPending, back.Add(-time.Minute), waiting), true},
+		{"scheduled by the new kubelet's time", pod(corev1.PodPending, back.Add(time.Second), waiting), false},
+		{"one container running", pod(corev1.PodPending, back.Add(-time.Minute), waiting, running), false},
+		{"no container status yet", pod(corev1.PodPending, back.Add(-time.Minute)), false},
+		{"running", pod(corev1.PodRunning, back.Add(-time.Minute), running), false},
+	} {
+		if got := stranded(tc.pod, back); got != tc.want {
+			t.Errorf("%s: stranded = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -567,7 +567,11 @@ func (l *load) restartNode(ctx context.Context) {
 		return
 	}
 	l.t.Logf("node-reboot: agent pid %d killed, new pid %d with its pod Ready %s after the reboot", ev.OldPID, ev.NewPID, ev.AgentReady.Round(time.Millisecond))
-	if err := l.reapStranded(startCtx, ev.At); err != nil {
+	// The old kubelet may have scheduled pods until the kill, well into
+	// node-daemons.sh reboot (12 s into it on a loaded machine, Nov
+	// 2026), so a pod is the old kubelet's if it was scheduled before the
+	// new one started.
+	if err := l.reapStranded(startCtx, ev.At.Add(ev.Back)); err != nil {
 		fail("deleting the pods the reboot stranded: %v", err)
 	}
 }
@@ -590,7 +594,7 @@ const (
 // it neither runs the pod nor fails it: the pod stays Pending, its
 // volumes set up. A CI system's timeout would delete it; the test does
 // so at once, and its volume must then be discarded.
-func (l *load) reapStranded(ctx context.Context, rebootAt time.Time) error {
+func (l *load) reapStranded(ctx context.Context, kubeletBack time.Time) error {
 	seen := map[string]time.Time{}
 	reaped := map[string]bool{}
 	for deadline := time.Now().Add(strandedWait); time.Now().Before(deadline); {
@@ -603,7 +607,7 @@ func (l *load) reapStranded(ctx context.Context, rebootAt time.Time) error {
 			items = pods.Items
 		}
 		for _, p := range items {
-			if reaped[p.Name] || !stranded(&p, rebootAt) {
+			if reaped[p.Name] || !stranded(&p, kubeletBack) {
 				delete(seen, p.Name)
 				continue
 			}
@@ -628,16 +632,20 @@ func (l *load) reapStranded(ctx context.Context, rebootAt time.Time) error {
 	return nil
 }
 
-// stranded tells a pod that was on the node before the reboot (scheduled
-// before it) and is Pending with its containers waiting. Two kinds were
-// seen: its container created before the reboot (the status has its ID;
-// computePodActions, above), and, in a CI rehearsal with the unit tests
-// beside it (Nov 2026), one whose volume's set-up then failed for good
-// (FailedMount: its mount point gone with the reboot; the status without
-// a container ID). A pod that only waited for its turn starts within
-// seconds of the agent's return, well within strandedSettle.
-func stranded(p *corev1.Pod, rebootAt time.Time) bool {
-	if p.Status.Phase != corev1.PodPending || len(p.Status.ContainerStatuses) == 0 || !scheduledBefore(p, rebootAt) {
+// stranded tells a pod that the old kubelet had (scheduled before the
+// new one started, at kubeletBack) and that is Pending with its
+// containers waiting. Two kinds were seen: its container created before
+// the reboot (the status has its ID; computePodActions, above), and one
+// whose volume's set-up failed while the agent was away (FailedMount: its
+// gate link gone with the reboot; the status without a container ID). A
+// pod that only waited for its turn starts within seconds of the agent's
+// return, well within strandedSettle. Pods scheduled between the fault's
+// start and the kill were missed when the bound was the fault's start:
+// in two of four CI rehearsals beside the unit tests (Nov 2026), and
+// again on 29 Nov (b-0030 and b-0031 scheduled and created 9 s after the
+// fault's start, 3 s before the kill).
+func stranded(p *corev1.Pod, kubeletBack time.Time) bool {
+	if p.Status.Phase != corev1.PodPending || len(p.Status.ContainerStatuses) == 0 || !scheduledBefore(p, kubeletBack) {
 		return false
 	}
 	for _, cs := range p.Status.ContainerStatuses {

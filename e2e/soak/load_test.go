@@ -538,6 +538,7 @@ func (l *load) run(ctx context.Context, ends <-chan endNote) {
 			case <-loadCtx.Done():
 				l.stragglers = slices.Sorted(maps.Keys(running))
 				l.t.Errorf("%s: %d pods did not end within SOAK_DURATION %s: %v", phase, len(running), l.cfg.Duration, l.stragglers)
+				l.logVolumeWarnings()
 				return false
 			}
 		}
@@ -1124,4 +1125,20 @@ func diffWrites(before, after map[string]bench.Requests) (map[string]map[string]
 		out[comp] = d.Writes()
 	}
 	return out, nil
+}
+
+// logVolumeWarnings writes the PVs' Warning Events to the test log (the
+// namespace's dump has the pods' and claims'): why a straggler's volume
+// was not set up again, for one, is a RemountFailed Event on its PV.
+func (l *load) logVolumeWarnings() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	events, err := l.f.Client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=PersistentVolume,type=Warning"})
+	if err != nil {
+		l.t.Logf("listing the PVs' Warning Events: %v", err)
+		return
+	}
+	for _, e := range events.Items {
+		l.t.Logf("event PersistentVolume/%s: %s (%d times, last %s): %s", e.InvolvedObject.Name, e.Reason, e.Count, e.LastTimestamp.UTC().Format(time.RFC3339), e.Message)
+	}
 }
