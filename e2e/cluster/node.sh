@@ -19,6 +19,22 @@ while read -r mp opt; do
 	mount --make-slave "$mp" || echo "warning: could not make $mp a slave mount; mounts below it may show on the host" >&2
 done < <(awk '{ o = ""; for (i = 7; $i != "-"; i++) o = o " " $i; print $5, o }' /proc/self/mountinfo)
 
+# The host's own mounts below its temp dir are go test's (t.TempDir: the
+# unit tests, which run beside the cluster in make test), not the node's.
+# This namespace starts with a copy of them, and the host's / is private
+# here (no systemd to make it shared), so the host's unmount of one does
+# not reach the copy: it would stay mounted until the node's next reboot,
+# holding its loop device, and the FUSE connection under that device,
+# which a test's clean-up then waits for (29 Nov 2026: a lazyfs test of
+# make test-unit hung for 10 minutes after TestLoadNodeReboot's reboot
+# copied its layer's mount). Detach them here; the repository's (the
+# cluster's own, when it is cloned below the temp dir) stay.
+tmp=$(cd "${TMPDIR:-/tmp}" && pwd -P)
+while read -r mp; do
+	[[ $mp == "$tmp"/* && $mp != "$REPO_DIR"/* ]] || continue
+	umount -l "$mp" 2>/dev/null || true
+done < <(awk '{ print $5 }' /proc/self/mountinfo | sort -r)
+
 if [[ $n != 1 ]]; then
 	# Replace this namespace's copy of node 1's store (cut off from the host
 	# first, so that the unmount stays here) with the node's own store,
