@@ -46,10 +46,10 @@ type File struct {
 
 	syncMu sync.Mutex // one record at a time, in order
 
-	// Reads waiting on fetches now, and when the last one ended (unix
+	// Reads waiting on fetches now, and when the last read ended (unix
 	// nanoseconds): Fill yields to them (yieldToReads).
 	readsWaiting atomic.Int32
-	lastReadWait atomic.Int64
+	lastRead     atomic.Int64
 }
 
 // Stats are what a File fetched and what its reads waited for.
@@ -171,6 +171,7 @@ func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	defer f.ops.Done()
+	defer func() { f.lastRead.Store(time.Now().UnixNano()) }()
 	if err := f.need(ctx, int(off/f.o.ChunkSize), int((end-1)/f.o.ChunkSize)); err != nil {
 		return 0, err
 	}
@@ -206,7 +207,6 @@ func (f *File) need(ctx context.Context, first, last int) error {
 	start := time.Now()
 	f.readsWaiting.Add(1)
 	defer func() {
-		f.lastReadWait.Store(time.Now().UnixNano())
 		f.readsWaiting.Add(-1)
 		f.mu.Lock()
 		f.stats.Stalls++

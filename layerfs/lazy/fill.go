@@ -81,20 +81,22 @@ func (f *File) fetchAll(ctx context.Context, order []int) error {
 	return ctx.Err()
 }
 
-// readQuiet is how long after a read's last wait on a fetch Fill starts
-// chunks again.
+// readQuiet is how long after a read's end Fill starts chunks again.
 const readQuiet = 200 * time.Millisecond
 
-// yieldToReads returns once no read has waited on a fetch for readQuiet,
-// or when ctx ends (its error). Reads come first: a fill at full speed
-// takes the cores and the bandwidth that a build's reads wait for (beside
-// it, a build reading a tenth of a 1 GiB cache took 2 to 5 times the warm
-// build plus the fetch of its tenth). The chunks under way go on.
+// yieldToReads returns once no read has run for readQuiet, or when ctx
+// ends (its error). Reads come first: a fill at full speed takes the
+// cores and the bandwidth that a build's reads need, those of chunks in
+// the copy as much as the fetches of those not yet (beside it, a build
+// reading a tenth of a 1 GiB cache took 2 to 5 times the warm build plus
+// the fetch of its tenth; yielding only to reads that waited on a fetch,
+// the fill still ran in the gaps that reading ahead leaves). The chunks
+// under way go on; a build's pauses, and its end, let the fill on.
 func (f *File) yieldToReads(ctx context.Context) error {
 	for {
 		quiet := readQuiet
 		if f.readsWaiting.Load() == 0 {
-			quiet -= time.Since(time.Unix(0, f.lastReadWait.Load()))
+			quiet -= time.Since(time.Unix(0, f.lastRead.Load()))
 		}
 		if quiet <= 0 || ctx.Err() != nil {
 			return ctx.Err()
