@@ -137,7 +137,14 @@ func (n *node) dataBlocks() int64 {
 // inline tail or a block map) starts 32-byte aligned after the previous one;
 // a record that fits in a block never crosses a block boundary, which is the
 // kernel's rule for inline tails and keeps an inode in one metadata read.
-// Data: whole blocks, in the same order as the inodes.
+// Data: whole blocks, the directories' and symlinks' first, right after
+// the inodes, then the regular files', each part in the inodes' order. All
+// of the tree's metadata is then one run at the image's start: a node that
+// mounts the image before its bytes are here checks that metadata first
+// (erofs.Check), and each block of it elsewhere was one more fetch (a
+// directory's entries between its files' data put a 50-directory cache's
+// metadata in some 50 chunks of 1 MiB, against 5 in one run), and a
+// build's reads of a directory's files stay in one run of data.
 func layout(nodes []node) (*image, error) {
 	im := &image{nodes: nodes, order: make([]int32, 0, len(nodes))}
 	seen := make([]bool, len(nodes))
@@ -191,14 +198,19 @@ func layout(nodes []node) (*image, error) {
 
 	im.dataStart = roundBlock(cursor)
 	blk := im.dataStart / BlockSize
-	for _, i := range im.order {
-		n := &nodes[i]
-		if b := n.dataBlocks(); b > 0 {
-			n.blkaddr = uint32(blk)
-			blk += b
-		}
-		if blk >= nullAddr {
-			return nil, fmt.Errorf("erofs: the tree needs more than %d blocks of %d bytes, more than one EROFS image can address; split the layer", uint32(nullAddr), BlockSize)
+	for _, regular := range []bool{false, true} {
+		for _, i := range im.order {
+			n := &nodes[i]
+			if n.isReg() != regular {
+				continue
+			}
+			if b := n.dataBlocks(); b > 0 {
+				n.blkaddr = uint32(blk)
+				blk += b
+			}
+			if blk >= nullAddr {
+				return nil, fmt.Errorf("erofs: the tree needs more than %d blocks of %d bytes, more than one EROFS image can address; split the layer", uint32(nullAddr), BlockSize)
+			}
 		}
 	}
 	im.blocks = uint32(blk)

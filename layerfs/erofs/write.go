@@ -40,9 +40,15 @@ func Write(ctx context.Context, dir string, w io.Writer) (Stats, error) {
 	}
 	defer unix.Close(fd)
 	d := &dataWriter{ctx: ctx, im: im, e: e}
-	im.nodes[0].emitted = true
-	if err := d.node(fd, "", 0); err != nil {
-		return Stats{}, err
+	// Directories' and symlinks' blocks first, from memory, as layout
+	// placed them; then the files', walking the tree.
+	for _, i := range im.order {
+		if n := &im.nodes[i]; !n.isReg() {
+			n.emitted = true
+			if err := d.node(fd, "", i); err != nil {
+				return Stats{}, err
+			}
+		}
 	}
 	if err := d.dir(fd, 0); err != nil {
 		return Stats{}, err
