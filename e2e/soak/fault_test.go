@@ -639,11 +639,7 @@ func (l *load) reapStranded(ctx context.Context, kubeletBack time.Time) error {
 // whose volume's set-up failed while the agent was away (FailedMount: its
 // gate link gone with the reboot; the status without a container ID). A
 // pod that only waited for its turn starts within seconds of the agent's
-// return, well within strandedSettle. Pods scheduled between the fault's
-// start and the kill were missed when the bound was the fault's start:
-// in two of four CI rehearsals beside the unit tests (Nov 2026), and
-// again on 29 Nov (b-0030 and b-0031 scheduled and created 9 s after the
-// fault's start, 3 s before the kill).
+// return, well within strandedSettle.
 func stranded(p *corev1.Pod, kubeletBack time.Time) bool {
 	if p.Status.Phase != corev1.PodPending || len(p.Status.ContainerStatuses) == 0 || !scheduledBefore(p, kubeletBack) {
 		return false

@@ -235,11 +235,9 @@ const readAheadChunks = 4
 // would pay every fetch's latency in full, where the fetches alone run
 // several at once. Each is one attempt: its failure is left to the read
 // that needs the chunk, which tries again.
+// It runs within a read (need), whose operation keeps Close waiting
+// while the fetches are added to it.
 func (f *File) readAhead(last int) {
-	if f.begin() != nil {
-		return
-	}
-	defer f.ops.Done()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for c := last + 1; c < min(last+1+readAheadChunks, f.chunks); c++ {
