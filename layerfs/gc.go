@@ -197,8 +197,12 @@ func (s *Store) moveAside(dir string, refs map[string]bool) ([]string, error) {
 			continue
 		}
 		src := filepath.Join(dir, e.Name())
+		served := s.lazilyMounted(src, e.Name())
 		if err := ondisk.Unmount(src); err != nil {
 			return trash, fmt.Errorf("unmount unreferenced layer %s: %w", e.Name(), err)
+		}
+		if served {
+			s.stopServing(e.Name())
 		}
 		dst := filepath.Join(s.tmpDir(), "trash-"+filepath.Base(dir)+"-"+e.Name())
 		ondisk.FaultPoint()

@@ -28,15 +28,14 @@ import (
 // Mount first: a chain layer that can be read by range (ChainLayer.Lazy)
 // is mounted at once when Sync is given an OpenLazy. Its image is a sparse
 // local copy (layerfs/lazy) under partial/<id>, which reads fill on
-// demand; the store's lazyfs (FUSE, at <root>/lazyfs) serves that copy to
-// a read-only loop device, and the kernel's EROFS mounts the device at
-// layers/<id>, where every other part of the store finds a layer. A
-// goroutine completes the copy in the background; once it is whole and
-// matches the layer's diff ID, it is settled: renamed to images/<id>, the
-// loop device switched to it (reads leave user space), and the image
-// mounted file-backed over the layer directory for volumes mounted from
-// then on (a loop device reads at a fraction of a file-backed mount's
-// speed). What was partial is recorded in partial/<id>.json, so that a
+// demand; the store's lazyfs (FUSE, at <root>/lazyfs) serves that copy as
+// a file, and the kernel's EROFS mounts that file at layers/<id>, where
+// every other part of the store finds a layer. A goroutine completes the
+// copy in the background; once it is whole and matches the layer's diff
+// ID, it is settled: written to images/<id>, the lazyfs file read from
+// that image (no fetch, no agent) for the volumes mounted so far, and the
+// image mounted file-backed over the layer directory for the volumes
+// mounted from then on, whose reads leave user space. What was partial is recorded in partial/<id>.json, so that a
 // restarted agent serves it again (ResumeLazy) and the sweep removes it
 // with its layer.
 //
@@ -88,16 +87,19 @@ func (r partialRecord) chainLayer() ChainLayer {
 	return ChainLayer{Digest: r.Digest, Size: r.Size, Format: FormatEROFS, DiffID: r.DiffID, Index: r.Index, IndexSize: r.IndexSize}
 }
 
-// lazyServer serves image files to the store's loop devices: a
+// lazyServer serves image files to the store's EROFS mounts: a
 // *lazyfs.Server in this process or a *lazyfs.Remote through a sidecar.
 type lazyServer interface {
 	Path(name string) string
 	Add(name string, img lazyfs.Image) error
+	// Settle serves image name from the complete image at path from now
+	// on; the reads under way end first.
+	Settle(name, path string) error
 	Remove(name string)
 	// Serves tells whether image name is served (by the sidecar, for the
 	// process before this one, or since this one added it).
 	Serves(name string) (bool, error)
-	// Detach ends this process's part; devices over the files of an
+	// Detach ends this process's part; mounts over the files of an
 	// in-process lazyfs read errors from then on.
 	Detach() error
 }
@@ -492,22 +494,20 @@ func (s *Store) settle(ctx context.Context, l *lazyLayer) error {
 			return err
 		}
 	}
-	img := s.images().Path(l.id)
-	// A settle that failed after the rename (the loop switch) is retried:
-	// the copy is the image already. RenameDurable has the fault points
-	// of the rename; after it, the loop device still reads lazyfs.
+	// A settle that failed after the image was written is retried: the
+	// copy is the image already. RenameDurable has the fault points of the
+	// rename; after it, the lazyfs file still reads the copy.
 	if !s.images().Has(l.id) {
 		if err := s.writeSettled(ctx, l.id); err != nil {
 			return fmt.Errorf("settle layer %s: %w", l.id, err)
 		}
 	}
-	if err := lazyfs.SettleImage(srv.Path(l.id), s.layerDir(l.id), img); err != nil {
-		return err
+	if err := srv.Settle(l.id, s.images().Path(l.id)); err != nil {
+		return fmt.Errorf("settle layer %s: %w", l.id, err)
 	}
-	srv.Remove(l.id)
-	ondisk.FaultPoint() // the loop device reads the image; no file-backed mount over it yet
+	ondisk.FaultPoint() // the lazyfs file reads the image; no file-backed mount over it yet
 	if err := s.images().MountOver(l.id); err != nil {
-		s.lazy.log.Error(err, "Mount a settled layer's image file-backed; volumes keep reading it through its loop device", "layer", l.id)
+		s.lazy.log.Error(err, "Mount a settled layer's image file-backed; volumes keep reading it through the lazyfs", "layer", l.id)
 	}
 	ondisk.FaultPoint() // settled and mounted, its partial record not yet removed
 	s.recordReads(l)
@@ -858,11 +858,13 @@ func (s *Store) releasePartial(id string) {
 
 // mountSettled mounts the image of layer id, whose settle a process that
 // ended began, at the layer's directory, as settle would have: what that
-// process left mounted there depends on where it ended. A loop device
-// still over its lazyfs reads errors only (that lazyfs is dead): the
-// volumes over the layer are marked and the mount is detached. A loop
-// device switched to the image serves those volumes, and the image is
-// mounted file-backed over it for the volumes to come.
+// process left mounted there depends on where it ended. A mount over a
+// sidecar's file that still serves the layer goes on, reading the image
+// from then on; over a lazyfs that is gone it reads errors only: the
+// volumes over the layer are marked and the mount is detached. The image
+// is mounted file-backed over the layer directory for the volumes to
+// come. (A loop device switched to the image is what agents before
+// file-backed lazy mounts left.)
 func (s *Store) mountSettled(id string) error {
 	dir, img := s.layerDir(id), s.images().Path(id)
 	mounts, err := mountinfo.GetMounts(lazyfs.MountsAt(dir))
@@ -879,7 +881,7 @@ func (s *Store) mountSettled(id string) error {
 	if file, err := loop.BackingFile(top.Source); err == nil && file == img {
 		return s.images().MountOver(id)
 	}
-	if switched, err := s.settleOverSidecar(id, top.Source); err != nil || switched {
+	if settled, err := s.settleOverSidecar(id, top.Source); err != nil || settled {
 		return err
 	}
 	if err := s.markVolumesOver(id, "the process that served the layer ended while it was mounted"); err != nil {
@@ -889,11 +891,11 @@ func (s *Store) mountSettled(id string) error {
 	return s.images().Mount(id)
 }
 
-// settleOverSidecar switches loop device dev, mounted at layer id's
-// directory over a sidecar's file that still serves it, to the layer's
-// image, as settle would have: the image serves the reads pending at
-// the sidecar meanwhile.
-func (s *Store) settleOverSidecar(id, dev string) (bool, error) {
+// settleOverSidecar settles layer id, mounted from source, in a sidecar
+// whose file that is and that still serves it (the volumes over it read
+// on), as settle would have: the file reads the layer's image from then
+// on, which is mounted over it for the volumes to come.
+func (s *Store) settleOverSidecar(id, source string) (bool, error) {
 	if !s.opts.LazyfsSidecar {
 		return false, nil
 	}
@@ -901,41 +903,42 @@ func (s *Store) settleOverSidecar(id, dev string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if file, err := loop.BackingFile(dev); err != nil || file != srv.Path(id) {
+	if source != srv.Path(id) {
 		return false, nil
 	}
 	if served, err := srv.Serves(id); err != nil || !served {
 		return false, err
 	}
-	f, err := os.Open(s.images().Path(id))
-	if err != nil {
-		return false, fmt.Errorf("open settled layer %s: %w", id, err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return false, fmt.Errorf("open settled layer %s: %w", id, err)
-	}
-	if err := srv.Add(id, localImage{f: f, size: st.Size()}); err != nil {
-		return false, err
-	}
-	defer srv.Remove(id)
-	if err := lazyfs.SettleImage(srv.Path(id), s.layerDir(id), s.images().Path(id)); err != nil {
+	if err := srv.Settle(id, s.images().Path(id)); err != nil {
 		return false, err
 	}
 	return true, s.images().MountOver(id)
 }
 
-// localImage is a complete image on local disk, as lazyfs reads it.
-type localImage struct {
-	f    *os.File
-	size int64
+// lazilyMounted tells whether layer id's directory dir has a mount over
+// its lazyfs file: a partial layer's, or a settled one's that served the
+// volumes mounted before its settle (under its image's mount).
+func (s *Store) lazilyMounted(dir, id string) bool {
+	file := filepath.Join(s.lazyfsDir(), id)
+	mounts, err := mountinfo.GetMounts(lazyfs.MountsAt(dir))
+	return err == nil && slices.ContainsFunc(mounts, func(m *mountinfo.Info) bool { return m.Source == file })
 }
 
-func (im localImage) Size() int64 { return im.size }
-
-func (im localImage) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
-	return im.f.ReadAt(p, off)
+// stopServing stops serving the image of layer id, whose mounts are gone;
+// a sidecar serves a settled layer's image by itself, whichever agent
+// settled it.
+func (s *Store) stopServing(id string) {
+	srv := s.currentLazyServer()
+	if srv == nil && s.opts.LazyfsSidecar {
+		var err error
+		if srv, err = s.lazyServer(); err != nil {
+			s.lazy.log.Error(err, "Stop serving the image of a removed layer; the lazyfs sidecar keeps it open until it restarts", "layer", id)
+			return
+		}
+	}
+	if srv != nil {
+		srv.Remove(id)
+	}
 }
 
 // dropPartials stops serving the partial layers that refs lacks and moves

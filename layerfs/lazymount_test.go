@@ -221,11 +221,12 @@ func TestSyncLazy(t *testing.T) {
 	if !b.images().Has(id) || ondisk.Exists(b.partialRecordPath(id)) {
 		t.Errorf("settled layer %s: image kept %v, partial record still there %v", id, b.images().Has(id), ondisk.Exists(b.partialRecordPath(id)))
 	}
-	if got := mountedTypes(t, b.layerDir(id)); len(got) != 2 || got[1] != "erofs "+b.images().Path(id) {
-		t.Errorf("mounts at the settled layer's directory: %q, want the loop device's, then the image file-backed", got)
+	served := filepath.Join(b.lazyfsDir(), id)
+	if got := mountedTypes(t, b.layerDir(id)); len(got) != 2 || got[0] != "erofs "+served || got[1] != "erofs "+b.images().Path(id) {
+		t.Errorf("mounts at the settled layer's directory: %q, want its lazyfs file's, then the image's, both file-backed", got)
 	}
-	// The volume mounted before settling reads through the loop device,
-	// now over the local image; a new one through the file-backed mount.
+	// The volume mounted before settling reads through the lazyfs file,
+	// now from the local image; a new one through the image's mount.
 	if got, err := os.ReadFile(filepath.Join(dir, "big.bin")); err != nil || !bytes.Equal(got, big) {
 		t.Errorf("big.bin through the first volume: %d bytes, %v; want the published bytes", len(got), err)
 	}
@@ -241,6 +242,16 @@ func TestSyncLazy(t *testing.T) {
 		t.Errorf("failed reads reported: %q", r)
 	}
 	mustCommit(t, b, "build-2")
+
+	// Once the layer goes, its lazyfs file goes too.
+	mustCommit(t, b, "build-3")
+	must(t, b.Remove(ctx, mustRef(t, "ns/c")))
+	if _, err := b.GC(ctx, GCOptions{}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if ondisk.Exists(served) {
+		t.Errorf("the lazyfs still serves %s after its layer was swept", served)
+	}
 }
 
 // TestLazyReadFailureDiscards: with the registry down, a read of bytes
@@ -399,7 +410,8 @@ func TestResumeWhileSyncing(t *testing.T) {
 // (Options.LazyfsSidecar), the process that fetched a layer's bytes ends
 // while a build's volume is mounted over it: the build's reads wait, the
 // next process resumes the layer without touching its mount, the reads
-// go on, and the build's changes are committed. Needs root.
+// go on; once the layer settled, they need no agent at all; and the
+// build's changes are committed. Needs root.
 func TestResumeLazyThroughSidecar(t *testing.T) {
 	ctx := context.Background()
 	e := newLazyEnv(t, 20*time.Millisecond)
@@ -440,12 +452,31 @@ func TestResumeLazyThroughSidecar(t *testing.T) {
 		t.Fatal("the waiting read did not end within 30s of the resume")
 	}
 	waitComplete(t, &e.f)
-	res, err := b2.End(ctx, "build-2", EndOptions{})
+
+	// Settled, the layer's file reads the local image in the sidecar
+	// alone: the volume mounted over it reads on with no agent at all.
+	must(t, b2.Close())
+	must(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0o200)) // reads reach the sidecar
+	go func() {
+		got, err := os.ReadFile(filepath.Join(dir, "big.bin"))
+		if err == nil && !bytes.Equal(got, e.big) {
+			err = fmt.Errorf("big.bin: %d bytes, not the 4 MiB published", len(got))
+		}
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("with no agent, a read of the settled layer through the sidecar did not end within 10s")
+	}
+	b3 := newTestStore(t, opts)
+	res, err := b3.End(ctx, "build-2", EndOptions{})
 	must(t, err)
 	if !res.Kept || res.FailedRead != "" {
 		t.Errorf("End of the build that outlived its agent = %+v, want a commit", res)
 	}
-	assertNoOrphans(t, b2)
+	assertNoOrphans(t, b3)
 }
 
 // TestPrefetchList: once a fresh store's copy is complete, the chunks

@@ -80,8 +80,17 @@ func authFor(registry string, configJSON []byte) (authn.Authenticator, error) {
 	return nil, fmt.Errorf("docker config JSON has no credentials for registry %s (it has %q); add an auths entry for %s", registry, hosts, registry)
 }
 
+// maxIdleConnsPerRegistry bounds the connections kept open to a registry
+// between fetches.
+const maxIdleConnsPerRegistry = 16
+
 func transportWith(caPEM []byte) (http.RoundTripper, error) {
 	base := http.DefaultTransport.(*http.Transport).Clone()
+	// A lazily mounted layer's reads, their reads ahead and its fill fetch
+	// ranges from one registry a dozen at a time: the default kept 2 idle
+	// connections and closed the rest, so most fetches paid a new TLS
+	// handshake.
+	base.MaxIdleConnsPerHost = maxIdleConnsPerRegistry
 	if len(caPEM) == 0 {
 		return base, nil
 	}

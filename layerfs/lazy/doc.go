@@ -18,7 +18,7 @@
 // crash loses at most the chunks of the last batch, which are fetched
 // again, and a recorded chunk is never wrong.
 //
-// The FUSE server that serves the copy to the kernel's loop device and the
+// The FUSE server that serves the copy to the kernel's EROFS and the
 // store that decides which layers to mount lazily call this package; it
 // knows neither, nor the registry client (Fetch is a function).
 package lazy

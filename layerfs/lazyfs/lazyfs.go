@@ -1,12 +1,11 @@
 // Package lazyfs serves layer images to the kernel before their bytes are
 // on the node: a FUSE file system of read-only files, one per image, whose
 // reads come from an Image (package layerfs/lazy fills one on demand from
-// the registry). The kernel cannot mount EROFS file-backed from a FUSE
-// file ("file-backed mounts cannot be applied to stacked fses"), so a
-// layer's image is mounted through a read-only loop device over its file
-// here (Mount); once the image is complete on local disk, the device
-// switches to that file (Settle) and reads no longer pass through user
-// space. The kernel's EROFS still does all filesystem work.
+// the registry). The kernel's EROFS mounts a layer's image file-backed
+// from its file here (MountImage) and does all filesystem work. Once the
+// image is complete on local disk, its file here reads that image
+// (Settle) for the mounts made so far, and the store mounts the image
+// itself for the mounts to come.
 //
 // The package knows neither the registry nor the store's records: the
 // store names the images and the layer directories.
@@ -18,6 +17,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -48,26 +49,68 @@ type Server struct {
 	images map[string]*imageNode
 }
 
+// imagesNeverChange is how long the kernel keeps an image's attributes
+// and name: an image's size and bytes never change, and Remove tells the
+// kernel to forget the name. With no timeout the kernel asked for the
+// attributes before every read, a round trip through this process.
+var imagesNeverChange = time.Hour
+
+// readBytes is the largest read the kernel asks of an image, and how far
+// it reads ahead: a build reads a layer's files in the image's order, and
+// each request is a round trip through this process (and, with a sidecar,
+// the agent's), so a few large ones beat many of the default 128 KiB.
+const readBytes = 1 << 20
+
 // Serve mounts a lazyfs at dir, which must exist, and serves it until
 // Close. Only root reads it: the files are the images of every tenant's
-// layers, and only the store's loop devices open them.
+// layers, and only the store's EROFS mounts open them.
 func Serve(dir string, log logr.Logger) (*Server, error) {
 	s := &Server{dir: dir, log: log, images: map[string]*imageNode{}}
 	root := &fs.Inode{}
 	srv, err := fs.Mount(dir, root, &fs.Options{
+		EntryTimeout: &imagesNeverChange, AttrTimeout: &imagesNeverChange,
 		MountOptions: fuse.MountOptions{
 			// No fusermount: the agent runs as root and mounts directly.
 			DirectMount: true, DirectMountStrict: true,
 			FsName: "layercache", Name: "lazyfs",
 			Options:      []string{"ro", "default_permissions"},
-			MaxReadAhead: 1 << 20,
+			MaxReadAhead: readBytes, MaxWrite: readBytes,
+			// A reply of readBytes does not fit a pipe of the default
+			// maximum size (fs.pipe-max-size, 1 MiB): no splice, one
+			// writev, which copies the bytes once as a splice would.
+			DisableSplice: true,
+			// A FUSE mount that offers passthrough counts as a stacked
+			// file system, and the kernel's EROFS refuses file-backed
+			// mounts over stacked ones: it needed a loop device in
+			// between, whose hop per read made a fresh node's build
+			// read its files at a third of the speed (BenchmarkLazyBuild).
+			DisabledCapabilities: fuse.CAP_PASSTHROUGH,
 		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mount lazyfs at %s (the kernel needs FUSE: modprobe fuse, and the agent /dev/fuse): %w", dir, err)
 	}
 	s.fuse, s.root = srv, root
+	if err := setReadAhead(dir, readBytes); err != nil {
+		// Reads still work, in requests of 128 KiB.
+		log.Error(err, "Raise the lazyfs read-ahead; reads of layers fetched on demand take more round trips")
+	}
 	return s, nil
+}
+
+// setReadAhead sets how far the kernel reads ahead in the files of the
+// file system at dir: FUSE takes the server's value only up to the
+// kernel's default of 128 KiB, and the device's sysfs entry raises it.
+func setReadAhead(dir string, bytes int) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return fmt.Errorf("stat %s: %w", dir, err)
+	}
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	if err := os.WriteFile(p, []byte(strconv.Itoa(bytes>>10)), 0); err != nil {
+		return fmt.Errorf("set %s: %w", p, err)
+	}
+	return nil
 }
 
 // Path is where image name's file is.
@@ -90,23 +133,46 @@ func (s *Server) Add(name string, img Image) error {
 	return nil
 }
 
-// Remove stops serving image name: a device that still reads it gets
-// errors, so remove an image only once its device reads the local copy
-// (Settle) or is gone.
+// Settle serves image name from the complete image at path from now on:
+// the mounts over its file read the local image, through this process
+// but with no fetch (and, in a sidecar, with no agent), until they go.
+func (s *Server) Settle(name, path string) error {
+	s.mu.Lock()
+	n, ok := s.images[name]
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("lazyfs: settle image %s: it is not served", name)
+	}
+	local, err := OpenLocal(path, n.image().Size())
+	if err != nil {
+		return fmt.Errorf("lazyfs: settle image %s: %w", name, err)
+	}
+	if old, ok := n.swap(local).(*LocalImage); ok {
+		old.Close() // settled before: the same image
+	}
+	return nil
+}
+
+// Remove stops serving image name: a mount that still reads it gets
+// errors, so remove an image only once the mounts over it are gone.
 func (s *Server) Remove(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.images[name]; !ok {
+	n, ok := s.images[name]
+	if !ok {
 		return
 	}
 	delete(s.images, name)
+	if local, ok := n.image().(*LocalImage); ok {
+		local.Close()
+	}
 	s.root.RmChild(name)
 	// The kernel may still cache the entry; tell it to forget.
 	_ = s.root.NotifyEntry(name)
 }
 
-// Close unmounts the file system. Devices over its files then read
-// errors: settle or unmount them first.
+// Close unmounts the file system. Mounts over its files then read
+// errors: unmount them first.
 func (s *Server) Close() error {
 	if err := s.fuse.Unmount(); err != nil {
 		return fmt.Errorf("unmount lazyfs at %s: %w", s.dir, err)
@@ -117,10 +183,10 @@ func (s *Server) Close() error {
 // fuseConnections is where the kernel's fusectl lists FUSE connections.
 const fuseConnections = "/sys/fs/fuse/connections"
 
-// Detach ends the file system while loop devices still hold its files
+// Detach ends the file system while EROFS mounts still hold its files
 // (which keep a plain unmount busy): it detaches the mount and aborts
 // the FUSE connection, as the kernel does when the serving process dies.
-// Reads of its files fail from then on; the devices over them stay until
+// Reads of its files fail from then on; the mounts over them stay until
 // their layers are unmounted.
 func (s *Server) Detach() error {
 	var st unix.Stat_t
@@ -153,10 +219,10 @@ const fsType = "fuse.lazyfs"
 
 // DetachEnded detaches the lazyfs mounted at dir by a process that ended,
 // or is ending, and aborts its FUSE connection. A process killed while
-// the kernel read its lazyfs for a layer's mount (a loop device's first
-// reads) cannot end by itself: its exit releases the loop device, which
-// waits for that read, which waits for the FUSE server the exit already
-// stopped; only an abort fails the read. The connection is found in the
+// the kernel read its lazyfs for a layer's mount (EROFS's first reads of
+// the file) cannot end by itself: its exit waits for that read, which
+// waits for the FUSE server the exit already stopped; only an abort
+// fails the read. The connection is found in the
 // mount table, not by a stat, which that lazyfs would never answer.
 // Call it only where no live process serves dir.
 func DetachEnded(dir string) error {
@@ -201,8 +267,29 @@ func abortConnection(minor uint32) error {
 // imageNode is one image's file.
 type imageNode struct {
 	fs.Inode
-	img Image
 	log logr.Logger
+
+	// mu is held by each read while it reads img, and by Settle while it
+	// swaps img: once swapped, no read uses the image before, which its
+	// owner may close then.
+	mu  sync.RWMutex
+	img Image
+}
+
+func (n *imageNode) image() Image {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.img
+}
+
+// swap serves img from now on, once the reads under way have ended, and
+// returns the image before.
+func (n *imageNode) swap(img Image) Image {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	old := n.img
+	n.img = img
+	return old
 }
 
 var (
@@ -213,7 +300,7 @@ var (
 
 func (n *imageNode) Getattr(_ context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	out.Mode = syscall.S_IFREG | 0o400
-	out.Size = uint64(n.img.Size())
+	out.Size = uint64(n.image().Size())
 	out.Blocks = (out.Size + 511) / 512
 	return 0
 }
@@ -230,7 +317,9 @@ func (n *imageNode) Open(_ context.Context, flags uint32) (fs.FileHandle, uint32
 // Read waits for the bytes; one that cannot come is an I/O error for the
 // reader (the image said why, and the store reports it).
 func (n *imageNode) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n.mu.RLock()
 	got, err := n.img.ReadAt(ctx, dest, off)
+	n.mu.RUnlock()
 	if err != nil && !errors.Is(err, io.EOF) {
 		// At V(1): a build may read failing bytes many times, and the
 		// store reports each layer's first failure.
@@ -264,5 +353,41 @@ func (s *Server) sizeOf(name string) (int64, bool) {
 	if !ok {
 		return 0, false
 	}
-	return n.img.Size(), true
+	return n.image().Size(), true
 }
+
+// LocalImage is a complete image on local disk, as lazyfs reads it.
+type LocalImage struct {
+	f    *os.File
+	size int64
+}
+
+// OpenLocal opens the image at path, which must be a regular file of
+// size bytes (the image it stands for).
+func OpenLocal(path string, size int64) (*LocalImage, error) {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return nil, fmt.Errorf("image path %q is not a clean absolute path", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open image: %w", err)
+	}
+	st, err := f.Stat()
+	if err == nil && (!st.Mode().IsRegular() || st.Size() != size) {
+		err = fmt.Errorf("%s is a %s of %d bytes, want a regular file of %d", path, st.Mode().Type(), st.Size(), size)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open image: %w", err)
+	}
+	return &LocalImage{f: f, size: size}, nil
+}
+
+func (im *LocalImage) Size() int64 { return im.size }
+
+func (im *LocalImage) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
+	return im.f.ReadAt(p, off)
+}
+
+// Close closes the image's file.
+func (im *LocalImage) Close() error { return im.f.Close() }

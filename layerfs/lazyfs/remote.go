@@ -67,6 +67,18 @@ func (r *Remote) Add(name string, img Image) error {
 	return nil
 }
 
+// Settle makes the sidecar read image name from the complete image at
+// path, with no agent, from now on: this agent no longer serves it.
+func (r *Remote) Settle(name, path string) error {
+	if err := r.callSidecar("Lazyfs.Settle", SettleArgs{Name: name, Path: path}, &struct{}{}); err != nil {
+		return fmt.Errorf("settle image %s in the lazyfs sidecar: %w", name, err)
+	}
+	r.mu.Lock()
+	delete(r.images, name)
+	r.mu.Unlock()
+	return nil
+}
+
 // Remove stops serving image name.
 func (r *Remote) Remove(name string) {
 	r.mu.Lock()

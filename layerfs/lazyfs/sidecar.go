@@ -19,7 +19,7 @@ import (
 
 // A lazyfs served by a sidecar outlives the process that fetches its
 // images. A FUSE connection ends with the process that serves it, and
-// every loop device over its files then reads errors: with the agent
+// every mount over its files then reads errors: with the agent
 // serving its own lazyfs, an agent that is SIGKILLed or OOM-killed fails
 // every build reading a layer still in the registry. So a second process
 // (`layercache lazyfs`, a container of its own in the agent's pod, which
@@ -70,6 +70,12 @@ type (
 	AddArgs struct {
 		Name string
 		Size int64
+	}
+	// SettleArgs names a served image and the complete image on local
+	// disk that its file reads from now on.
+	SettleArgs struct {
+		Name string
+		Path string
 	}
 	// ReadArgs asks for Len bytes of image Name at Off.
 	ReadArgs struct {
@@ -168,6 +174,12 @@ func (r *sidecarRPC) Add(a AddArgs, _ *struct{}) error {
 		return nil
 	}
 	return r.s.srv.Add(a.Name, &agentImage{s: r.s, name: a.Name, size: a.Size})
+}
+
+// Settle serves image a.Name from the local image a.Path from now on,
+// with no agent: the mounts made over its file so far outlive the agent.
+func (r *sidecarRPC) Settle(a SettleArgs, _ *struct{}) error {
+	return r.s.srv.Settle(a.Name, a.Path)
 }
 
 // Remove stops serving image name.

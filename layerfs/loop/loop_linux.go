@@ -1,8 +1,8 @@
 // Package loop attaches files to loop devices through ioctls, so that
 // the node agent's image needs no losetup or mount(8): the snapshot
-// layout's btrfs image, and the images of layers mounted before their
-// bytes are here (a file-backed EROFS mount cannot stack on a FUSE file;
-// a loop device can, and can later be switched to the local copy).
+// layout's btrfs image. (Agents before file-backed lazy mounts also
+// mounted layers fetched on demand through loop devices; BackingFile
+// recognises what they left.)
 package loop
 
 import (
@@ -19,9 +19,6 @@ import (
 // major is the loop driver's block device major number.
 const major = 7
 
-// changeFD is LOOP_CHANGE_FD (linux/loop.h), which x/sys/unix lacks.
-const changeFD = 0x4C06
-
 // attachAttempts bounds the retries when another process takes the
 // free loop device between LOOP_CTL_GET_FREE and LOOP_CONFIGURE.
 const attachAttempts = 20
@@ -29,8 +26,7 @@ const attachAttempts = 20
 // Attach attaches image to a free loop device with autoclear: the device
 // frees itself when the last mount of it goes, so an unmount (or a
 // reboot) leaves no loop device behind. A read-only device opens image
-// read-only, and only such a device can change its file later
-// (ChangeFile). The caller mounts the returned device and closes the
+// read-only. The caller mounts the returned device and closes the
 // file; the open file keeps the device until then.
 func Attach(image string, readOnly bool) (dev string, f *os.File, err error) {
 	mode := os.O_RDWR
@@ -123,26 +119,6 @@ func ensureBlockNode(path string, maj, minor uint32) error {
 	}
 	if err := unix.Mknod(path, unix.S_IFBLK|0o660, int(unix.Mkdev(maj, minor))); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("create the node of loop device %s (%d:%d): %w (run the agent privileged)", path, maj, minor, err)
-	}
-	return nil
-}
-
-// ChangeFile switches the read-only loop device dev to image, a file of
-// the same size and content (LOOP_CHANGE_FD): the device's readers, a
-// mounted filesystem among them, go on reading, now from image.
-func ChangeFile(dev, image string) error {
-	img, err := os.OpenFile(image, os.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open image %s: %w", image, err)
-	}
-	defer img.Close()
-	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open loop device %s: %w", dev, err)
-	}
-	defer f.Close()
-	if err := unix.IoctlSetInt(int(f.Fd()), changeFD, int(img.Fd())); err != nil {
-		return fmt.Errorf("switch loop device %s to %s (the device must be read-only and the file of its size): %w", dev, image, err)
 	}
 	return nil
 }
