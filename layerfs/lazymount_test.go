@@ -430,14 +430,18 @@ func TestResumeLazyThroughSidecar(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "out.txt"), "built")
 	must(t, b.Close()) // the agent ends
 
-	read := make(chan error, 1)
-	go func() {
-		got, err := os.ReadFile(filepath.Join(dir, "big.bin"))
-		if err == nil && !bytes.Equal(got, e.big) {
-			err = fmt.Errorf("big.bin: %d bytes, not the 4 MiB published", len(got))
-		}
-		read <- err
-	}()
+	readBig := func() <-chan error {
+		read := make(chan error, 1)
+		go func() {
+			got, err := os.ReadFile(filepath.Join(dir, "big.bin"))
+			if err == nil && !bytes.Equal(got, e.big) {
+				err = fmt.Errorf("big.bin: %d bytes, not the 4 MiB published", len(got))
+			}
+			read <- err
+		}()
+		return read
+	}
+	read := readBig()
 	select {
 	case err := <-read:
 		t.Fatalf("a read with no agent ended at once (%v); want it to wait for the next one", err)
@@ -457,15 +461,8 @@ func TestResumeLazyThroughSidecar(t *testing.T) {
 	// alone: the volume mounted over it reads on with no agent at all.
 	must(t, b2.Close())
 	must(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0o200)) // reads reach the sidecar
-	go func() {
-		got, err := os.ReadFile(filepath.Join(dir, "big.bin"))
-		if err == nil && !bytes.Equal(got, e.big) {
-			err = fmt.Errorf("big.bin: %d bytes, not the 4 MiB published", len(got))
-		}
-		read <- err
-	}()
 	select {
-	case err := <-read:
+	case err := <-readBig():
 		must(t, err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("with no agent, a read of the settled layer through the sidecar did not end within 10s")

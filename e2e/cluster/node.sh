@@ -24,8 +24,8 @@ done < <(awk '{ o = ""; for (i = 7; $i != "-"; i++) o = o " " $i; print $5, o }'
 # This namespace starts with a copy of them, and the host's / is private
 # here (no systemd to make it shared), so the host's unmount of one does
 # not reach the copy: it would stay mounted until the node's next reboot,
-# holding its loop device, and the FUSE connection under that device,
-# which a test's clean-up then waits for (29 Nov 2026: a lazyfs test of
+# holding the FUSE connection under it, which a test's clean-up then
+# waits for (29 Nov 2026: a lazyfs test of
 # make test-unit hung for 10 minutes after TestLoadNodeReboot's reboot
 # copied its layer's mount). Detach them here; the repository's (the
 # cluster's own, when it is cloned below the temp dir) stay.
