@@ -432,6 +432,11 @@ func (s *Store) sawFailedRead(r *volumeRecord) string {
 			return fmt.Sprintf("layer %s, fetched on demand, was no longer served by the lazyfs sidecar (restarted, or away: %v)", id, err)
 		}
 	}
+	for _, id := range r.LazyLayers {
+		if lost, err := s.lazyfsLost(id); err != nil || lost {
+			return fmt.Sprintf("layer %s, fetched on demand, was read through a lazyfs that no longer serves it (the process that served it ended: %v)", id, err)
+		}
+	}
 	var fr failedRead
 	if err := readJSON(s.failedReadFile(r.ID), &fr); errors.Is(err, ErrNotFound) {
 		return ""
@@ -661,6 +666,39 @@ func (s *Store) partialIDs() ([]string, error) {
 		}
 	}
 	return ids, nil
+}
+
+// lazilyRead are the layers of ids that an overlay mounted now reads
+// through their lazyfs files: those with a partial record, which goes
+// only once the image's own mount is stacked over the layer's.
+func (s *Store) lazilyRead(ids []string) []string {
+	var lazy []string
+	for _, id := range ids {
+		if ondisk.Exists(s.partialRecordPath(id)) {
+			lazy = append(lazy, id)
+		}
+	}
+	return lazy
+}
+
+// lazyfsLost tells whether the lazyfs file of layer id, which a volume
+// mounted while it was partial reads, is no longer served: the process
+// that served it (the agent, or its sidecar) ended since, and reads of it
+// fail. A settled layer's file is served for as long as that process
+// lives, and nothing serves it again.
+func (s *Store) lazyfsLost(id string) (bool, error) {
+	srv := s.currentLazyServer()
+	if srv == nil && s.opts.LazyfsSidecar {
+		var err error
+		if srv, err = s.lazyServer(); err != nil {
+			return true, err
+		}
+	}
+	if srv == nil { // this process serves nothing: the one that did ended
+		return true, nil
+	}
+	served, err := srv.Serves(id)
+	return !served, err
 }
 
 // isPartial tells whether layer id is still partly in the registry.

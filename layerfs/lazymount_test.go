@@ -568,3 +568,51 @@ func TestSidecarRestartLosesTheLayer(t *testing.T) {
 	}
 	assertNoOrphans(t, b)
 }
+
+// TestLazyfsEndAfterSettle: a volume mounted while its layer was partial
+// reads it through the layer's lazyfs file even once it settled; if the
+// process serving that file ends (the sidecar restarts, or the agent
+// without one), the volume's reads fail from then on, and its End
+// discards it. A volume mounted after the settle reads the image's own
+// mount and is committed. Needs root.
+func TestLazyfsEndAfterSettle(t *testing.T) {
+	for _, sidecar := range []bool{true, false} {
+		t.Run(fmt.Sprintf("sidecar=%v", sidecar), func(t *testing.T) {
+			ctx := context.Background()
+			e := newLazyEnv(t, 5*time.Millisecond)
+			opts := e.opts
+			opts.Root, opts.LazyfsSidecar = t.TempDir(), sidecar
+			cfg := LazyfsSidecar(opts.Root)
+			var sc *lazyfs.Sidecar
+			if sidecar {
+				var err error
+				sc, err = lazyfs.ServeSidecar(cfg, testr.New(t).WithName("sidecar"))
+				must(t, err)
+				t.Cleanup(func() { must(t, sc.Close()) })
+			}
+			b := newTestStore(t, opts)
+			syncLazy(t, b, e.chain, e.rr, 0)
+			mustMount(t, b, "before", "ns/c")
+			waitComplete(t, &e.f)
+			mustMount(t, b, "after", "ns/c")
+
+			if sidecar { // the sidecar restarts under the same agent
+				must(t, sc.Close())
+				var err error
+				sc, err = lazyfs.ServeSidecar(cfg, testr.New(t).WithName("sidecar-2"))
+				must(t, err)
+			} else { // the agent restarts, and its lazyfs ends with it
+				must(t, b.Close())
+				b = newTestStore(t, opts)
+			}
+			res, err := b.End(ctx, "before", EndOptions{})
+			must(t, err)
+			if res.Kept || !strings.Contains(res.FailedRead, "no longer serves") {
+				t.Errorf("End of the volume mounted before the settle = %+v, want a discard that says why", res)
+			}
+			if res, err := b.End(ctx, "after", EndOptions{}); err != nil || !res.Kept || res.FailedRead != "" {
+				t.Errorf("End of the volume mounted after the settle = %+v, %v; want a commit", res, err)
+			}
+		})
+	}
+}

@@ -69,6 +69,7 @@ func (s overlayLayout) remount(t *txn) error {
 	if err := s.readyLayers(r.Layers); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
+	r.LazyLayers = s.lazilyRead(r.Layers)
 	if err := s.withReserve(func() error { return s.volumeSpec(r).Mount(r.MergedPath) }); err != nil {
 		return fmt.Errorf("remount volume %q: %w", r.ID, err)
 	}
@@ -140,6 +141,7 @@ func (s overlayLayout) create(t *txn, id string, opts MountOptions) (err error) 
 	if err := s.makeVolumeDirs(r); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)
 	}
+	r.LazyLayers = s.lazilyRead(r.Layers)
 	t.Volume = r
 	if err := t.save(); err != nil {
 		return fmt.Errorf("create volume %q: %w", id, err)

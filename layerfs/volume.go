@@ -43,6 +43,11 @@ type volumeRecord struct {
 	// seeded snapshot volume is a snapshot of: the cache its commit
 	// creates holds their data too, and its size counts them.
 	SeedQgroups []uint64 `json:"seedQgroups,omitempty"`
+	// LazyLayers are the layers of Layers that were partial when the
+	// volume was mounted: its overlay reads them through their lazyfs
+	// files for as long as it lives, settled or not, so a lazyfs that
+	// ended meanwhile may have failed its reads (lazyfsLost).
+	LazyLayers []string `json:"lazyLayers,omitempty"`
 }
 
 func (s *Store) volumeDir(id string) string  { return filepath.Join(s.volumesDir(), id) }
