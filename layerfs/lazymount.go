@@ -35,9 +35,9 @@ import (
 // ID, it is settled: written to images/<id>, the lazyfs file read from
 // that image (no fetch, no agent) for the volumes mounted so far, and the
 // image mounted file-backed over the layer directory for the volumes
-// mounted from then on, whose reads leave user space. What was partial is recorded in partial/<id>.json, so that a
-// restarted agent serves it again (ResumeLazy) and the sweep removes it
-// with its layer.
+// mounted from then on, whose reads leave user space. What was partial
+// is recorded in partial/<id>.json, so that a restarted agent serves it
+// again (ResumeLazy) and the sweep removes it with its layer.
 //
 // A read that cannot be served (the registry is away for longer than the
 // layer's wait, or sends corrupt bytes) fails with EIO. Before the build
@@ -687,18 +687,25 @@ func (s *Store) lazilyRead(ids []string) []string {
 // fail. A settled layer's file is served for as long as that process
 // lives, and nothing serves it again.
 func (s *Store) lazyfsLost(id string) (bool, error) {
-	srv := s.currentLazyServer()
-	if srv == nil && s.opts.LazyfsSidecar {
-		var err error
-		if srv, err = s.lazyServer(); err != nil {
-			return true, err
-		}
+	srv, err := s.servingLazyfs()
+	if err != nil {
+		return true, err
 	}
 	if srv == nil { // this process serves nothing: the one that did ended
 		return true, nil
 	}
 	served, err := srv.Serves(id)
 	return !served, err
+}
+
+// servingLazyfs is the lazyfs that serves the node's lazyfs files now:
+// this process's, its sidecar (which may serve files of the agent before
+// this one), or none.
+func (s *Store) servingLazyfs() (lazyServer, error) {
+	if srv := s.currentLazyServer(); srv != nil || !s.opts.LazyfsSidecar {
+		return srv, nil
+	}
+	return s.lazyServer()
 }
 
 // isPartial tells whether layer id is still partly in the registry.
@@ -966,13 +973,10 @@ func (s *Store) lazilyMounted(dir, id string) bool {
 // a sidecar serves a settled layer's image by itself, whichever agent
 // settled it.
 func (s *Store) stopServing(id string) {
-	srv := s.currentLazyServer()
-	if srv == nil && s.opts.LazyfsSidecar {
-		var err error
-		if srv, err = s.lazyServer(); err != nil {
-			s.lazy.log.Error(err, "Stop serving the image of a removed layer; the lazyfs sidecar keeps it open until it restarts", "layer", id)
-			return
-		}
+	srv, err := s.servingLazyfs()
+	if err != nil {
+		s.lazy.log.Error(err, "Stop serving the image of a removed layer; the lazyfs sidecar keeps it open until it restarts", "layer", id)
+		return
 	}
 	if srv != nil {
 		srv.Remove(id)

@@ -222,9 +222,9 @@ const fsType = "fuse.lazyfs"
 // the kernel read its lazyfs for a layer's mount (EROFS's first reads of
 // the file) cannot end by itself: its exit waits for that read, which
 // waits for the FUSE server the exit already stopped; only an abort
-// fails the read. The connection is found in the
-// mount table, not by a stat, which that lazyfs would never answer.
-// Call it only where no live process serves dir.
+// fails the read. The connection is found in the mount table, not by a
+// stat, which that lazyfs would never answer. Call it only where no
+// live process serves dir.
 func DetachEnded(dir string) error {
 	mounts, err := mountinfo.GetMounts(MountsAt(dir))
 	if err != nil {
