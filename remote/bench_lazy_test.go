@@ -25,8 +25,9 @@ import (
 //     10% of the image's frames alone (read10/(warm+fetch10), target
 //     <= 1.3): the lazy path's overhead, not the bytes it must move;
 //   - once the copy is complete and settled, a cold read of every file
-//     against a cold read of a whole-pulled layer's (settled/local,
-//     target >= 0.9): reads no longer pass through user space.
+//     of a volume mounted then against a cold read of a whole-pulled
+//     layer's (settled/local, target >= 0.9): its reads no longer pass
+//     through user space.
 //
 // Builds that read every tenth file instead touch every 1 MiB frame of
 // the image, and fetch all of it first; the layer's prefetch list (the
