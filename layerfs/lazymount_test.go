@@ -18,6 +18,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 
 	"github.com/layercache/layercache/layerfs/lazyfs"
 	"github.com/layercache/layercache/layerfs/ondisk"
@@ -459,8 +460,14 @@ func TestResumeLazyThroughSidecar(t *testing.T) {
 
 	// Settled, the layer's file reads the local image in the sidecar
 	// alone: the volume mounted over it reads on with no agent at all.
+	info, err := b2.Inspect(ctx, mustRef(t, "ns/c"))
+	must(t, err)
 	must(t, b2.Close())
-	must(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0o200)) // reads reach the sidecar
+	// The reads must reach the sidecar: big.bin's pages go from the
+	// volume's page cache and from the lazyfs file's below it (not the
+	// machine's whole page cache: make test runs a cluster beside).
+	dropPages(t, filepath.Join(dir, "big.bin"))
+	dropPages(t, filepath.Join(LazyfsSidecar(opts.Root).Dir, info.Layers[0].ID))
 	select {
 	case err := <-readBig():
 		must(t, err)
@@ -615,4 +622,13 @@ func TestLazyfsEndAfterSettle(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dropPages drops the clean cached pages of the file at path.
+func dropPages(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	must(t, err)
+	defer f.Close()
+	must(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
 }
