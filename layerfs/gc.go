@@ -197,7 +197,7 @@ func (s *Store) moveAside(dir string, refs map[string]bool) ([]string, error) {
 			continue
 		}
 		src := filepath.Join(dir, e.Name())
-		served := s.lazilyMounted(src, e.Name())
+		served := dir == s.layersDir() && s.lazilyMounted(src, e.Name())
 		if err := ondisk.Unmount(src); err != nil {
 			return trash, fmt.Errorf("unmount unreferenced layer %s: %w", e.Name(), err)
 		}
